@@ -1,0 +1,76 @@
+"""simddp: a discrete-event simulator and cost model for distributed deep-learning training.
+
+It answers: if I train this model on this cluster with this parallel layout, how long does a step take,
+how much of it is communication, and does it fit in memory?
+
+Glossary
+--------
+rank
+    One process driving one GPU. Ranks that behave identically are simulated once.
+dp / tp / pp degree
+    Data-parallel replicas, tensor-parallel shards of each layer, pipeline stages;
+    dp x tp x pp = number of GPUs. Ranks are placed tp-fastest, then dp, then pp (Megatron-LM).
+bucket
+    A group of gradients that torch DDP all-reduces in one collective (``bucket_cap_mb``, MiB).
+    Buckets are formed in gradient-ready order after DDP's first iteration, exactly as torch does.
+link tier
+    NVLink/NVSwitch or PCIe inside a node, NICs between nodes; each has a latency (alpha) and a
+    bandwidth (1/beta) in the alpha-beta model.
+input-grad vs weight-grad
+    Backward of a layer computes the gradient of its input (dgrad, needed by the layer before) and of
+    its weights (wgrad); a parameter's gradient is ready for DDP when its wgrad finishes.
+exposed communication
+    The part of the step during which the GPU waits for communication: step time minus compute,
+    optimizer and host time.
+busbw / algbw
+    nccl-tests' bus and algorithm bandwidths: algbw = size / time; busbw = algbw x 2(n-1)/n for
+    all-reduce, comparable across world sizes.
+
+Units inside are bytes, seconds, FLOP, bytes/s and FLOP/s (see :mod:`simddp.units`).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from simddp.bucketing import Bucket, ddp_buckets
+from simddp.collectives import CollectiveCost, collective_cost
+from simddp.config import Scenario, ScenarioError, load_scenario, scenario_from_dict
+from simddp.results import BucketTiming, Bounds, StepResult, Trace
+
+__version__ = "0.1.0"
+
+
+def as_scenario(scenario: Scenario | dict[str, Any] | str | Path) -> Scenario:
+    """A :class:`Scenario` from a scenario, a dict of scenario keys, or a YAML/JSON path."""
+    if isinstance(scenario, Scenario):
+        return scenario
+    if isinstance(scenario, dict):
+        return scenario_from_dict(scenario)
+    return load_scenario(scenario)
+
+
+def simulate(scenario: Scenario | dict[str, Any] | str | Path, trace: bool = True) -> StepResult:
+    """Simulate one training step; see :class:`StepResult` for what comes back."""
+    from simddp.sim import simulate_step
+
+    return simulate_step(as_scenario(scenario), trace=trace)
+
+
+__all__ = [
+    "Bounds",
+    "Bucket",
+    "BucketTiming",
+    "CollectiveCost",
+    "Scenario",
+    "ScenarioError",
+    "StepResult",
+    "Trace",
+    "as_scenario",
+    "collective_cost",
+    "ddp_buckets",
+    "load_scenario",
+    "scenario_from_dict",
+    "simulate",
+]

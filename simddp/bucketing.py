@@ -1,0 +1,227 @@
+"""DDP gradient buckets, exactly as PyTorch builds them after the first iteration.
+
+``DistributedDataParallel`` flattens gradients into buckets and all-reduces one bucket at a time, in
+bucket-index order, while backward still runs. The buckets that matter for a training run are the ones
+the C++ ``Reducer`` builds once, before the second forward pass (``Reducer::rebuild_buckets`` in
+``torch/csrc/distributed/c10d/reducer.cpp``, called from ``DistributedDataParallel._pre_forward`` in
+``torch/nn/parallel/distributed.py``): during the first backward, ``Reducer::autograd_hook`` records
+every parameter in the order its gradient became ready, and ``rebuild_buckets`` hands that order to
+``compute_bucket_assignment_by_size`` with the size limits ``[first_bucket_bytes_cap, bucket_bytes_cap]``.
+(Buckets are not rebuilt with ``find_unused_parameters=True`` unless ``static_graph=True``; see
+``Reducer::should_rebuild_buckets``.)
+
+Size limits (``_BucketCapacityConfig.create`` in ``distributed.py``): ``bucket_cap_mb`` is MiB and
+converts as ``int(bucket_cap_mb * 1024 * 1024)``. Left at its default (``None``, meaning 25 MiB), the
+first bucket is capped at ``dist._DEFAULT_FIRST_BUCKET_BYTES`` = 1 MiB; an explicit ``bucket_cap_mb``
+(even 25) caps the first bucket at the same value as the others.
+
+``compute_bucket_assignment_by_size`` walks the parameters in ready order and keeps one open bucket and
+one position in the limit list per ``(dtype, device)`` key. Each parameter is appended to its key's
+bucket; the bucket closes as soon as its size is ``>=`` its limit, so a large tensor overshoots the cap
+rather than opening a bucket of its own, and only then does that key advance to the next limit (the
+last limit repeats). Every dtype therefore gets its own small first bucket. Closed buckets are emitted
+in the order they closed; the partial buckets left open at the end are appended afterwards by iterating
+the ``std::unordered_map`` of accumulators. With the ready order given (``tensor_indices`` non-empty) the
+result is not re-sorted, so bucket 0 holds the gradients that are ready first and is reduced first.
+
+Order of leftover buckets with several dtypes. The map is keyed by ``BucketKey(dtype, device)`` and
+hashed with ``c10::get_hash(type, device)``: ``hash_combine(hash(device), int(scalar_type))`` from
+``c10/util/hash.h``, with ``hash(device) = device_type << 16 | uint8(device_index)`` from
+``c10/core/Device.h``. libstdc++'s ``std::unordered_map`` (Linux wheels) starts at 13 hash slots on
+first insert (``_Prime_rehash_policy::_M_need_rehash`` asks for at least 11) and does not rehash before
+a 14th key; a key landing in an empty slot goes to the front of the iteration list, one landing in an
+occupied slot goes just before that slot's first node (``_Hashtable::_M_insert_bucket_begin``). So the
+leftovers come out in reverse order of first appearance except where two dtypes share a slot. This
+module reproduces that exactly (checked against ``torch.distributed._compute_bucket_assignment_by_size``
+in ``tests/parity``). The hash uses rank 0's device because ``Reducer::sync_bucket_indices`` broadcasts
+rank 0's assignment to all ranks; rank 0 is normally ``cuda:0``, whose slot collisions among the dtypes
+simddp knows are identical to the CPU's (only ``float8_e4m3fn`` and ``bool`` share a slot), so CPU
+parity tests cover it. Not modelled: ``bucket_cap_mb_list`` and the ``DDP_SET_LAST_BUCKET_CAP=1``
+environment switch; sparse gradients (which torch rejects when rebuilding buckets).
+"""
+
+from __future__ import annotations
+
+import math
+import operator
+from collections.abc import Sequence
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from simddp.config import ParameterSpec
+from simddp.units import MiB, dtype_bytes, mib_to_bytes
+
+__all__ = [
+    "DEFAULT_BUCKET_CAP_MB",
+    "DEFAULT_FIRST_BUCKET_BYTES",
+    "Bucket",
+    "bucket_size_limits",
+    "buckets_to_json",
+    "ddp_buckets",
+]
+
+#: ``_DEFAULT_BUCKET_CAP_MB`` in ``torch/nn/parallel/distributed.py`` (MiB).
+DEFAULT_BUCKET_CAP_MB = 25.0
+#: ``torch.distributed._DEFAULT_FIRST_BUCKET_BYTES``: the first bucket's cap when ``bucket_cap_mb`` is unset.
+DEFAULT_FIRST_BUCKET_BYTES = 1 * MiB
+
+#: ``c10::ScalarType`` enum values (``torch/headeronly/core/ScalarType.h``); they feed the bucket-key hash.
+_SCALAR_TYPE_CODE: dict[str, int] = {
+    "uint8": 0,
+    "int8": 1,
+    "int16": 2,
+    "int32": 3,
+    "int64": 4,
+    "float16": 5,
+    "float32": 6,
+    "float64": 7,
+    "complex32": 8,
+    "complex64": 9,
+    "complex128": 10,
+    "bool": 11,
+    "bfloat16": 15,
+    "float8_e5m2": 23,
+    "float8_e4m3fn": 24,
+}
+_CUDA_DEVICE_TYPE = 1  # c10::DeviceType::CUDA
+_RANK0_DEVICE_INDEX = 0
+_LIBSTDCXX_INITIAL_SLOTS = 13  # libstdc++ _Prime_rehash_policy: next prime >= 12 on the first insert
+_SIZE_T_MASK = 2**64 - 1
+
+
+class Bucket(BaseModel):
+    """One DDP gradient bucket: the parameters whose gradients are flattened and all-reduced together."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    index: int = Field(ge=0, description="Reduction order: bucket 0 is all-reduced first.")
+    param_indices: list[int] = Field(
+        description="Indices into the parameter list, in the order torch lays them out in the bucket."
+    )
+    size_bytes: int = Field(
+        ge=0, description="Sum of numel x element size of the bucket's parameters, bytes."
+    )
+    dtype: str = Field(description="torch dtype name shared by every parameter in the bucket.")
+    cap_bytes: int = Field(ge=0, description="Size limit the bucket was built against, bytes.")
+
+
+def bucket_size_limits(bucket_cap_mb: float | None = None) -> tuple[int, int]:
+    """``(first_bucket_bytes_cap, bucket_bytes_cap)`` as DDP derives them from ``bucket_cap_mb``.
+
+    ``None`` is torch's default: 25 MiB buckets after a 1 MiB first bucket. An explicit value caps every
+    bucket, the first included (``_BucketCapacityConfig.create``).
+    """
+    if bucket_cap_mb is None:
+        return DEFAULT_FIRST_BUCKET_BYTES, mib_to_bytes(DEFAULT_BUCKET_CAP_MB)
+    if not (math.isfinite(bucket_cap_mb) and bucket_cap_mb > 0):
+        raise ValueError(f"bucket_cap_mb must be a finite number > 0 (MiB), got {bucket_cap_mb!r}")
+    cap_bytes = mib_to_bytes(bucket_cap_mb)
+    return cap_bytes, cap_bytes
+
+
+def ddp_buckets(
+    params: Sequence[ParameterSpec],
+    ready_order: Sequence[int] | None = None,
+    bucket_cap_mb: float | None = None,
+) -> list[Bucket]:
+    """DDP's rebuilt buckets for ``params`` (the parameters DDP sees: those requiring grad, deduplicated).
+
+    ``ready_order`` lists parameter indices in gradient-ready order; ``None`` means reverse definition
+    order, which is what autograd gives for a sequential model. Returns buckets in reduction order
+    (index 0 reduced first), as ``compute_bucket_assignment_by_size`` does when ``Reducer::rebuild_buckets``
+    calls it.
+    """
+    num_params = len(params)
+    if num_params == 0:
+        raise ValueError("ddp_buckets needs at least one parameter (DDP rejects a model without any)")
+    order = (
+        list(range(num_params - 1, -1, -1))
+        if ready_order is None
+        else _checked_order(ready_order, num_params)
+    )
+    limits = bucket_size_limits(bucket_cap_mb)
+
+    closed: list[tuple[list[int], int, str, int]] = []
+    # Per-dtype accumulators; dict order is first appearance, as the unordered_map's insertion order.
+    open_indices: dict[str, list[int]] = {}
+    open_bytes: dict[str, int] = {}
+    limit_pos: dict[str, int] = {}
+    for param_index in order:
+        param = params[param_index]
+        dtype = param.dtype.removeprefix("torch.")
+        indices = open_indices.setdefault(dtype, [])
+        indices.append(param_index)
+        open_bytes[dtype] = open_bytes.get(dtype, 0) + param.numel * dtype_bytes(dtype)
+        pos = limit_pos.setdefault(dtype, 0)
+        if open_bytes[dtype] >= limits[pos]:
+            closed.append((indices, open_bytes[dtype], dtype, limits[pos]))
+            open_indices[dtype] = []
+            open_bytes[dtype] = 0
+            limit_pos[dtype] = min(pos + 1, len(limits) - 1)
+
+    for dtype in _unordered_map_order(list(open_indices)):
+        if open_indices[dtype]:
+            closed.append((open_indices[dtype], open_bytes[dtype], dtype, limits[limit_pos[dtype]]))
+
+    return [
+        Bucket(index=i, param_indices=indices, size_bytes=size, dtype=dtype, cap_bytes=cap)
+        for i, (indices, size, dtype, cap) in enumerate(closed)
+    ]
+
+
+def buckets_to_json(buckets: Sequence[Bucket]) -> dict[str, list[dict[str, int | list[int]]]]:
+    """The JSON form of a bucket list: ``{"buckets": [{"size_bytes": ..., "param_indices": [...]}, ...]}``."""
+    return {
+        "buckets": [{"size_bytes": b.size_bytes, "param_indices": list(b.param_indices)} for b in buckets]
+    }
+
+
+def _checked_order(ready_order: Sequence[int], num_params: int) -> list[int]:
+    try:
+        order = [operator.index(i) for i in ready_order]
+    except TypeError:
+        raise ValueError(f"ready_order entries must be integers, got {list(ready_order)!r}") from None
+    if len(order) != num_params:
+        raise ValueError(
+            f"ready_order must list each of the {num_params} parameters once, got {len(order)} entries"
+        )
+    seen: set[int] = set()
+    for i in order:
+        if not 0 <= i < num_params:
+            raise ValueError(f"ready_order entry {i} is out of range for {num_params} parameters")
+        if i in seen:
+            raise ValueError(f"ready_order lists parameter {i} more than once")
+        seen.add(i)
+    return order
+
+
+def _bucket_key_hash(dtype: str, device_type: int = _CUDA_DEVICE_TYPE, device_index: int = 0) -> int:
+    """``c10::get_hash(scalar_type, device)`` of reducer.cpp's ``BucketKey``, as a 64-bit ``size_t``."""
+    try:
+        code = _SCALAR_TYPE_CODE[dtype]
+    except KeyError:
+        raise ValueError(f"no c10::ScalarType code known for dtype {dtype!r}") from None
+    # std::hash<c10::Device>: uint32(uint8(type)) << 16 | uint32(uint8(index)); CPU's index is -1 -> 255.
+    seed = (device_type & 0xFF) << 16 | (device_index & 0xFF)
+    # c10::hash_combine(seed, value), with the device as seed (tuple elements combine last to first).
+    return (seed ^ ((code + 0x9E3779B9 + (seed << 6) + (seed >> 2)) & _SIZE_T_MASK)) & _SIZE_T_MASK
+
+
+def _unordered_map_order(
+    dtypes_by_first_use: Sequence[str],
+    device_type: int = _CUDA_DEVICE_TYPE,
+    device_index: int = _RANK0_DEVICE_INDEX,
+) -> list[str]:
+    """Iteration order of libstdc++'s ``unordered_map<BucketKey, ...>`` after inserting these keys in turn."""
+    if len(dtypes_by_first_use) > _LIBSTDCXX_INITIAL_SLOTS:
+        # Cannot happen with the dtypes simddp knows; beyond 13 keys libstdc++ would rehash.
+        raise ValueError(f"{len(dtypes_by_first_use)} gradient dtypes; at most 13 are modelled")
+    slot_of = {
+        d: _bucket_key_hash(d, device_type, device_index) % _LIBSTDCXX_INITIAL_SLOTS
+        for d in dtypes_by_first_use
+    }
+    order: list[str] = []
+    for dtype in dtypes_by_first_use:
+        same_slot = [pos for pos, other in enumerate(order) if slot_of[other] == slot_of[dtype]]
+        order.insert(same_slot[0] if same_slot else 0, dtype)
+    return order

@@ -1,0 +1,254 @@
+"""The ``simddp`` command: simulate, buckets, collective, presets, memory, calibrate, app.
+
+Every user error (bad scenario, preset, flag, file) prints one line ``simddp: error: ...`` and exits 2,
+with no traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+from collections.abc import Callable, Sequence
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from simddp import units
+from simddp.config import Cluster, Scenario, ScenarioError, format_validation_error, load_scenario
+from simddp.presets import CLUSTER_PRESETS, MODEL_PRESETS
+
+DEFAULT_SCENARIO = "default_scenario.yaml"
+
+
+class UsageError(Exception):
+    """A bad command-line value."""
+
+
+def default_scenario_path() -> Path:
+    return Path(str(resources.files("simddp").joinpath(DEFAULT_SCENARIO)))
+
+
+def _load(args: argparse.Namespace) -> Scenario:
+    path = args.scenario or default_scenario_path()
+    return load_scenario(path, args.set)
+
+
+def parse_size(text: str) -> int:
+    """Bytes from '1048576', '64K', '256M', '8G' (binary multiples, as nccl-tests' -b/-e flags)."""
+    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([KMGT]?)i?B?\s*", text, flags=re.IGNORECASE)
+    if not m:
+        raise UsageError(f"--bytes {text!r}: expected a size such as 1048576, 64K, 256M or 8G")
+    scale = {"": 1, "K": units.KiB, "M": units.MiB, "G": units.GiB, "T": 1024**4}[m.group(2).upper()]
+    value = int(float(m.group(1)) * scale)
+    if value <= 0:
+        raise UsageError(f"--bytes {text!r}: must be > 0")
+    return value
+
+
+# ------------------------------------------------------------------------------------- commands
+def cmd_simulate(args: argparse.Namespace) -> int:
+    from simddp.sim import simulate_step
+
+    scenario = _load(args)
+    result = simulate_step(scenario, trace=bool(args.trace))
+    if args.trace:
+        assert result.trace is not None
+        result.trace.write(args.trace)
+    if args.json:
+        print(json.dumps(result.to_json_dict(), indent=2))
+        return 0
+    f, ms = units.fmt_time, result.step_time_s
+    algos = sorted({f"{b.algorithm}/{b.protocol}" for b in result.buckets})
+    lines = [
+        f"Scenario   {result.scenario}: {result.model} on {scenario.cluster.num_nodes} x "
+        f"{result.cluster} ({result.num_gpus} GPUs), dp={result.dp} tp={result.tp} pp={result.pp}",
+        f"Batch      {result.global_batch_size} samples x {scenario.training.seq_len} tokens, "
+        f"{result.num_micro_batches} micro-batch(es) of {scenario.training.micro_batch_size} per GPU",
+        "",
+        f"  step time              {f(ms):>12}",
+        f"  compute (fwd+bwd)      {f(result.compute_time_s):>12}",
+        f"  optimizer              {f(result.optimizer_time_s):>12}",
+        f"  gradient comm (total)  {f(result.comm_time_s):>12}   {len(result.buckets)} buckets, "
+        f"{', '.join(algos) or '-'}",
+        f"  exposed comm           {f(result.exposed_comm_time_s):>12}   "
+        f"{result.exposed_comm_fraction:.1%} of the step",
+        "",
+        f"  throughput             {result.samples_per_s:,.1f} samples/s, {result.tokens_per_s:,.0f} tokens/s",
+        f"  MFU                    {result.mfu:.1%}",
+        f"  scaling efficiency     {result.scaling_efficiency:.1%} of a GPU without communication",
+        f"  bounds                 no overlap {f(result.bounds.no_overlap_s)}, "
+        f"perfect overlap {f(result.bounds.perfect_overlap_s)}",
+    ]
+    for note in result.not_modelled:
+        lines.append(f"  not modelled: {note}")
+    if args.trace:
+        lines.append(f"  trace written to {args.trace} (open in https://ui.perfetto.dev)")
+    print("\n".join(lines))
+    return 0
+
+
+def cmd_buckets(args: argparse.Namespace) -> int:
+    from simddp.bucketing import buckets_to_json, ddp_buckets
+    from simddp.workload import build_workload
+
+    scenario = _load(args)
+    workload = build_workload(scenario)
+    buckets = ddp_buckets(workload.parameters, workload.grad_ready_order, scenario.ddp.bucket_cap_mb)
+    if args.json:
+        print(json.dumps(buckets_to_json(buckets)))
+        return 0
+    print(f"{len(buckets)} buckets, {units.fmt_bytes(sum(b.size_bytes for b in buckets))} of gradients")
+    print(f"{'#':>4} {'size':>12} {'dtype':>9} {'params':>7}  first .. last parameter")
+    for b in buckets:
+        first = workload.parameters[b.param_indices[0]].name
+        last = workload.parameters[b.param_indices[-1]].name
+        print(f"{b.index:>4} {units.fmt_bytes(b.size_bytes):>12} {b.dtype:>9} {len(b.param_indices):>7}  "
+              f"{first} .. {last}")
+    return 0
+
+
+def cmd_collective(args: argparse.Namespace) -> int:
+    from simddp.collectives import collective_cost
+    from simddp.topology import world_group
+
+    cluster_dict: dict[str, Any] = {"preset": args.cluster, "num_nodes": args.num_nodes}
+    if args.gpus_per_node is not None:
+        cluster_dict["gpus_per_node"] = args.gpus_per_node
+    try:
+        cluster = Cluster.model_validate(cluster_dict)
+    except Exception as err:  # pydantic ValidationError
+        raise ScenarioError(_cluster_error(err)) from None
+    group = world_group(cluster)
+    sizes = [parse_size(args.bytes)] if args.bytes else [8 * 4**k for k in range(16)]
+    rows = []
+    for size in sizes:
+        try:
+            c = collective_cost(args.op, size, group, args.algorithm, args.protocol)
+        except ValueError as err:
+            raise UsageError(str(err)) from None
+        rows.append(c)
+    if args.json:
+        out = [
+            {
+                "op": c.op,
+                "size_bytes": c.size_bytes,
+                "num_ranks": c.num_ranks,
+                "algorithm": c.algorithm,
+                "protocol": c.protocol,
+                "time_s": c.time_s,
+                "algbw_bytes_per_s": c.algbw_bytes_per_s,
+                "busbw_bytes_per_s": c.busbw_bytes_per_s,
+            }
+            for c in rows
+        ]
+        print(json.dumps(out[0] if args.bytes else out, indent=2))
+        return 0
+    print(f"{args.op} on {cluster.num_gpus} GPUs ({cluster.num_nodes} x {args.cluster})")
+    print(f"{'size (B)':>12} {'time (us)':>11} {'algbw (GB/s)':>13} {'busbw (GB/s)':>13}  algorithm")
+    for c in rows:
+        print(f"{c.size_bytes:>12} {c.time_s / units.US:>11.1f} {c.algbw_bytes_per_s / units.GB:>13.2f} "
+              f"{c.busbw_bytes_per_s / units.GB:>13.2f}  {c.algorithm}/{c.protocol}")
+    return 0
+
+
+def _cluster_error(err: Exception) -> str:
+    from pydantic import ValidationError
+
+    if isinstance(err, ValidationError):
+        return "cluster: " + format_validation_error(err)
+    return str(err)
+
+
+def cmd_presets(args: argparse.Namespace) -> int:
+    groups = {"clusters": CLUSTER_PRESETS, "models": MODEL_PRESETS}
+    if args.json:
+        print(json.dumps({k: {n: {"description": p.description, "source": p.source} for n, p in v.items()}
+                          for k, v in groups.items()}, indent=2))
+        return 0
+    for title, presets in groups.items():
+        print(f"{title}:")
+        for name, p in presets.items():
+            print(f"  {name:<18} {p.description}  [{p.source}]")
+    return 0
+
+
+def cmd_app(args: argparse.Namespace) -> int:
+    import subprocess
+
+    app = Path(__file__).resolve().parent.parent / "app" / "streamlit_app.py"
+    if not app.exists():
+        raise UsageError(f"dashboard not found at {app}; install simddp from its source tree")
+    cmd = [sys.executable, "-m", "streamlit", "run", str(app), "--server.port", str(args.port)]
+    if args.headless:
+        cmd += ["--server.headless", "true"]
+    return subprocess.call(cmd)
+
+
+# ------------------------------------------------------------------------------------- parser
+EXTRA_COMMANDS: list[Callable[[argparse._SubParsersAction], None]] = []  # type: ignore[type-arg]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="simddp", description="Simulate distributed deep-learning training steps (DDP, ZeRO, TP, PP)."
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    def scenario_args(p: argparse.ArgumentParser) -> None:
+        p.add_argument("scenario", nargs="?", help="scenario YAML/JSON (default: the embedded Llama-2-7B on 128 H100s)")
+        p.add_argument("--set", action="append", default=[], metavar="KEY.PATH=VALUE",
+                       help="override a scenario key, e.g. --set ddp.bucket_cap_mb=50 (repeatable)")
+        p.add_argument("--json", action="store_true", help="print JSON")
+
+    p = sub.add_parser("simulate", help="simulate one training step")
+    scenario_args(p)
+    p.add_argument("--trace", metavar="FILE", help="write a Chrome/Perfetto trace of the timeline")
+    p.set_defaults(func=cmd_simulate)
+
+    p = sub.add_parser("buckets", help="DDP gradient buckets, exactly as torch builds them")
+    scenario_args(p)
+    p.set_defaults(func=cmd_buckets)
+
+    from simddp.collectives import ALGORITHMS, OPS
+
+    p = sub.add_parser("collective", help="time of one collective (nccl-tests algbw/busbw)")
+    p.add_argument("op", choices=OPS)
+    p.add_argument("--bytes", help="message size (e.g. 256M); omitted: an nccl-tests-like sweep 8 B .. 8 GiB")
+    p.add_argument("--cluster", default="dgx-h100-80gb", choices=sorted(CLUSTER_PRESETS))
+    p.add_argument("--num-nodes", type=int, default=1)
+    p.add_argument("--gpus-per-node", type=int)
+    p.add_argument("--algorithm", default="auto", choices=ALGORITHMS)
+    p.add_argument("--protocol", default="auto", choices=("auto", "LL", "LL128", "Simple"))
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_collective)
+
+    p = sub.add_parser("presets", help="list cluster and model presets")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_presets)
+
+    p = sub.add_parser("app", help="start the Streamlit what-if dashboard")
+    p.add_argument("--port", type=int, default=8501)
+    p.add_argument("--headless", action="store_true")
+    p.set_defaults(func=cmd_app)
+
+    for add in EXTRA_COMMANDS:
+        add(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return int(args.func(args) or 0)
+    except (ScenarioError, UsageError, ValueError, OSError) as err:
+        print(f"simddp: error: {err}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

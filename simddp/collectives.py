@@ -1,0 +1,304 @@
+"""Cost of collectives: ring, double binary tree, NVLS and hierarchical algorithms in the alpha-beta model.
+
+The model is NCCL's own tuning model (NVIDIA/nccl ``src/graph/tuning.cc``, 2.19/2.20 series), driven by
+the link parameters of the scenario instead of NCCL's hard-coded ones:
+
+* time = latency + bytes / algbw, where algbw = busbw x (nRanks / nsteps) for rings and 0.5 x busbw for
+  trees (``ncclTopoTuneModel``: ``ratio``).
+* busbw = the slowest tier the collective crosses: the intra-node ring bandwidth, or the group's share of
+  the node's NICs; then NCCL's protocol factors: ring LL 1/4 (all-reduce) or 1/3, LL128 0.92 (120/128);
+  tree x0.92, tree LL 1/3.8, tree LL128 x7/9 (one node) or x120/128.
+* ring latency = baseLat + (nsteps - nInterSteps) x intraLat + nInterSteps x interLat (x1.4 for
+  multi-node Simple all-reduce, NCCL's "plateau effect" on Ampere and newer);
+  tree latency = baseLat + 2 x ((ranksPerNode - 1) x intraLat + log2(nNodes) x interLat).
+* Per-hop latencies: the link's ``latency_s`` is NCCL's ring/Simple ``hwLat`` for that tier; the other
+  algorithm/protocol latencies keep NCCL's ratios to it (``HW_LAT_US`` below).
+
+``auto`` picks the fastest (algorithm, protocol) pair, as NCCL's tuner does. Hierarchical all-reduce
+(intra-node reduce-scatter, inter-node all-reduce, intra-node all-gather; Horovod / torch 2D style) is
+available by name but, like in NCCL, never picked by ``auto``.
+
+Bus bandwidth follows nccl-tests (doc/PERFORMANCE.md): all-reduce 2(n-1)/n, reduce-scatter and
+all-gather (n-1)/n, all-to-all (n-1)/n, broadcast, reduce and send/recv 1.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Literal
+
+from simddp.topology import CommGroup
+from simddp.units import US
+
+Op = Literal["all-reduce", "reduce-scatter", "all-gather", "broadcast", "reduce", "all-to-all", "send-recv"]
+OPS: tuple[Op, ...] = (
+    "all-reduce",
+    "reduce-scatter",
+    "all-gather",
+    "broadcast",
+    "reduce",
+    "all-to-all",
+    "send-recv",
+)
+AlgorithmName = Literal["auto", "ring", "tree", "nvls", "hierarchical"]
+ALGORITHMS: tuple[AlgorithmName, ...] = ("auto", "ring", "tree", "nvls", "hierarchical")
+Protocol = Literal["LL", "LL128", "Simple"]
+PROTOCOLS: tuple[Protocol, ...] = ("LL", "LL128", "Simple")
+
+# NCCL tuning.cc (b6475625, 2.19/2.20): baseLat[algo][proto] and hwLat[tier][algo][proto], microseconds.
+BASE_LAT_US: dict[str, dict[Protocol, float]] = {
+    "tree": {"LL": 6.8, "LL128": 14.0, "Simple": 0.0},
+    "ring": {"LL": 6.6, "LL128": 14.0, "Simple": 8.4},
+    "nvls": {"LL": 0.0, "LL128": 0.0, "Simple": 0.0},
+}
+HW_LAT_US: dict[str, dict[str, dict[Protocol, float]]] = {
+    "nvlink": {
+        "tree": {"LL": 0.6, "LL128": 1.25, "Simple": 28.0},
+        "ring": {"LL": 0.6, "LL128": 1.9, "Simple": 3.4},
+        "nvls": {"LL": 0.0, "LL128": 0.0, "Simple": 23.0},
+    },
+    "pcie": {
+        "tree": {"LL": 1.0, "LL128": 1.9, "Simple": 28.0},
+        "ring": {"LL": 1.0, "LL128": 2.5, "Simple": 5.7},
+        "nvls": {"LL": 0.0, "LL128": 0.0, "Simple": 0.0},
+    },
+    "net": {
+        "tree": {"LL": 5.0, "LL128": 8.5, "Simple": 28.0},
+        "ring": {"LL": 2.7, "LL128": 4.0, "Simple": 14.0},
+        "nvls": {"LL": 0.0, "LL128": 0.0, "Simple": 14.0},  # NVLSTree inter-node hop
+    },
+}
+RING_MULTINODE_SIMPLE_PLATEAU = 1.4
+
+BUSBW_FACTOR = {
+    "all-reduce": lambda n: 2 * (n - 1) / n,
+    "reduce-scatter": lambda n: (n - 1) / n,
+    "all-gather": lambda n: (n - 1) / n,
+    "all-to-all": lambda n: (n - 1) / n,
+    "broadcast": lambda n: 1.0,
+    "reduce": lambda n: 1.0,
+    "send-recv": lambda n: 1.0,
+}
+
+
+@dataclass(frozen=True)
+class CollectiveCost:
+    """Time of one collective and the nccl-tests bandwidths it implies."""
+
+    op: str
+    size_bytes: int
+    num_ranks: int
+    algorithm: str
+    protocol: str
+    time_s: float
+
+    @property
+    def algbw_bytes_per_s(self) -> float:
+        return self.size_bytes / self.time_s if self.time_s > 0 else math.inf
+
+    @property
+    def busbw_bytes_per_s(self) -> float:
+        return self.algbw_bytes_per_s * BUSBW_FACTOR[self.op](self.num_ranks)
+
+
+def _hop_latency_s(group: CommGroup, tier: str, algo: str, proto: Protocol) -> float:
+    """Per-hop latency on ``tier`` ('intra' or 'inter').
+
+    Simple-protocol latencies scale with the link's ``latency_s`` (its ring/Simple hop latency, which a
+    calibration can fit) keeping NCCL's ratios between algorithms; LL and LL128 use NCCL's table as is.
+    """
+    if tier == "intra":
+        kind, base = group.intra.kind, group.intra.latency_s
+        if algo == "nvls":
+            return group.intra.nvls_latency_s
+    else:
+        kind, base = "net", group.inter.latency_s
+    table = HW_LAT_US[kind]
+    if proto == "Simple":
+        return base * table[algo]["Simple"] / table["ring"]["Simple"]
+    return table[algo][proto] * US
+
+
+def _raw_busbw(group: CommGroup) -> float:
+    """The slowest tier a group-wide ring crosses."""
+    bw = math.inf
+    if group.ranks_per_node > 1:
+        bw = group.intra_bus_bandwidth_bytes_per_s
+    if group.num_nodes > 1:
+        bw = min(bw, group.inter_bus_bandwidth_bytes_per_s)
+    return bw
+
+
+def ring_s(op: Op, size_bytes: int, group: CommGroup, proto: Protocol = "Simple") -> float:
+    """Ring (or pipelined chain, for broadcast/reduce) collective time."""
+    n = group.num_ranks
+    if n == 1 or size_bytes == 0:
+        return 0.0
+    if op == "all-reduce":
+        nsteps, inter_steps, data = 2 * (n - 1), 2 * (group.num_nodes - 1), 2 * (n - 1) / n
+    elif op in ("reduce-scatter", "all-gather"):
+        nsteps, inter_steps, data = n - 1, group.num_nodes - 1, (n - 1) / n
+    elif op in ("broadcast", "reduce"):
+        nsteps, inter_steps, data = n - 1, group.num_nodes - 1, 1.0
+    else:
+        raise ValueError(f"ring does not implement {op}")
+    latency_s = BASE_LAT_US["ring"][proto] * US
+    latency_s += (nsteps - inter_steps) * _hop_latency_s(group, "intra", "ring", proto)
+    latency_s += inter_steps * _hop_latency_s(group, "inter", "ring", proto)
+    if op == "all-reduce" and proto == "Simple" and group.num_nodes > 1:
+        latency_s *= RING_MULTINODE_SIMPLE_PLATEAU
+    busbw = _raw_busbw(group)
+    if proto == "LL":
+        busbw *= 1 / 4 if (group.num_nodes > 1 or op in ("all-reduce", "reduce")) else 1 / 3
+    elif proto == "LL128":
+        busbw *= 0.92
+    return latency_s + data * size_bytes / busbw
+
+
+def tree_all_reduce_s(size_bytes: int, group: CommGroup, proto: Protocol = "Simple") -> float:
+    """NCCL double binary tree across nodes with a chain inside each node."""
+    n = group.num_ranks
+    if n == 1 or size_bytes == 0:
+        return 0.0
+    latency_s = BASE_LAT_US["tree"][proto] * US + 2 * (
+        (group.ranks_per_node - 1) * _hop_latency_s(group, "intra", "tree", proto)
+        + math.log2(group.num_nodes) * _hop_latency_s(group, "inter", "tree", proto)
+    )
+    busbw = _raw_busbw(group) * 0.92
+    if proto == "LL":
+        busbw /= 3.8
+    elif proto == "LL128":
+        busbw *= 7 / 9 if group.num_nodes == 1 else 120 / 128
+    return latency_s + size_bytes / (0.5 * busbw)
+
+
+def nvls_all_reduce_s(size_bytes: int, group: CommGroup) -> float:
+    """NVLink SHARP: the switch reduces; across nodes NVLSTree adds a tree over the NICs (Simple only)."""
+    algbw = group.intra.nvls_algbw_bytes_per_s
+    if algbw is None or group.ranks_per_node < 2:
+        return math.inf
+    if group.num_ranks == 1 or size_bytes == 0:
+        return 0.0
+    latency_s = _hop_latency_s(group, "intra", "nvls", "Simple")
+    if group.num_nodes > 1:
+        latency_s += _hop_latency_s(group, "inter", "nvls", "Simple")
+        algbw = min(algbw, 0.5 * 0.92 * group.inter_bus_bandwidth_bytes_per_s)
+    return latency_s + size_bytes / algbw
+
+
+def _subgroup(group: CommGroup, num_ranks: int, num_nodes: int, ranks_per_node: int) -> CommGroup:
+    return CommGroup(num_ranks, num_nodes, ranks_per_node, group.gpus_per_node, group.intra, group.inter)
+
+
+def hierarchical_all_reduce_s(size_bytes: int, group: CommGroup) -> float:
+    """Intra-node reduce-scatter, inter-node all-reduce of 1/r of the data, intra-node all-gather."""
+    r, nodes = group.ranks_per_node, group.num_nodes
+    if group.num_ranks == 1 or size_bytes == 0:
+        return 0.0
+    local = _subgroup(group, r, 1, r)
+    # Each of the r inter-node groups (one per local rank) runs at the same time on its NIC share.
+    across = _subgroup(group, nodes, nodes, 1)
+    shard = -(-size_bytes // r)
+    intra_s = 2 * best("reduce-scatter", size_bytes, local).time_s if r > 1 else 0.0
+    inter_s = best("all-reduce", shard, across, allow_nvls=False).time_s if nodes > 1 else 0.0
+    return intra_s + inter_s
+
+
+def all_to_all_s(size_bytes: int, group: CommGroup) -> float:
+    """Each rank sends size/n to every other rank: intra-node and network parts run side by side."""
+    n = group.num_ranks
+    if n == 1 or size_bytes == 0:
+        return 0.0
+    r = group.ranks_per_node
+    latency_s = BASE_LAT_US["ring"]["Simple"] * US + _hop_latency_s(group, "intra", "ring", "Simple")
+    intra_s = (r - 1) / n * size_bytes / group.intra_bus_bandwidth_bytes_per_s if r > 1 else 0.0
+    inter_s = 0.0
+    if group.num_nodes > 1:
+        latency_s += _hop_latency_s(group, "inter", "ring", "Simple")
+        inter_s = (n - r) / n * size_bytes / group.inter_rank_bandwidth_bytes_per_s
+    return latency_s + max(intra_s, inter_s)
+
+
+def send_recv_s(size_bytes: int, group: CommGroup) -> float:
+    """Point-to-point between the two ranks of ``group`` (inside a node, or across on one NIC)."""
+    if size_bytes == 0:
+        return 0.0
+    if group.num_nodes == 1:
+        bw, lat = group.intra_bus_bandwidth_bytes_per_s, _hop_latency_s(group, "intra", "ring", "Simple")
+    else:
+        inter = group.inter
+        bw = inter.nic_bandwidth_bytes_per_s * inter.efficiency
+        lat = _hop_latency_s(group, "inter", "ring", "Simple")
+    return BASE_LAT_US["ring"]["Simple"] * US + lat + size_bytes / bw
+
+
+def collective_cost(
+    op: Op,
+    size_bytes: int,
+    group: CommGroup,
+    algorithm: AlgorithmName = "auto",
+    protocol: Protocol | Literal["auto"] = "auto",
+) -> CollectiveCost:
+    """Time of ``op`` on ``size_bytes`` (nccl-tests size: the full buffer) over ``group``."""
+    if size_bytes < 0:
+        raise ValueError(f"size_bytes({size_bytes}) must be >= 0")
+    if op not in BUSBW_FACTOR:
+        raise ValueError(f"unknown collective {op!r}; valid: {', '.join(OPS)}")
+    if op == "all-to-all":
+        return CollectiveCost(op, size_bytes, group.num_ranks, "direct", "Simple", all_to_all_s(size_bytes, group))
+    if op == "send-recv":
+        return CollectiveCost(op, size_bytes, group.num_ranks, "p2p", "Simple", send_recv_s(size_bytes, group))
+    if algorithm == "hierarchical":
+        if op != "all-reduce":
+            raise ValueError(f"hierarchical is an all-reduce algorithm, not {op}")
+        return CollectiveCost(
+            op, size_bytes, group.num_ranks, "hierarchical", "mixed", hierarchical_all_reduce_s(size_bytes, group)
+        )
+    if algorithm in ("tree", "nvls") and op != "all-reduce":
+        raise ValueError(f"{algorithm} is an all-reduce algorithm in NCCL, not {op}")
+    if algorithm == "nvls" and group.intra.nvls_algbw_bytes_per_s is None:
+        raise ValueError("nvls needs an intra-node link with nvls_algbw_bytes_per_s (NVSwitch with SHARP)")
+    return best(op, size_bytes, group, algorithm, protocol)
+
+
+def best(
+    op: Op,
+    size_bytes: int,
+    group: CommGroup,
+    algorithm: AlgorithmName = "auto",
+    protocol: Protocol | Literal["auto"] = "auto",
+    allow_nvls: bool = True,
+) -> CollectiveCost:
+    """The fastest (algorithm, protocol) among those allowed, as NCCL's tuner picks."""
+    protos: tuple[Protocol, ...] = PROTOCOLS if protocol == "auto" else (protocol,)
+    candidates: list[CollectiveCost] = []
+    n = group.num_ranks
+    for proto in protos:
+        if algorithm in ("auto", "ring"):
+            candidates.append(CollectiveCost(op, size_bytes, n, "ring", proto, ring_s(op, size_bytes, group, proto)))
+        if op == "all-reduce" and algorithm in ("auto", "tree"):
+            candidates.append(
+                CollectiveCost(op, size_bytes, n, "tree", proto, tree_all_reduce_s(size_bytes, group, proto))
+            )
+    if op == "all-reduce" and algorithm in ("auto", "nvls") and allow_nvls and protocol in ("auto", "Simple"):
+        t = nvls_all_reduce_s(size_bytes, group)
+        if math.isfinite(t):
+            candidates.append(CollectiveCost(op, size_bytes, n, "nvls", "Simple", t))
+    return min(candidates, key=lambda c: c.time_s)
+
+
+__all__ = [
+    "ALGORITHMS",
+    "OPS",
+    "PROTOCOLS",
+    "CollectiveCost",
+    "all_to_all_s",
+    "best",
+    "collective_cost",
+    "hierarchical_all_reduce_s",
+    "nvls_all_reduce_s",
+    "ring_s",
+    "send_recv_s",
+    "tree_all_reduce_s",
+]

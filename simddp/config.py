@@ -1,0 +1,486 @@
+"""Scenario models: what the user asks simddp about.
+
+Every model is a frozen pydantic v2 model with ``extra="forbid"``; each field's description is the
+help text of the CLI and the dashboard. Presets expand before validation, so a scenario that says
+``cluster: {preset: dgx-h100-80gb, num_nodes: 16}`` validates into a complete :class:`Cluster` whose
+other fields the user may still override key by key.
+
+Hardware (cluster), workload (model, training) and execution (parallelism, ddp) are kept apart, as in
+NVIDIA's Calculon. Units are in the field names and are converted once, in :mod:`simddp.units`.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from simddp.presets import CLUSTER_PRESETS, MODEL_PRESETS
+from simddp.units import DTYPE_BYTES
+
+Precision = Literal["fp32", "bf16-mixed", "fp16-mixed"]
+Optimizer = Literal["adamw", "adam", "sgd", "sgd-momentum", "adafactor"]
+Algorithm = Literal["auto", "ring", "tree", "hierarchical"]
+
+
+class ScenarioError(ValueError):
+    """A scenario, preset or flag the user gave is invalid. The message is one line, naming the field."""
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+# --------------------------------------------------------------------------------------- hardware
+class GPU(_Frozen):
+    """One accelerator: dense peak rates per dtype, memory size and bandwidth."""
+
+    name: str = Field(description="Accelerator name, e.g. 'H100-SXM5-80GB'.")
+    peak_fp32_flop_per_s: float = Field(gt=0, description="Dense FP32 (non-tensor-core) peak, FLOP/s.")
+    peak_tf32_flop_per_s: float = Field(gt=0, description="Dense TF32 tensor-core peak, FLOP/s.")
+    peak_bf16_flop_per_s: float = Field(gt=0, description="Dense BF16 tensor-core peak, FLOP/s.")
+    peak_fp16_flop_per_s: float = Field(gt=0, description="Dense FP16 tensor-core peak, FLOP/s.")
+    hbm_bytes: int = Field(gt=0, description="Device memory capacity, bytes.")
+    hbm_bandwidth_bytes_per_s: float = Field(gt=0, description="Device memory bandwidth, bytes/s.")
+    matmul_efficiency: float = Field(
+        gt=0,
+        le=1,
+        description="Fraction of dense peak that training GEMMs sustain (end-to-end MFU-like factor).",
+    )
+    memory_efficiency: float = Field(
+        default=0.8, gt=0, le=1, description="Fraction of memory bandwidth that memory-bound kernels reach."
+    )
+    fp32_matmul_uses_tf32: bool = Field(
+        default=False,
+        description="FP32 matmuls run on TF32 tensor cores (torch.backends.cuda.matmul.allow_tf32).",
+    )
+
+    def peak_flop_per_s(self, precision: str) -> float:
+        """Dense peak for the matmul dtype a training precision uses."""
+        if precision == "fp32":
+            return self.peak_tf32_flop_per_s if self.fp32_matmul_uses_tf32 else self.peak_fp32_flop_per_s
+        if precision == "fp16-mixed":
+            return self.peak_fp16_flop_per_s
+        return self.peak_bf16_flop_per_s
+
+
+class Link(_Frozen):
+    """An intra-node link tier in the alpha-beta model: per-hop latency and per-GPU bandwidth."""
+
+    kind: Literal["nvlink", "pcie"] = Field(description="Link technology; selects NCCL's latency table row.")
+    latency_s: float = Field(
+        ge=0,
+        description="Per-hop latency of the ring/Simple protocol (NCCL hwLat: NVLink 3.4 us, PCIe 5.7 us), s.",
+    )
+    bandwidth_bytes_per_s: float = Field(
+        gt=0, description="Per-GPU unidirectional bandwidth into the fabric (spec sheet), bytes/s."
+    )
+    efficiency: float = Field(
+        gt=0, le=1, description="Fraction of bandwidth NCCL's ring reaches at large messages (measured)."
+    )
+    nvls_algbw_bytes_per_s: float | None = Field(
+        default=None,
+        gt=0,
+        description="NVLink SHARP (NVLS) all-reduce algorithm bandwidth, bytes/s; null = no NVLS.",
+    )
+    nvls_latency_s: float = Field(
+        default=23e-6, ge=0, description="NVLS all-reduce latency (NCCL hwLat NVLink/NVLS: 23 us), seconds."
+    )
+
+    @property
+    def bus_bandwidth_bytes_per_s(self) -> float:
+        return self.bandwidth_bytes_per_s * self.efficiency
+
+
+class Network(_Frozen):
+    """The inter-node network: NICs per node, each with a line rate and a per-hop latency."""
+
+    kind: Literal["infiniband", "roce", "efa", "ethernet"] = Field(description="Network technology.")
+    nics_per_node: int = Field(gt=0, description="NICs per node used by NCCL (one per GPU on DGX).")
+    nic_bandwidth_bytes_per_s: float = Field(gt=0, description="Line rate of one NIC, bytes/s.")
+    latency_s: float = Field(ge=0, description="Per-hop latency of NCCL's ring/Simple protocol (hwLat NET), s.")
+    efficiency: float = Field(gt=0, le=1, description="Fraction of line rate NCCL reaches (measured).")
+
+    @property
+    def node_bandwidth_bytes_per_s(self) -> float:
+        """Achievable bandwidth out of one node over all its NICs."""
+        return self.nics_per_node * self.nic_bandwidth_bytes_per_s * self.efficiency
+
+
+class Cluster(_Frozen):
+    """Nodes of identical GPUs joined by an intra-node fabric and an inter-node network."""
+
+    preset: str | None = Field(default=None, description="Cluster preset the fields were filled from.")
+    num_nodes: int = Field(gt=0, description="Number of nodes.")
+    gpus_per_node: int = Field(gt=0, description="GPUs in each node.")
+    gpu: GPU = Field(description="The accelerator.")
+    intra_node: Link = Field(description="Link between GPUs of one node.")
+    inter_node: Network = Field(description="Network between nodes.")
+    host_overhead_s: float = Field(
+        default=0.0, ge=0, description="Fixed per-step host overhead (data loading, launches), seconds."
+    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _expand_preset(cls, data: Any) -> Any:
+        return _expand(data, "preset", CLUSTER_PRESETS, "cluster.preset")
+
+    @property
+    def num_gpus(self) -> int:
+        return self.num_nodes * self.gpus_per_node
+
+
+# --------------------------------------------------------------------------------------- workload
+class ParameterSpec(_Frozen):
+    """One parameter tensor, as ``model.named_parameters()`` yields it."""
+
+    name: str = Field(description="Parameter name, e.g. 'layers.0.attn.q_proj.weight'.")
+    numel: int = Field(gt=0, description="Number of elements.")
+    dtype: str = Field(default="float32", description="torch dtype name of the parameter (and its gradient).")
+
+    @field_validator("dtype")
+    @classmethod
+    def _known_dtype(cls, value: str) -> str:
+        name = value.removeprefix("torch.")
+        if name not in DTYPE_BYTES:
+            raise ValueError(f"unknown dtype {value!r}; expected one of {sorted(DTYPE_BYTES)}")
+        return name
+
+
+class LayerSpec(_Frozen):
+    """A module of a parameter-list model: which parameters it owns, its cost, optional measured times."""
+
+    name: str = Field(description="Module name.")
+    param_indices: list[int] = Field(default_factory=list, description="Indices into `parameters` it uses.")
+    fwd_flop_per_sample: float | None = Field(
+        default=None, ge=0, description="Forward FLOP per sample; null = 2 x params x seq_len."
+    )
+    activation_numel_per_sample: int | None = Field(
+        default=None,
+        ge=0,
+        description="Activation elements saved for backward per sample (bytes follow the precision); null = 0.",
+    )
+    fwd_time_s: float | None = Field(default=None, ge=0, description="Measured forward time, s (calibration).")
+    bwd_time_s: float | None = Field(default=None, ge=0, description="Measured backward time, s (calibration).")
+
+
+class TransformerSpec(_Frozen):
+    """A decoder/encoder transformer stack (GPT, BERT, Llama shapes)."""
+
+    num_layers: int = Field(gt=0, description="Transformer blocks.")
+    hidden_size: int = Field(gt=0, description="Model width h.")
+    num_heads: int = Field(gt=0, description="Attention heads a.")
+    ffn_hidden_size: int = Field(gt=0, description="MLP inner width.")
+    vocab_size: int = Field(gt=0, description="Vocabulary size V.")
+    num_kv_heads: int | None = Field(default=None, gt=0, description="Key/value heads (GQA); null = num_heads.")
+    gated_mlp: bool = Field(default=False, description="SwiGLU MLP with gate, up and down projections.")
+    norm: Literal["layernorm", "rmsnorm"] = Field(default="layernorm", description="Normalisation layer.")
+    bias: bool = Field(default=True, description="Linear layers carry biases.")
+    tied_embeddings: bool = Field(default=True, description="Output projection shares the input embedding.")
+    position_embedding: Literal["learned", "rope"] = Field(default="learned", description="Position encoding.")
+    max_position_embeddings: int = Field(default=2048, gt=0, description="Learned position table length.")
+    num_token_types: int = Field(default=0, ge=0, description="Token-type embeddings (BERT: 2).")
+
+    @model_validator(mode="after")
+    def _check_heads(self) -> TransformerSpec:
+        if self.hidden_size % self.num_heads:
+            raise ValueError(
+                f"hidden_size({self.hidden_size}) is not divisible by num_heads({self.num_heads})"
+            )
+        kv = self.kv_heads
+        if self.num_heads % kv:
+            raise ValueError(f"num_heads({self.num_heads}) is not divisible by num_kv_heads({kv})")
+        return self
+
+    @property
+    def kv_heads(self) -> int:
+        return self.num_kv_heads or self.num_heads
+
+
+class ModelConfig(_Frozen):
+    """The model: exactly one of a preset, a transformer shape, or an explicit parameter list."""
+
+    preset: str | None = Field(default=None, description="Model preset name (see `simddp presets`).")
+    transformer: TransformerSpec | None = Field(default=None, description="Transformer shape.")
+    parameters: list[ParameterSpec] | None = Field(
+        default=None, description="Parameters in definition order, as model.parameters() yields them."
+    )
+    grad_ready_order: list[int] | None = Field(
+        default=None, description="Parameter indices in gradient-ready order; null = reverse definition order."
+    )
+    layers: list[LayerSpec] | None = Field(
+        default=None, description="Modules in forward order (parameter-list models); null = one per parameter."
+    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _expand_preset(cls, data: Any) -> Any:
+        if isinstance(data, dict):
+            given = [k for k in ("preset", "transformer", "parameters") if data.get(k) is not None]
+            if len(given) != 1:
+                raise ValueError(
+                    "give exactly one of preset, transformer or parameters"
+                    + (f" (got {', '.join(given)})" if given else "")
+                )
+        return _expand(data, "preset", MODEL_PRESETS, "model.preset")
+
+    @model_validator(mode="after")
+    def _check_indices(self) -> ModelConfig:
+        if self.parameters is None:
+            if self.grad_ready_order is not None or self.layers is not None:
+                raise ValueError("grad_ready_order and layers need an explicit parameters list")
+            return self
+        n = len(self.parameters)
+        if n == 0:
+            raise ValueError("parameters is empty")
+        if self.grad_ready_order is not None and sorted(self.grad_ready_order) != list(range(n)):
+            raise ValueError(f"grad_ready_order must be a permutation of 0..{n - 1} ({n} parameters)")
+        if self.layers is not None:
+            for layer in self.layers:
+                bad = [i for i in layer.param_indices if not 0 <= i < n]
+                if bad:
+                    raise ValueError(f"layer {layer.name!r} names parameter indices {bad} outside 0..{n - 1}")
+        return self
+
+    @property
+    def name(self) -> str:
+        return self.preset or ("transformer" if self.transformer else "custom")
+
+
+# -------------------------------------------------------------------------------------- execution
+class Parallelism(_Frozen):
+    """How the GPUs are split: data, tensor and pipeline parallel degrees and ZeRO sharding."""
+
+    dp: int | None = Field(default=None, gt=0, description="Data-parallel degree; null = GPUs / (tp x pp).")
+    tp: int = Field(default=1, gt=0, description="Tensor-parallel degree (Megatron-style, inside a node).")
+    pp: int = Field(default=1, gt=0, description="Pipeline-parallel stages.")
+    zero_stage: Literal[0, 1, 2, 3] = Field(default=0, description="ZeRO stage (0 = plain DDP; 3 = FSDP).")
+    sequence_parallel: bool = Field(default=False, description="Megatron sequence parallelism (needs tp > 1).")
+    pipeline_schedule: Literal["1f1b", "gpipe", "interleaved-1f1b"] = Field(
+        default="1f1b", description="Pipeline schedule."
+    )
+    virtual_stages: int = Field(default=1, gt=0, description="Model chunks per stage (interleaved-1f1b).")
+
+    @model_validator(mode="after")
+    def _check(self) -> Parallelism:
+        if self.sequence_parallel and self.tp == 1:
+            raise ValueError("sequence_parallel(true) needs tp > 1 (got tp=1)")
+        if self.virtual_stages > 1 and self.pipeline_schedule != "interleaved-1f1b":
+            raise ValueError(
+                f"virtual_stages({self.virtual_stages}) > 1 needs pipeline_schedule 'interleaved-1f1b'"
+                f" (got {self.pipeline_schedule!r})"
+            )
+        return self
+
+
+class Training(_Frozen):
+    """Precision, optimizer and batch shape of one training step."""
+
+    precision: Precision = Field(
+        default="bf16-mixed",
+        description="fp32, or mixed precision with 16-bit params/grads and fp32 master weights (ZeRO paper).",
+    )
+    optimizer: Optimizer = Field(default="adamw", description="Optimizer (sets optimizer-state bytes and step time).")
+    micro_batch_size: int = Field(default=1, gt=0, description="Samples per GPU per forward/backward.")
+    global_batch_size: int | None = Field(
+        default=None, gt=0, description="Samples per optimizer step; null = micro_batch_size x dp."
+    )
+    seq_len: int = Field(default=2048, gt=0, description="Tokens per sample (1 for non-sequence models).")
+    recompute: Literal["none", "selective", "full"] = Field(default="none", description="Activation recompute.")
+
+
+class DDPConfig(_Frozen):
+    """torch DistributedDataParallel options."""
+
+    bucket_cap_mb: float | None = Field(
+        default=None, gt=0, description="Bucket cap in MiB, as torch reads it; null = torch's 25 (1 MiB first)."
+    )
+    gradient_as_bucket_view: bool = Field(default=False, description="Gradients are views into the buckets.")
+    overlap: bool = Field(default=True, description="All-reduce buckets while backward runs.")
+    algorithm: Algorithm = Field(default="auto", description="All-reduce algorithm; auto = NCCL tuner's choice.")
+    reduce_in_fp32: bool = Field(
+        default=False, description="All-reduce 16-bit gradients in fp32 (Megatron grad_reduce_in_fp32)."
+    )
+
+
+class Scenario(_Frozen):
+    """One question: this model, on this cluster, with this layout and these options."""
+
+    name: str = Field(default="scenario", description="A label for reports.")
+    cluster: Cluster = Field(description="Hardware.")
+    model: ModelConfig = Field(description="The model to train.")
+    parallelism: Parallelism = Field(default_factory=Parallelism, description="Parallel layout.")
+    training: Training = Field(default_factory=Training, description="Training step shape.")
+    ddp: DDPConfig = Field(default_factory=DDPConfig, description="DDP options.")
+    calibration: str | None = Field(default=None, description="Path to a calibration profile (JSON).")
+
+    @model_validator(mode="after")
+    def _check_layout(self) -> Scenario:
+        par, gpus = self.parallelism, self.cluster.num_gpus
+        nodes, per_node = self.cluster.num_nodes, self.cluster.gpus_per_node
+        dp = self.dp
+        if par.dp is not None and par.dp * par.tp * par.pp != gpus:
+            raise ValueError(
+                f"dp({par.dp}) * tp({par.tp}) * pp({par.pp}) = {par.dp * par.tp * par.pp} "
+                f"does not match {gpus} GPUs ({nodes} nodes x {per_node})"
+            )
+        if par.dp is None and gpus % (par.tp * par.pp):
+            raise ValueError(
+                f"tp({par.tp}) * pp({par.pp}) = {par.tp * par.pp} does not divide {gpus} GPUs "
+                f"({nodes} nodes x {per_node})"
+            )
+        if par.tp > per_node or per_node % par.tp:
+            raise ValueError(f"tp({par.tp}) must divide gpus_per_node({per_node}) to stay inside a node")
+        tf = self.model.transformer
+        if tf is not None:
+            if tf.num_heads % par.tp:
+                raise ValueError(f"tp({par.tp}) does not divide num_heads({tf.num_heads})")
+            if tf.kv_heads % par.tp and par.tp % tf.kv_heads:
+                raise ValueError(f"tp({par.tp}) and num_kv_heads({tf.kv_heads}) do not divide one another")
+        num_layers = tf.num_layers if tf is not None else len(self.model.layers or self.model.parameters or [])
+        if par.pp * par.virtual_stages > num_layers:
+            raise ValueError(
+                f"pp({par.pp}) * virtual_stages({par.virtual_stages}) exceeds the model's {num_layers} layers"
+            )
+        tr = self.training
+        per_step = tr.micro_batch_size * dp
+        if tr.global_batch_size is not None and tr.global_batch_size % per_step:
+            raise ValueError(
+                f"global_batch_size({tr.global_batch_size}) is not a multiple of "
+                f"micro_batch_size({tr.micro_batch_size}) * dp({dp}) = {per_step}"
+            )
+        return self
+
+    @property
+    def dp(self) -> int:
+        par = self.parallelism
+        return par.dp if par.dp is not None else self.cluster.num_gpus // (par.tp * par.pp)
+
+    @property
+    def global_batch_size(self) -> int:
+        tr = self.training
+        return tr.global_batch_size or tr.micro_batch_size * self.dp
+
+    @property
+    def num_micro_batches(self) -> int:
+        """Micro-batches per GPU per optimizer step (gradient accumulation steps)."""
+        return self.global_batch_size // (self.training.micro_batch_size * self.dp)
+
+
+# ----------------------------------------------------------------------------------- loading
+def _expand(data: Any, key: str, presets: dict[str, Any], field: str) -> Any:
+    """Fill a dict from the named preset, the user's own keys overriding the preset's (deep merge)."""
+    if not isinstance(data, dict) or data.get(key) is None:
+        return data
+    name = data[key]
+    if name not in presets:
+        raise ValueError(f"unknown preset {name!r}; valid: {', '.join(sorted(presets))}")
+    return deep_merge(presets[name].build(), data)
+
+
+def deep_merge(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:
+    """A copy of ``base`` with ``override`` merged in; nested dicts merge key by key."""
+    out = dict(base)
+    for k, v in override.items():
+        out[k] = deep_merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+    return out
+
+
+def set_path(data: dict[str, Any], dotted: str, raw_value: str) -> dict[str, Any]:
+    """Apply a ``--set a.b.c=value`` override; the value is parsed as YAML (numbers, booleans, null)."""
+    keys = dotted.split(".")
+    if not all(keys):
+        raise ScenarioError(f"--set {dotted}: empty key in path")
+    try:
+        value = yaml.safe_load(raw_value)
+    except yaml.YAMLError:
+        value = raw_value
+    out = dict(data)
+    node = out
+    for k in keys[:-1]:
+        child = node.get(k)
+        node[k] = dict(child) if isinstance(child, dict) else {}
+        node = node[k]
+    node[keys[-1]] = value
+    return out
+
+
+def format_validation_error(err: ValidationError) -> str:
+    """One line naming the field, the value and the problem, for each error."""
+    parts = []
+    for e in err.errors():
+        loc = ".".join(str(p) for p in e["loc"] if not str(p).startswith("function-"))
+        msg = e["msg"].removeprefix("Value error, ")
+        if e["type"] == "extra_forbidden":
+            msg = "unknown key"
+        elif e["type"] == "missing":
+            msg = "missing required key"
+        elif "input" in e and not isinstance(e["input"], dict | list):
+            msg = f"{msg} (got {e['input']!r})"
+        parts.append(f"{loc}: {msg}" if loc else msg)
+    return "; ".join(parts)
+
+
+def scenario_from_dict(data: dict[str, Any]) -> Scenario:
+    """Validate a scenario dict; raises :class:`ScenarioError` with a one-line message."""
+    if not isinstance(data, dict):
+        raise ScenarioError(f"a scenario must be a mapping, got {type(data).__name__}")
+    data = _apply_calibration(data)
+    try:
+        return Scenario.model_validate(data)
+    except ValidationError as err:
+        raise ScenarioError(format_validation_error(err)) from None
+
+
+def _apply_calibration(data: dict[str, Any]) -> dict[str, Any]:
+    """Fill model, layer times and links from a calibration profile named by ``calibration``.
+
+    The profile loader lives in :mod:`simddp.profile`; it returns scenario keys that the user's own keys
+    override, so ``{"calibration": "profile.json", "parallelism": {"dp": 2}}`` is a complete scenario.
+    """
+    path = data.get("calibration")
+    if not path:
+        return data
+    from simddp.profile import scenario_defaults_from_profile
+
+    return deep_merge(scenario_defaults_from_profile(path), data)
+
+
+def read_mapping(path: str | Path) -> dict[str, Any]:
+    """Read a YAML or JSON file into a dict, with one-line errors for missing or malformed files."""
+    p = Path(path)
+    if not p.exists():
+        raise ScenarioError(f"{p}: no such file")
+    if p.is_dir():
+        raise ScenarioError(f"{p}: is a directory, expected a YAML or JSON file")
+    text = p.read_text()
+    try:
+        data = json.loads(text) if p.suffix == ".json" else yaml.safe_load(text)
+    except json.JSONDecodeError as e:
+        raise ScenarioError(f"{p}: malformed JSON at line {e.lineno} column {e.colno}: {e.msg}") from None
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f" at line {mark.line + 1} column {mark.column + 1}" if mark else ""
+        problem = getattr(e, "problem", None) or str(e).splitlines()[0]
+        raise ScenarioError(f"{p}: malformed YAML{where}: {problem}") from None
+    if not isinstance(data, dict):
+        raise ScenarioError(f"{p}: expected a mapping at the top level, got {type(data).__name__}")
+    return data
+
+
+def load_scenario(path: str | Path, overrides: list[str] | None = None) -> Scenario:
+    """Load and validate a scenario file, applying ``key.path=value`` overrides first."""
+    data = read_mapping(path)
+    if data.get("calibration"):
+        cal = Path(str(data["calibration"]))
+        if not cal.is_absolute():
+            data["calibration"] = str((Path(path).parent / cal).resolve())
+    for item in overrides or []:
+        if "=" not in item:
+            raise ScenarioError(f"--set {item!r}: expected key.path=value")
+        key, value = item.split("=", 1)
+        data = set_path(data, key.strip(), value)
+    return scenario_from_dict(data)

@@ -1,0 +1,126 @@
+"""Typed results: step breakdown, per-bucket timings, bounds and a Chrome/Perfetto trace."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class _Result(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class Span(_Result):
+    """One interval on one stream of the timeline."""
+
+    name: str
+    stream: str
+    start_s: float
+    end_s: float
+    args: dict[str, Any] = Field(default_factory=dict)
+
+
+class Trace(_Result):
+    """The simulated timeline of one GPU (ranks that behave identically are simulated once)."""
+
+    spans: list[Span]
+
+    def to_chrome(self) -> dict[str, Any]:
+        """Chrome trace-event JSON (opens in Perfetto / chrome://tracing); times in microseconds."""
+        streams = sorted({s.stream for s in self.spans}, key=lambda n: (n != "compute", n))
+        tid = {name: i for i, name in enumerate(streams)}
+        events: list[dict[str, Any]] = [
+            {"name": "thread_name", "ph": "M", "pid": 0, "tid": i, "args": {"name": name}}
+            for name, i in tid.items()
+        ]
+        for s in self.spans:
+            events.append(
+                {
+                    "name": s.name,
+                    "cat": s.stream,
+                    "ph": "X",
+                    "ts": s.start_s * 1e6,
+                    "dur": (s.end_s - s.start_s) * 1e6,
+                    "pid": 0,
+                    "tid": tid[s.stream],
+                    "args": s.args,
+                }
+            )
+        return {"traceEvents": events, "displayTimeUnit": "ms"}
+
+    def write(self, path: str | Path) -> None:
+        Path(path).write_text(json.dumps(self.to_chrome()))
+
+
+class BucketTiming(_Result):
+    """When a DDP bucket became ready, and when its all-reduce ran."""
+
+    index: int
+    size_bytes: int
+    num_params: int
+    ready_s: float
+    start_s: float
+    end_s: float
+    algorithm: str
+    protocol: str
+
+
+class Bounds(_Result):
+    """Closed-form bounds on the step time (see :mod:`simddp.analytical`)."""
+
+    no_overlap_s: float = Field(description="Compute, then every all-reduce, then the optimizer.")
+    perfect_overlap_s: float = Field(description="Lower bound: communication hidden as far as causality allows.")
+    in_order_overlap_s: float = Field(description="Exact FIFO recurrence of one NCCL stream (equals the sim).")
+
+
+class StepResult(_Result):
+    """One training step on the most loaded GPU."""
+
+    scenario: str
+    model: str
+    cluster: str
+    num_gpus: int
+    dp: int
+    tp: int
+    pp: int
+    num_micro_batches: int
+    global_batch_size: int
+    step_time_s: float
+    compute_time_s: float = Field(description="Forward + backward (incl. recompute) of all micro-batches.")
+    optimizer_time_s: float
+    host_overhead_s: float
+    comm_time_s: float = Field(description="Sum of all gradient all-reduce durations.")
+    exposed_comm_time_s: float = Field(description="Step time not covered by compute, optimizer or host.")
+    samples_per_s: float
+    tokens_per_s: float
+    mfu: float = Field(description="Model FLOP utilisation (no recompute FLOP) of dense peak.")
+    scaling_efficiency: float = Field(description="Throughput per GPU relative to one GPU without communication.")
+    num_params: int = Field(description="Parameters on this GPU (its tp shard and pipeline stage).")
+    buckets: list[BucketTiming]
+    bounds: Bounds
+    not_modelled: list[str] = Field(default_factory=list)
+    trace: Trace | None = None
+
+    @property
+    def exposed_comm_fraction(self) -> float:
+        return self.exposed_comm_time_s / self.step_time_s if self.step_time_s else 0.0
+
+    def to_json_dict(self) -> dict[str, Any]:
+        data = self.model_dump(exclude={"trace"})
+        data["exposed_comm_fraction"] = self.exposed_comm_fraction
+        return data
+
+    def to_dataframe(self) -> Any:
+        """Per-bucket table (pandas, imported lazily: the library does not depend on it)."""
+        import pandas as pd
+
+        return pd.DataFrame([b.model_dump() for b in self.buckets])
+
+    def summary_dataframe(self) -> Any:
+        import pandas as pd
+
+        rows = {k: v for k, v in self.to_json_dict().items() if not isinstance(v, list | dict)}
+        return pd.DataFrame({"metric": list(rows), "value": list(rows.values())})
