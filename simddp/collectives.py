@@ -188,7 +188,26 @@ def nvls_all_reduce_s(size_bytes: int, group: CommGroup) -> float:
 
 
 def _subgroup(group: CommGroup, num_ranks: int, num_nodes: int, ranks_per_node: int) -> CommGroup:
-    return CommGroup(num_ranks, num_nodes, ranks_per_node, group.gpus_per_node, group.intra, group.inter)
+    return CommGroup(num_ranks, num_nodes, ranks_per_node, group.gpus_per_node, group.intra, group.inter, group.fits)
+
+
+def fitted_s(op: str, size_bytes: int, group: CommGroup) -> float | None:
+    """Time from a measured fit (calibration) for this op on the tier the group crosses, if one covers it.
+
+    The fit's per-step latency and bus bandwidth carry to other world sizes through the ring step count
+    and the nccl-tests data factor; this is the extrapolation assumption documented in docs/calibration.md.
+    """
+    tier = "inter" if group.num_nodes > 1 else "intra"
+    segments = [f for f in group.fits if f.op == op and f.tier == tier]
+    if not segments or group.num_ranks == 1:
+        return None if not segments else 0.0
+    covering = [f for f in segments if f.min_bytes <= size_bytes <= f.max_bytes]
+    fit = covering[0] if covering else min(
+        segments, key=lambda f: min(abs(size_bytes - f.min_bytes), abs(size_bytes - f.max_bytes))
+    )
+    n = group.num_ranks
+    steps = 2 * (n - 1) if op == "all-reduce" else n - 1
+    return steps * fit.latency_per_step_s + size_bytes * BUSBW_FACTOR[op](n) / fit.bus_bandwidth_bytes_per_s
 
 
 def hierarchical_all_reduce_s(size_bytes: int, group: CommGroup) -> float:
@@ -249,6 +268,9 @@ def collective_cost(
         return CollectiveCost(op, size_bytes, group.num_ranks, "direct", "Simple", all_to_all_s(size_bytes, group))
     if op == "send-recv":
         return CollectiveCost(op, size_bytes, group.num_ranks, "p2p", "Simple", send_recv_s(size_bytes, group))
+    measured = fitted_s(op, size_bytes, group)
+    if measured is not None:
+        return CollectiveCost(op, size_bytes, group.num_ranks, "measured", "fit", measured)
     if algorithm == "hierarchical":
         if op != "all-reduce":
             raise ValueError(f"hierarchical is an all-reduce algorithm, not {op}")
@@ -296,6 +318,7 @@ __all__ = [
     "all_to_all_s",
     "best",
     "collective_cost",
+    "fitted_s",
     "hierarchical_all_reduce_s",
     "nvls_all_reduce_s",
     "ring_s",

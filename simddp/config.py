@@ -110,6 +110,23 @@ class Network(_Frozen):
         return self.nics_per_node * self.nic_bandwidth_bytes_per_s * self.efficiency
 
 
+class CollectiveFit(_Frozen):
+    """A measured alpha-beta fit of one collective on one link tier, for message sizes in a range.
+
+    Stored per ring step and as bus bandwidth so that it extrapolates to other world sizes with the
+    ring step counts of :mod:`simddp.collectives` (time = steps x latency + data factor x size / busbw).
+    """
+
+    op: Literal["all-reduce", "reduce-scatter", "all-gather", "broadcast"] = Field(description="Collective.")
+    tier: Literal["intra", "inter"] = Field(description="Link tier the measurement exercised.")
+    min_bytes: int = Field(ge=0, description="Smallest message size this segment covers, bytes.")
+    max_bytes: int = Field(gt=0, description="Largest message size this segment covers, bytes.")
+    latency_per_step_s: float = Field(ge=0, description="Fitted latency per ring step, seconds.")
+    bus_bandwidth_bytes_per_s: float = Field(gt=0, description="Fitted bus bandwidth, bytes/s.")
+    rel_residual: float = Field(default=0.0, ge=0, description="Relative RMS residual of the fit.")
+    measured_ranks: int = Field(default=2, gt=1, description="World size the fit was measured on.")
+
+
 class Cluster(_Frozen):
     """Nodes of identical GPUs joined by an intra-node fabric and an inter-node network."""
 
@@ -121,6 +138,14 @@ class Cluster(_Frozen):
     inter_node: Network = Field(description="Network between nodes.")
     host_overhead_s: float = Field(
         default=0.0, ge=0, description="Fixed per-step host overhead (data loading, launches), seconds."
+    )
+    comm_compute_interference: float = Field(
+        default=0.0,
+        ge=0,
+        description="Fractional slowdown of compute while a collective runs beside it (measured; 0 = none).",
+    )
+    collective_fits: list[CollectiveFit] = Field(
+        default_factory=list, description="Measured collective fits (calibration); they replace the link model."
     )
 
     @model_validator(mode="before")

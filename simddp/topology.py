@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from simddp.config import Cluster, Link, Network, Scenario
+from simddp.config import Cluster, CollectiveFit, Link, Network, Scenario
 
 
 @dataclass(frozen=True)
@@ -23,6 +23,7 @@ class CommGroup:
     gpus_per_node: int
     intra: Link
     inter: Network
+    fits: tuple[CollectiveFit, ...] = ()
 
     @property
     def intra_bus_bandwidth_bytes_per_s(self) -> float:
@@ -52,6 +53,7 @@ def group(cluster: Cluster, num_ranks: int, stride: int = 1) -> CommGroup:
         gpus_per_node=cluster.gpus_per_node,
         intra=cluster.intra_node,
         inter=cluster.inter_node,
+        fits=tuple(cluster.collective_fits),
     )
 
 

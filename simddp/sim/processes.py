@@ -15,6 +15,17 @@ from simddp.compute import LayerTiming
 from simddp.results import Span
 
 
+@dataclass
+class StreamState:
+    """Shared between the streams: whether a collective is in flight (for compute interference)."""
+
+    comm_busy: bool = False
+    interference: float = 0.0  # fractional compute slowdown while comm_busy
+
+    def scale(self) -> float:
+        return 1.0 + self.interference if self.comm_busy else 1.0
+
+
 @dataclass(frozen=True)
 class BucketPlan:
     """A bucket to all-reduce: which layers' backward must finish first, and its cost."""
@@ -33,8 +44,13 @@ def compute_stream(
     grads_of_layer: Sequence[Sequence[int]],
     grad_ready: Callable[[int], None],
     spans: list[Span],
+    state: StreamState,
 ) -> simpy.events.ProcessGenerator:
-    """Forward then backward, layer by layer; reports each bucket gradient as it becomes ready."""
+    """Forward then backward, layer by layer; reports each bucket gradient as it becomes ready.
+
+    A backward layer that starts while a collective is in flight runs ``1 + interference`` times slower
+    (NCCL kernels take SMs and memory bandwidth; gloo threads take CPU cores).
+    """
     one_micro_s = sum(t.fwd_s + t.bwd_s for t in timings)
     if num_micro_batches > 1:
         start = env.now
@@ -48,8 +64,9 @@ def compute_stream(
     for i in range(len(timings) - 1, -1, -1):
         t = timings[i]
         start = env.now
-        yield env.timeout(t.recompute_s + t.dgrad_s)
-        yield env.timeout(t.wgrad_s)
+        scale = state.scale()
+        yield env.timeout((t.recompute_s + t.dgrad_s) * scale)
+        yield env.timeout(t.wgrad_s * scale)
         spans.append(Span(name=f"bwd {t.name}", stream="compute", start_s=start, end_s=env.now))
         for bucket_index in grads_of_layer[i]:
             grad_ready(bucket_index)
@@ -62,6 +79,7 @@ def comm_stream(
     backward_done: simpy.Event | None,
     record: Callable[[BucketPlan, float, float], None],
     spans: list[Span],
+    state: StreamState,
 ) -> simpy.events.ProcessGenerator:
     """All-reduce buckets one at a time in index order (torch's Reducer launches them in order).
 
@@ -72,7 +90,9 @@ def comm_stream(
     for bucket in buckets:
         yield ready[bucket.index]
         start = env.now
+        state.comm_busy = True
         yield env.timeout(bucket.cost_s)
+        state.comm_busy = False
         record(bucket, start, env.now)
         spans.append(
             Span(name=f"all-reduce bucket {bucket.index}", stream="comm", start_s=start, end_s=env.now,

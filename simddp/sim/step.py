@@ -18,7 +18,7 @@ from simddp.collectives import collective_cost
 from simddp.compute import optimizer_step_s, workload_timings
 from simddp.config import ParameterSpec, Scenario
 from simddp.results import BucketTiming, Bounds, Span, StepResult, Trace
-from simddp.sim.processes import BucketPlan, comm_stream, compute_stream
+from simddp.sim.processes import BucketPlan, StreamState, comm_stream, compute_stream
 from simddp.topology import dp_group
 from simddp.units import dtype_bytes
 from simddp.workload import build_workload
@@ -85,6 +85,7 @@ def simulate_step(scenario: Scenario, trace: bool = True) -> StepResult:
 
     # ---- simpy
     env = simpy.Environment()
+    state = StreamState(interference=cluster.comm_compute_interference)
     spans: list[Span] = []
     ready_events = [env.event() for _ in buckets]
     remaining = [len(b.param_indices) for b in buckets]
@@ -104,10 +105,10 @@ def simulate_step(scenario: Scenario, trace: bool = True) -> StepResult:
 
     def training_step(env: simpy.Environment) -> simpy.events.ProcessGenerator:
         compute = env.process(
-            compute_stream(env, timings, scenario.num_micro_batches, grads_of_layer, grad_ready, spans)
+            compute_stream(env, timings, scenario.num_micro_batches, grads_of_layer, grad_ready, spans, state)
         )
         comm = env.process(
-            comm_stream(env, plans, ready_events, None if ddp.overlap else compute, record, spans)
+            comm_stream(env, plans, ready_events, None if ddp.overlap else compute, record, spans, state)
         )
         yield compute & comm
         start = env.now
@@ -123,7 +124,11 @@ def simulate_step(scenario: Scenario, trace: bool = True) -> StepResult:
     env.run()
     step_s = env.now
 
+    # Compute time as run: the backward spans carry any interference slowdown.
     compute_s = scenario.num_micro_batches * sum(t.fwd_s + t.bwd_s for t in timings)
+    compute_end_s = max((s.end_s for s in spans if s.stream == "compute" and s.name != "optimizer step"),
+                        default=0.0)
+    compute_s = max(compute_s, compute_end_s)
     costs = [p.cost_s for p in plans]
     readies = [ready_at[b.index] for b in buckets]
     comm_s = sum(costs) + gather_s
