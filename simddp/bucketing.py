@@ -98,9 +98,7 @@ class Bucket(BaseModel):
     param_indices: list[int] = Field(
         description="Indices into the parameter list, in the order torch lays them out in the bucket."
     )
-    size_bytes: int = Field(
-        ge=0, description="Sum of numel x element size of the bucket's parameters, bytes."
-    )
+    size_bytes: int = Field(ge=0, description="Sum of numel x element size of the bucket's parameters, bytes.")
     dtype: str = Field(description="torch dtype name shared by every parameter in the bucket.")
     cap_bytes: int = Field(ge=0, description="Size limit the bucket was built against, bytes.")
 
@@ -134,11 +132,7 @@ def ddp_buckets(
     num_params = len(params)
     if num_params == 0:
         raise ValueError("ddp_buckets needs at least one parameter (DDP rejects a model without any)")
-    order = (
-        list(range(num_params - 1, -1, -1))
-        if ready_order is None
-        else _checked_order(ready_order, num_params)
-    )
+    order = list(range(num_params - 1, -1, -1)) if ready_order is None else _checked_order(ready_order, num_params)
     limits = bucket_size_limits(bucket_cap_mb)
 
     closed: list[tuple[list[int], int, str, int]] = []
@@ -171,9 +165,7 @@ def ddp_buckets(
 
 def buckets_to_json(buckets: Sequence[Bucket]) -> dict[str, list[dict[str, int | list[int]]]]:
     """The JSON form of a bucket list: ``{"buckets": [{"size_bytes": ..., "param_indices": [...]}, ...]}``."""
-    return {
-        "buckets": [{"size_bytes": b.size_bytes, "param_indices": list(b.param_indices)} for b in buckets]
-    }
+    return {"buckets": [{"size_bytes": b.size_bytes, "param_indices": list(b.param_indices)} for b in buckets]}
 
 
 def _checked_order(ready_order: Sequence[int], num_params: int) -> list[int]:
@@ -182,9 +174,7 @@ def _checked_order(ready_order: Sequence[int], num_params: int) -> list[int]:
     except TypeError:
         raise ValueError(f"ready_order entries must be integers, got {list(ready_order)!r}") from None
     if len(order) != num_params:
-        raise ValueError(
-            f"ready_order must list each of the {num_params} parameters once, got {len(order)} entries"
-        )
+        raise ValueError(f"ready_order must list each of the {num_params} parameters once, got {len(order)} entries")
     seen: set[int] = set()
     for i in order:
         if not 0 <= i < num_params:
@@ -217,8 +207,7 @@ def _unordered_map_order(
         # Cannot happen with the dtypes simddp knows; beyond 13 keys libstdc++ would rehash.
         raise ValueError(f"{len(dtypes_by_first_use)} gradient dtypes; at most 13 are modelled")
     slot_of = {
-        d: _bucket_key_hash(d, device_type, device_index) % _LIBSTDCXX_INITIAL_SLOTS
-        for d in dtypes_by_first_use
+        d: _bucket_key_hash(d, device_type, device_index) % _LIBSTDCXX_INITIAL_SLOTS for d in dtypes_by_first_use
     }
     order: list[str] = []
     for dtype in dtypes_by_first_use:

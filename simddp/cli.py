@@ -243,6 +243,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         return int(args.func(args) or 0)
+    except BrokenPipeError:  # output piped into `head` and closed early
+        return 0
     except (ScenarioError, UsageError, ValueError, OSError) as err:
         print(f"simddp: error: {err}", file=sys.stderr)
         return 2

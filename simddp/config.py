@@ -208,6 +208,7 @@ class TransformerSpec(_Frozen):
     position_embedding: Literal["learned", "rope"] = Field(default="learned", description="Position encoding.")
     max_position_embeddings: int = Field(default=2048, gt=0, description="Learned position table length.")
     num_token_types: int = Field(default=0, ge=0, description="Token-type embeddings (BERT: 2).")
+    final_norm: bool = Field(default=True, description="A norm after the last block (pre-LN models; BERT: no).")
 
     @model_validator(mode="after")
     def _check_heads(self) -> TransformerSpec:

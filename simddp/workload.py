@@ -213,7 +213,8 @@ def _transformer_params(
             add(f"mlp_out.{i}", f"{p}.mlp.c_proj.weight", ffn // tp * h)
             if spec.bias:
                 add(f"mlp_out.{i}", f"{p}.mlp.c_proj.bias", h)
-    norm("final_norm", "model.norm" if llama else "transformer.ln_f")
+    if spec.final_norm:
+        norm("final_norm", "model.norm" if llama else "transformer.ln_f")
     if not spec.tied_embeddings:
         add("lm_head", "lm_head.weight", v // tp * h)
     del kv_dim
@@ -245,7 +246,7 @@ def _transformer_workload(scenario: Scenario, spec: TransformerSpec) -> Workload
         idx = tuple(groups.get(module, [])) if module else ()
         return Layer(name, idx, 0.0, 0.0, 0.0, io, 2 * io, 0, is_block=block)
 
-    layers: list[Layer] = [elementwise("embed", None if not spec.tied_embeddings else None, h, block=False)]
+    layers: list[Layer] = [elementwise("embed", "embed", h, block=False)]
     for i in range(spec.num_layers):
         attn_flop = 4.0 * t * s * h / tp
         attn_io = 4.0 * t * h / tp * a_bytes  # FlashAttention reads q, k, v and writes o once
@@ -273,8 +274,6 @@ def _transformer_workload(scenario: Scenario, spec: TransformerSpec) -> Workload
     layers.append(gemm("lm_head", h, v, "lm_head" if not spec.tied_embeddings else None, block=False))
     loss_io = 2.0 * t * v / tp * 4  # fp32 logits read and written by the fused cross-entropy
     layers.append(Layer("loss", (), 0.0, 0.0, 0.0, loss_io, loss_io, 0))
-    # The embedding's weight gradient is complete only when backward reaches it (tied: after lm_head).
-    layers[0] = _replace(layers[0], param_indices=tuple(groups["embed"]))
     layers = _assign_stages_transformer(layers, par.pp, spec.num_layers)
 
     # Gradient-ready order = reverse of execution order, parameter by parameter within a module.

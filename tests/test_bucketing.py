@@ -28,10 +28,7 @@ CUDA0 = (1, 0)
 def mib_params(*sizes_mib: float, dtype: str = "float32") -> list[ParameterSpec]:
     """Parameters of the given sizes in MiB (definition order)."""
     elem = dtype_bytes(dtype)
-    return [
-        ParameterSpec(name=f"p{i}", numel=int(size * MiB) // elem, dtype=dtype)
-        for i, size in enumerate(sizes_mib)
-    ]
+    return [ParameterSpec(name=f"p{i}", numel=int(size * MiB) // elem, dtype=dtype) for i, size in enumerate(sizes_mib)]
 
 
 def layout(buckets: list[Bucket]) -> list[list[int]]:

@@ -53,6 +53,7 @@ def bert_large() -> dict[str, Any]:
             "vocab_size": 30522,
             "max_position_embeddings": 512,
             "num_token_types": 2,
+            "final_norm": False,
         }
     }
 
@@ -128,7 +129,7 @@ MODEL_PRESETS: dict[str, Preset] = {
         Preset("gpt2-medium", "GPT-2 medium, 355M", "Radford et al. 2019", lambda: _gpt2(24, 1024, 16)),
         Preset("gpt2-large", "GPT-2 large, 774M", "Radford et al. 2019", lambda: _gpt2(36, 1280, 20)),
         Preset("gpt2-xl", "GPT-2 XL, 1.5B", "Radford et al. 2019", lambda: _gpt2(48, 1600, 25)),
-        Preset("bert-large", "BERT-large, 335M", "Devlin et al. 2019", bert_large),
+        Preset("bert-large", "BERT-large, 335M", "Devlin et al. 2019 (encoder + embeddings, no pooler/MLM head)", bert_large),
         Preset("llama2-7b", "Llama 2 7B", "Touvron et al. 2023, Table 1; HF config",
                lambda: _llama(32, 4096, 32, 32, 11008, 32000)),
         Preset("llama2-13b", "Llama 2 13B", "Touvron et al. 2023, Table 1; HF config",

@@ -244,17 +244,13 @@ def test_assignment_matches_torch_for_random_dtype_mixes(seed):
     num_dtypes = rng.randint(1, len(TORCH_DTYPES))
     dtypes = rng.sample(list(TORCH_DTYPES), num_dtypes)
     num = rng.randint(1, 40)
-    params = [
-        ParameterSpec(name=f"p{i}", numel=rng.randint(1, 3000), dtype=rng.choice(dtypes)) for i in range(num)
-    ]
+    params = [ParameterSpec(name=f"p{i}", numel=rng.randint(1, 3000), dtype=rng.choice(dtypes)) for i in range(num)]
     order = list(range(num))
     rng.shuffle(order)
     cap_mb = rng.choice([0.001, 0.004, 0.01, 0.03])
     tensors = [torch.empty(params[i].numel, dtype=TORCH_DTYPES[params[i].dtype]) for i in order]
     limits = list(bucket_size_limits(cap_mb))
-    torch_indices, torch_limits = dist._compute_bucket_assignment_by_size(
-        tensors, limits, [False] * num, order
-    )
+    torch_indices, torch_limits = dist._compute_bucket_assignment_by_size(tensors, limits, [False] * num, order)
 
     buckets = ddp_buckets(params, ready_order=order, bucket_cap_mb=cap_mb)
     assert [b.param_indices for b in buckets] == torch_indices

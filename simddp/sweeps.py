@@ -1,0 +1,348 @@
+"""Parameter sweeps: scaling with the number of GPUs, the DDP bucket cap, and grids over two scenario keys.
+
+A sweep only builds variant scenarios, as dicts of scenario keys changed at dotted paths
+(``ddp.bucket_cap_mb``, ``cluster.inter_node.latency_s``), validates each and simulates it with
+:func:`simddp.simulate` (trace off). Every number in a sweep comes from the simulator; a variant that is not
+a valid scenario becomes a point that carries its one-line error instead of numbers.
+
+Changing the cluster size keeps the parallel layout: dp follows the GPUs (dp = GPUs / (tp x pp)). The batch
+follows ``batch``: ``"weak"`` keeps micro-batch size and micro-batches per GPU, so the global batch grows
+with dp (the usual data-parallel scaling); ``"strong"`` keeps the global batch, and GPU counts it does not
+divide into are reported as invalid.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Iterable, Sequence
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from simddp.config import ModelConfig, Scenario, ScenarioError, scenario_from_dict
+from simddp.results import StepResult
+
+BatchScaling = Literal["weak", "strong"]
+
+#: Bucket caps (MiB) of the default bucket sweep: torch's 25 MiB default in the middle.
+DEFAULT_BUCKET_CAPS_MB: tuple[float, ...] = (1, 2, 5, 10, 25, 50, 100, 250, 500, 1000)
+_CLUSTER_SIZE_PATHS = ("cluster.num_nodes", "cluster.gpus_per_node")
+
+
+class _Sweep(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class PointMetrics(_Sweep):
+    """Headline numbers of one simulated variant; all None (and ``error`` set) when it is not valid."""
+
+    error: str | None = Field(default=None, description="Why the variant is not a valid scenario.")
+    num_gpus: int | None = Field(default=None, description="GPUs of the variant.")
+    dp: int | None = Field(default=None, description="Data-parallel degree.")
+    global_batch_size: int | None = Field(default=None, description="Samples per optimizer step.")
+    num_buckets: int | None = Field(default=None, description="DDP buckets of the most loaded GPU.")
+    step_time_s: float | None = Field(default=None, description="Simulated step time, s.")
+    compute_time_s: float | None = Field(default=None, description="Forward + backward, s.")
+    comm_time_s: float | None = Field(default=None, description="All gradient communication, s.")
+    exposed_comm_time_s: float | None = Field(default=None, description="Communication not hidden, s.")
+    exposed_comm_fraction: float | None = Field(default=None, description="Exposed communication / step.")
+    tokens_per_s: float | None = Field(default=None, description="Tokens per second, whole job.")
+    samples_per_s: float | None = Field(default=None, description="Samples per second, whole job.")
+    mfu: float | None = Field(default=None, description="Model FLOP utilisation.")
+    scaling_efficiency: float | None = Field(default=None, description="Per-GPU throughput vs one GPU.")
+    memory_bytes: int | None = Field(default=None, description="Memory per GPU, bytes (when modelled).")
+    memory_fits: bool | None = Field(default=None, description="Whether that fits the GPU (when modelled).")
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None
+
+
+class ScalingPoint(PointMetrics):
+    """The scenario on ``num_gpus`` GPUs."""
+
+    num_nodes: int = Field(description="Nodes of the variant.")
+    gpus_per_node: int = Field(description="GPUs per node of the variant (fewer than a node: one partial node).")
+
+
+class BucketCapPoint(PointMetrics):
+    """The scenario with DDP's ``bucket_cap_mb`` set to ``bucket_cap_mb``."""
+
+    bucket_cap_mb: float = Field(description="Bucket cap, MiB (as torch reads it).")
+
+
+class GridPoint(PointMetrics):
+    """The scenario with two keys set."""
+
+    x: Any = Field(description="Value at the x path.")
+    y: Any = Field(description="Value at the y path.")
+
+
+def _frame(points: Sequence[BaseModel]) -> Any:
+    import pandas as pd  # lazily: the library does not depend on pandas
+
+    rows = []
+    for p in points:
+        row = p.model_dump()
+        if isinstance(p, PointMetrics):
+            row["ok"] = p.ok
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+class ScalingSweep(_Sweep):
+    """Step time, communication and efficiency of one scenario from 1 GPU to thousands."""
+
+    scenario: str = Field(description="Name of the swept scenario.")
+    batch: BatchScaling = Field(description="weak: micro-batches per GPU kept; strong: global batch kept.")
+    reference_num_gpus: int = Field(description="GPUs of the scenario itself (marked on plots).")
+    points: list[ScalingPoint]
+
+    def to_dataframe(self) -> Any:
+        return _frame(self.points)
+
+
+class BucketCapSweep(_Sweep):
+    """Step time and exposed communication against DDP's bucket cap."""
+
+    scenario: str = Field(description="Name of the swept scenario.")
+    reference_bucket_cap_mb: float | None = Field(description="The scenario's own cap (null = torch's default).")
+    points: list[BucketCapPoint]
+
+    def to_dataframe(self) -> Any:
+        return _frame(self.points)
+
+
+class GridSweep(_Sweep):
+    """Every combination of values at two dotted scenario paths."""
+
+    scenario: str = Field(description="Name of the swept scenario.")
+    x_path: str = Field(description="Dotted path of the first key, e.g. 'ddp.bucket_cap_mb'.")
+    y_path: str = Field(description="Dotted path of the second key.")
+    x_values: list[Any]
+    y_values: list[Any]
+    points: list[GridPoint]
+
+    def to_dataframe(self) -> Any:
+        return _frame(self.points)
+
+
+# ---------------------------------------------------------------------------------------- scenarios
+def scenario_to_dict(scenario: Scenario) -> dict[str, Any]:
+    """Scenario keys that validate back into ``scenario``.
+
+    A model preset is kept by name when the scenario's shape is the preset's own, otherwise the
+    expanded shape is kept (a model names exactly one of preset, transformer or parameters).
+    """
+    data = scenario.model_dump()
+    model = data["model"]
+    if model.get("preset"):
+        preset_shape = ModelConfig.model_validate({"preset": model["preset"]}).model_dump()
+        if preset_shape == model:
+            data["model"] = {"preset": model["preset"]}
+        else:
+            model["preset"] = None
+    return data
+
+
+def as_scenario_dict(scenario: Scenario | dict[str, Any]) -> dict[str, Any]:
+    """A deep copy of scenario keys, validated once so a bad base fails with one :class:`ScenarioError`."""
+    if isinstance(scenario, Scenario):
+        return scenario_to_dict(scenario)
+    scenario_from_dict(scenario)
+    return copy.deepcopy(scenario)
+
+
+def get_path(data: dict[str, Any], path: str, default: Any = None) -> Any:
+    """The value at a dotted path of a scenario dict, or ``default`` when a key on the way is missing."""
+    node: Any = data
+    for key in path.split("."):
+        if not isinstance(node, dict) or key not in node:
+            return default
+        node = node[key]
+    return node
+
+
+def set_value(data: dict[str, Any], path: str, value: Any) -> dict[str, Any]:
+    """A copy of ``data`` with ``value`` at the dotted ``path`` (missing dicts on the way are created)."""
+    keys = path.split(".")
+    if not all(keys):
+        raise ScenarioError(f"{path!r}: empty key in path")
+    out = copy.deepcopy(data)
+    node = out
+    for key in keys[:-1]:
+        if not isinstance(node.get(key), dict):
+            node[key] = {}
+        node = node[key]
+    node[keys[-1]] = value
+    return out
+
+
+def with_values(
+    base: dict[str, Any], updates: dict[str, Any], batch: BatchScaling = "weak"
+) -> dict[str, Any]:
+    """``base`` with each dotted path of ``updates`` set; a new cluster size re-derives dp and the batch.
+
+    When the cluster size changes, an explicit ``parallelism.dp`` is dropped (dp = GPUs / (tp x pp)), and
+    with ``batch="weak"`` the global batch keeps the base's micro-batches per GPU.
+    """
+    out = copy.deepcopy(base)
+    for path, value in updates.items():
+        out = set_value(out, path, value)
+    if not any(p in updates for p in _CLUSTER_SIZE_PATHS):
+        return out
+    if get_path(out, "parallelism.dp") is not None:
+        out = set_value(out, "parallelism.dp", None)
+    if batch == "weak":
+        try:
+            base_s = scenario_from_dict(base)
+        except ScenarioError:
+            return out
+        resized = scenario_from_dict_or_none(set_value(out, "training.global_batch_size", None))
+        if resized is not None:
+            gbs = base_s.num_micro_batches * resized.training.micro_batch_size * resized.dp
+            out = set_value(out, "training.global_batch_size", gbs)
+    return out
+
+
+def scenario_from_dict_or_none(data: dict[str, Any]) -> Scenario | None:
+    try:
+        return scenario_from_dict(data)
+    except ScenarioError:
+        return None
+
+
+def evaluate(data: dict[str, Any]) -> tuple[PointMetrics, StepResult | None]:
+    """Validate and simulate one variant; a bad variant gives a point with ``error`` set."""
+    from simddp import simulate
+
+    try:
+        scenario = scenario_from_dict(data)
+        result = simulate(scenario, trace=False)
+    except ValueError as err:  # ScenarioError, or a choice the cost model rejects (e.g. NVLS without NVSwitch)
+        return PointMetrics(error=str(err)), None
+    memory = getattr(result, "memory", None)
+    return (
+        PointMetrics(
+            num_gpus=result.num_gpus,
+            dp=result.dp,
+            global_batch_size=result.global_batch_size,
+            num_buckets=len(result.buckets),
+            step_time_s=result.step_time_s,
+            compute_time_s=result.compute_time_s,
+            comm_time_s=result.comm_time_s,
+            exposed_comm_time_s=result.exposed_comm_time_s,
+            exposed_comm_fraction=result.exposed_comm_fraction,
+            tokens_per_s=result.tokens_per_s,
+            samples_per_s=result.samples_per_s,
+            mfu=result.mfu,
+            scaling_efficiency=result.scaling_efficiency,
+            memory_bytes=getattr(memory, "total_bytes", None),
+            memory_fits=getattr(memory, "fits", None),
+        ),
+        result,
+    )
+
+
+def _metrics(data: dict[str, Any]) -> dict[str, Any]:
+    return evaluate(data)[0].model_dump()
+
+
+# ---------------------------------------------------------------------------------------- sweeps
+def default_gpu_counts(gpus_per_node: int, max_gpus: int = 2048) -> list[int]:
+    """1, 2, 4, ... up to one node, then whole nodes doubling up to ``max_gpus`` (always a node multiple)."""
+    counts, g = [], 1
+    while g < gpus_per_node:
+        counts.append(g)
+        g *= 2
+    nodes = 1
+    while nodes * gpus_per_node <= max(max_gpus, gpus_per_node):
+        counts.append(nodes * gpus_per_node)
+        nodes *= 2
+    return counts
+
+
+def scaling_sweep(
+    scenario: Scenario | dict[str, Any],
+    gpu_counts: Iterable[int] | None = None,
+    batch: BatchScaling = "weak",
+) -> ScalingSweep:
+    """The scenario on each GPU count: fewer than a node = one partial node, else whole nodes."""
+    base = as_scenario_dict(scenario)
+    ref = scenario_from_dict(base)
+    per_node = ref.cluster.gpus_per_node
+    counts = list(gpu_counts) if gpu_counts is not None else default_gpu_counts(per_node)
+    points = []
+    for g in counts:
+        if g < 1:
+            raise ScenarioError(f"gpu count({g}) must be >= 1")
+        if g < per_node:
+            nodes, gpn = 1, g
+        elif g % per_node:
+            points.append(ScalingPoint(num_nodes=-(-g // per_node), gpus_per_node=per_node,
+                                       error=f"{g} GPUs is not a whole number of {per_node}-GPU nodes"))
+            continue
+        else:
+            nodes, gpn = g // per_node, per_node
+        variant = with_values(base, {"cluster.num_nodes": nodes, "cluster.gpus_per_node": gpn}, batch)
+        metrics = _metrics(variant)
+        metrics["num_gpus"] = metrics["num_gpus"] or g
+        points.append(ScalingPoint(num_nodes=nodes, gpus_per_node=gpn, **metrics))
+    return ScalingSweep(scenario=ref.name, batch=batch, reference_num_gpus=ref.cluster.num_gpus, points=points)
+
+
+def bucket_cap_sweep(
+    scenario: Scenario | dict[str, Any], caps_mb: Iterable[float] = DEFAULT_BUCKET_CAPS_MB
+) -> BucketCapSweep:
+    """The scenario with each DDP bucket cap (MiB)."""
+    base = as_scenario_dict(scenario)
+    ref = scenario_from_dict(base)
+    points = [
+        BucketCapPoint(bucket_cap_mb=cap, **_metrics(with_values(base, {"ddp.bucket_cap_mb": cap})))
+        for cap in caps_mb
+    ]
+    return BucketCapSweep(scenario=ref.name, reference_bucket_cap_mb=ref.ddp.bucket_cap_mb, points=points)
+
+
+def grid_sweep(
+    scenario: Scenario | dict[str, Any],
+    x_path: str,
+    x_values: Sequence[Any],
+    y_path: str,
+    y_values: Sequence[Any],
+    batch: BatchScaling = "weak",
+) -> GridSweep:
+    """Every (x, y) combination of values at two dotted paths, e.g. bucket cap against number of nodes."""
+    if x_path == y_path:
+        raise ScenarioError(f"grid sweep needs two different keys (got {x_path!r} twice)")
+    base = as_scenario_dict(scenario)
+    ref = scenario_from_dict(base)
+    points = [
+        GridPoint(x=x, y=y, **_metrics(with_values(base, {x_path: x, y_path: y}, batch)))
+        for y in y_values
+        for x in x_values
+    ]
+    return GridSweep(scenario=ref.name, x_path=x_path, y_path=y_path, x_values=list(x_values),
+                     y_values=list(y_values), points=points)
+
+
+__all__ = [
+    "DEFAULT_BUCKET_CAPS_MB",
+    "BucketCapPoint",
+    "BucketCapSweep",
+    "GridPoint",
+    "GridSweep",
+    "PointMetrics",
+    "ScalingPoint",
+    "ScalingSweep",
+    "as_scenario_dict",
+    "bucket_cap_sweep",
+    "default_gpu_counts",
+    "evaluate",
+    "get_path",
+    "grid_sweep",
+    "scaling_sweep",
+    "scenario_to_dict",
+    "set_value",
+    "with_values",
+]

@@ -1,0 +1,22 @@
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+
+def base_scenario(**overrides: Any) -> dict[str, Any]:
+    """A small, fast scenario dict (GPT-2 on 2 DGX-A100 nodes) for tests to modify."""
+    data: dict[str, Any] = {
+        "cluster": {"preset": "dgx-a100-80gb", "num_nodes": 2},
+        "model": {"preset": "gpt2"},
+        "training": {"micro_batch_size": 4, "seq_len": 1024},
+    }
+    for key, value in overrides.items():
+        data[key] = value
+    return data
+
+
+@pytest.fixture
+def scenario_dict() -> dict[str, Any]:
+    return base_scenario()

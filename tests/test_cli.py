@@ -1,0 +1,101 @@
+"""The simddp command: outputs, JSON shapes and one-line errors with exit code 2 and no traceback."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+
+def run(*args: str, cwd=None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "simddp.cli", *args], capture_output=True, text=True, cwd=cwd,
+                          timeout=120)
+
+
+def test_simulate_default_scenario_human() -> None:
+    r = run("simulate")
+    assert r.returncode == 0, r.stderr
+    assert "llama2-7b on 16 x dgx-h100-80gb (128 GPUs)" in r.stdout
+    for label in ("step time", "exposed comm", "MFU", "scaling efficiency", "tokens/s"):
+        assert label in r.stdout
+
+
+def test_simulate_json_and_trace(tmp_path) -> None:
+    trace = tmp_path / "out.json"
+    r = run("simulate", "--json", "--trace", str(trace), "--set", "ddp.bucket_cap_mb=100")
+    assert r.returncode == 0, r.stderr
+    data = json.loads(r.stdout)
+    for key in ("step_time_s", "compute_time_s", "comm_time_s", "exposed_comm_time_s", "samples_per_s",
+                "tokens_per_s", "scaling_efficiency", "buckets", "bounds"):
+        assert key in data
+    assert {"ready_s", "start_s", "end_s", "size_bytes"} <= set(data["buckets"][0])
+    assert data["bounds"]["perfect_overlap_s"] <= data["step_time_s"] <= data["bounds"]["no_overlap_s"]
+    assert "traceEvents" in json.loads(trace.read_text())
+
+
+def test_buckets_json_shape() -> None:
+    r = run("buckets", "--json", "--set", "model.preset=gpt2", "--set", "ddp.bucket_cap_mb=null")
+    assert r.returncode == 0, r.stderr
+    buckets = json.loads(r.stdout)["buckets"]
+    assert buckets[0]["size_bytes"] >= 1024**2  # 1 MiB first bucket (bf16 lm head is tied: wte last)
+    indices = [i for b in buckets for i in b["param_indices"]]
+    assert sorted(indices) == list(range(len(indices)))
+
+
+def test_collective_json_reports_nccl_tests_bandwidths() -> None:
+    r = run("collective", "all-reduce", "--bytes", "8G", "--cluster", "dgx-a100-80gb", "--num-nodes", "1",
+            "--json")
+    assert r.returncode == 0, r.stderr
+    d = json.loads(r.stdout)
+    assert d["busbw_bytes_per_s"] == pytest.approx(d["algbw_bytes_per_s"] * 2 * 7 / 8)
+    assert d["busbw_bytes_per_s"] / 1e9 == pytest.approx(231.6, rel=0.15)
+
+
+def test_collective_sweep_table() -> None:
+    r = run("collective", "all-gather", "--cluster", "dgx-h100-80gb", "--num-nodes", "2")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.count("\n") >= 17
+
+
+def test_presets_lists_everything() -> None:
+    r = run("presets", "--json")
+    data = json.loads(r.stdout)
+    assert {"dgx-a100-80gb", "dgx-h100-80gb", "pcie-a100-80gb", "aws-p4d-24xlarge"} <= set(data["clusters"])
+    assert {"gpt2", "bert-large", "llama2-7b", "llama2-13b", "llama2-70b", "llama3-8b", "llama3-70b",
+            "gpt3-175b", "resnet50"} <= set(data["models"])
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (("simulate", "missing.yaml"), "missing.yaml: no such file"),
+        (("simulate", "--set", "parallelism.dp=3"), "dp(3) * tp(1) * pp(1) = 3 does not match 128 GPUs"),
+        (("simulate", "--set", "model.preset=gpt9"), "unknown preset 'gpt9'"),
+        (("simulate", "--set", "ddp.bucket_cap_mb=0"), "ddp.bucket_cap_mb: Input should be greater than 0"),
+        (("simulate", "--set", "ddp.frobnicate=1"), "ddp.frobnicate: unknown key"),
+        (("simulate", "--set", "nodots"), "expected key.path=value"),
+        (("collective", "all-reduce", "--bytes", "12Q"), "--bytes '12Q'"),
+        (("collective", "all-reduce", "--bytes", "1M", "--num-nodes", "0"), "cluster: num_nodes"),
+        (("collective", "all-gather", "--bytes", "1M", "--algorithm", "tree"), "tree is an all-reduce"),
+    ],
+)
+def test_errors_are_one_line_exit_2(args, message) -> None:
+    r = run(*args)
+    assert r.returncode == 2
+    assert "Traceback" not in r.stderr
+    assert message in r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1
+
+
+def test_malformed_yaml(tmp_path) -> None:
+    p = tmp_path / "bad.yaml"
+    p.write_text("cluster: {preset: dgx-a100-80gb\n")
+    r = run("simulate", str(p))
+    assert r.returncode == 2 and "malformed YAML" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_unknown_flag_is_argparse_error() -> None:
+    r = run("simulate", "--bogus")
+    assert r.returncode == 2 and "unrecognized arguments: --bogus" in r.stderr

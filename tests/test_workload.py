@@ -1,0 +1,83 @@
+"""Workload: preset parameter counts against published/HF numbers, FLOP accounting, tp sharding."""
+
+from __future__ import annotations
+
+import pytest
+from conftest import base_scenario
+
+from simddp.config import ModelConfig, deep_merge, scenario_from_dict
+from simddp.workload import build_workload, total_params
+
+# Parameter counts from the Hugging Face reference implementations (model.num_parameters()).
+HF_PARAMS = {
+    "gpt2": 124_439_808,
+    "gpt2-medium": 354_823_168,
+    "gpt2-large": 774_030_080,
+    "gpt2-xl": 1_557_611_200,
+    "bert-large": 334_092_288,  # BertModel 335,141,888 minus the 1,049,600-parameter pooler
+    "llama2-7b": 6_738_415_616,
+    "llama2-13b": 13_015_864_320,
+    "llama2-70b": 68_976_648_192,
+    "llama3-8b": 8_030_261_248,
+    "llama3-70b": 70_553_706_496,
+}
+
+
+@pytest.mark.parametrize(("preset", "count"), HF_PARAMS.items())
+def test_transformer_preset_parameter_counts(preset: str, count: int) -> None:
+    spec = ModelConfig.model_validate({"preset": preset}).transformer
+    assert spec is not None
+    assert total_params(spec) == count
+
+
+def test_gpt3_is_175b() -> None:
+    spec = ModelConfig.model_validate({"preset": "gpt3-175b"}).transformer
+    assert spec is not None
+    assert total_params(spec) == pytest.approx(175e9, rel=0.01)  # Brown et al. 2020: 175.0B
+
+
+def test_resnet50_matches_torchvision() -> None:
+    m = ModelConfig.model_validate({"preset": "resnet50"})
+    assert m.parameters is not None and m.layers is not None
+    assert sum(p.numel for p in m.parameters) == 25_557_032  # torchvision resnet50
+    assert len(m.parameters) == 161
+    macs = sum(la.fwd_flop_per_sample or 0 for la in m.layers) / 2
+    assert macs == pytest.approx(4.09e9, rel=0.01)  # torchvision: 4.09 GMAC at 224x224
+    assert m.parameters[0].name == "conv1.weight" and m.parameters[-1].name == "fc.bias"
+
+
+def test_megatron_flop_formula() -> None:
+    # Narayanan et al. 2021, eq. 3: F = 72 B s L h^2 (1 + s/(6h) + V/(12 L h)) for fwd+bwd, no recompute.
+    data = {"cluster": {"preset": "dgx-a100-80gb", "num_nodes": 1},
+            "model": {"preset": "gpt3-175b"}, "training": {"micro_batch_size": 1, "seq_len": 2048},
+            "parallelism": {"tp": 8}}
+    w = build_workload(scenario_from_dict(data))
+    B, s, L, h, V = 1, 2048, 96, 12288, 50257
+    megatron = 72 * B * s * L * h**2 * (1 + s / (6 * h) + V / (12 * L * h))
+    assert w.model_flop_per_sample == pytest.approx(megatron, rel=0.01)
+
+
+def test_tp_shards_weights_but_not_norms() -> None:
+    one = build_workload(scenario_from_dict(base_scenario()))
+    two = build_workload(scenario_from_dict(deep_merge(base_scenario(), {"parallelism": {"tp": 2}})))
+    norms = sum(p.numel for p in one.parameters if ".ln_" in p.name or "ln_f" in p.name)
+    sharded_biases = 12 * 768  # row-parallel biases (attn.c_proj, mlp.c_proj) stay whole
+    expected = (one.num_params - norms - 2 * sharded_biases - 1024 * 768) / 2 + norms + 2 * sharded_biases + 1024 * 768
+    assert two.num_params == pytest.approx(expected, rel=1e-3)
+
+
+def test_ready_order_is_reverse_execution_order() -> None:
+    w = build_workload(scenario_from_dict(deep_merge(base_scenario(), {"model": {"preset": "llama2-7b"}})))
+    names = [w.parameters[i].name for i in w.grad_ready_order]
+    assert names[0] == "lm_head.weight"
+    assert names[1] == "model.norm.weight"
+    assert names[2] == "model.layers.31.mlp.down_proj.weight"
+    assert names[-1] == "model.embed_tokens.weight"
+    assert sorted(w.grad_ready_order) == list(range(len(w.parameters)))
+
+
+def test_pipeline_stages_split_blocks_evenly() -> None:
+    w = build_workload(scenario_from_dict(deep_merge(base_scenario(), {"parallelism": {"pp": 4}})))
+    stages = [{la.stage for la in w.layers if la.name.startswith(f"layers.{i}.")} for i in range(12)]
+    assert [s.pop() for s in stages] == [0, 0, 0, 1, 1, 1, 2, 2, 2, 3, 3, 3]
+    assert w.layers[0].stage == 0 and w.layers[-1].stage == 3
