@@ -1,0 +1,186 @@
+"""Dashboard state: the scenario being planned (a dict of scenario keys in session state), validation that
+reports inline, and cached calls into simddp.
+
+The scenario dict holds what the user chose (presets by name plus their overrides), exactly what the
+exported YAML contains; :func:`validate` turns it into a :class:`simddp.Scenario`. Streamlit caching lives
+here, keyed by the scenario's JSON, and never in simddp.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from typing import Any
+
+import streamlit as st
+import yaml
+
+import simddp
+from simddp import sweeps
+from simddp.cli import default_scenario_path
+from simddp.config import read_mapping
+from simddp.results import StepResult
+
+SCENARIO_KEY = "scenario"
+LAST_VALID_KEY = "last_valid_scenario"
+SAVED_KEY = "saved_scenarios"
+WIDGET_PREFIX = "w:"  # session-state keys of widgets that mirror the scenario dict
+
+
+# ------------------------------------------------------------------------------------ scenario dict
+def default_scenario_dict() -> dict[str, Any]:
+    """The embedded default scenario, with dp left to follow the GPUs so that resizing stays valid.
+
+    The YAML pins ``dp: 128`` (= its 128 GPUs); dropping it gives the same scenario, and lets the
+    number-of-nodes control change the cluster without a dp mismatch.
+    """
+    data = read_mapping(default_scenario_path())
+    data.get("parallelism", {}).pop("dp", None)
+    return data
+
+
+def scenario_dict() -> dict[str, Any]:
+    """The current scenario dict (a copy: change it through :func:`set_scenario_dict`)."""
+    if SCENARIO_KEY not in st.session_state:
+        st.session_state[SCENARIO_KEY] = default_scenario_dict()
+    return copy.deepcopy(st.session_state[SCENARIO_KEY])
+
+
+def set_scenario_dict(data: dict[str, Any]) -> None:
+    st.session_state[SCENARIO_KEY] = copy.deepcopy(data)
+
+
+def replace_scenario(data: dict[str, Any]) -> None:
+    """Load a whole new scenario: widgets that mirrored the old one re-read their values."""
+    set_scenario_dict(data)
+    forget_widgets()
+
+
+def forget_widgets(prefix: str = WIDGET_PREFIX) -> None:
+    for key in [k for k in st.session_state if isinstance(k, str) and k.startswith(prefix)]:
+        del st.session_state[key]
+
+
+def set_path(path: str, value: Any) -> None:
+    """Set one dotted key of the scenario dict (``ddp.bucket_cap_mb``)."""
+    set_scenario_dict(sweeps.set_value(scenario_dict(), path, value))
+
+
+def to_json(data: dict[str, Any]) -> str:
+    """The cache key of a scenario: canonical JSON."""
+    return json.dumps(data, sort_keys=True, default=str)
+
+
+def to_yaml(data: dict[str, Any]) -> str:
+    return yaml.safe_dump(data, sort_keys=False)
+
+
+def parse_scenario_text(text: str) -> dict[str, Any]:
+    """Scenario keys from uploaded YAML/JSON text; raises ScenarioError with one line."""
+    try:
+        data = yaml.safe_load(text)  # YAML is a superset of JSON
+    except yaml.YAMLError as err:
+        raise simddp.ScenarioError(f"malformed YAML: {str(err).splitlines()[0]}") from None
+    if not isinstance(data, dict):
+        raise simddp.ScenarioError(f"expected a mapping at the top level, got {type(data).__name__}")
+    simddp.scenario_from_dict(data)
+    return data
+
+
+# ------------------------------------------------------------------------------------ validation
+def validate(data: dict[str, Any], where: Any = None) -> simddp.Scenario | None:
+    """The validated scenario, or None after showing the one-line error inline (never a traceback)."""
+    try:
+        scenario = simddp.scenario_from_dict(data)
+    except (simddp.ScenarioError, OSError) as err:
+        (where or st).error(f"Invalid scenario: {err}", icon=":material/error:")
+        return None
+    return scenario
+
+
+def current_scenario(where: Any = None) -> simddp.Scenario | None:
+    """The planner's scenario validated; the last valid one is kept to seed widgets while it is invalid."""
+    scenario = validate(scenario_dict(), where)
+    if scenario is not None:
+        st.session_state[LAST_VALID_KEY] = scenario
+    return scenario
+
+
+def last_valid_scenario() -> simddp.Scenario:
+    if LAST_VALID_KEY not in st.session_state:
+        st.session_state[LAST_VALID_KEY] = simddp.scenario_from_dict(default_scenario_dict())
+    return st.session_state[LAST_VALID_KEY]
+
+
+# ------------------------------------------------------------------------------------ cached simddp
+@st.cache_data(max_entries=512, show_spinner=False)
+def _simulate(scenario_json: str) -> StepResult:
+    return simddp.simulate(json.loads(scenario_json), trace=True)
+
+
+def simulate(data: dict[str, Any], where: Any = None) -> StepResult | None:
+    """Simulate a scenario dict (cached by its JSON); errors are shown inline and give None."""
+    if validate(data, where) is None:
+        return None
+    try:
+        return _simulate(to_json(data))
+    except ValueError as err:  # a choice the cost model rejects, e.g. NVLS on a cluster without NVSwitch
+        (where or st).error(f"Cannot simulate this scenario: {err}", icon=":material/error:")
+        return None
+
+
+@st.cache_data(max_entries=64, show_spinner=False)
+def _scaling(scenario_json: str, batch: str, max_gpus: int) -> sweeps.ScalingSweep:
+    data = json.loads(scenario_json)
+    per_node = simddp.scenario_from_dict(data).cluster.gpus_per_node
+    return sweeps.scaling_sweep(data, sweeps.default_gpu_counts(per_node, max_gpus), batch=batch)  # type: ignore[arg-type]
+
+
+def scaling_sweep(data: dict[str, Any], batch: str = "weak", max_gpus: int = 2048) -> sweeps.ScalingSweep | None:
+    if validate(data) is None:
+        return None
+    return _scaling(to_json(data), batch, max_gpus)
+
+
+@st.cache_data(max_entries=64, show_spinner=False)
+def _bucket_sweep(scenario_json: str, caps_mb: tuple[float, ...]) -> sweeps.BucketCapSweep:
+    return sweeps.bucket_cap_sweep(json.loads(scenario_json), caps_mb)
+
+
+def bucket_cap_sweep(data: dict[str, Any], caps_mb: tuple[float, ...]) -> sweeps.BucketCapSweep | None:
+    if validate(data) is None:
+        return None
+    return _bucket_sweep(to_json(data), tuple(caps_mb))
+
+
+@st.cache_data(max_entries=64, show_spinner=False)
+def _grid(scenario_json: str, x_path: str, x_values: tuple[Any, ...], y_path: str,
+          y_values: tuple[Any, ...]) -> sweeps.GridSweep:
+    return sweeps.grid_sweep(json.loads(scenario_json), x_path, x_values, y_path, y_values)
+
+
+def grid_sweep(data: dict[str, Any], x_path: str, x_values: tuple[Any, ...], y_path: str,
+               y_values: tuple[Any, ...]) -> sweeps.GridSweep | None:
+    if validate(data) is None:
+        return None
+    try:
+        return _grid(to_json(data), x_path, tuple(x_values), y_path, tuple(y_values))
+    except simddp.ScenarioError as err:
+        st.error(str(err), icon=":material/error:")
+        return None
+
+
+# ------------------------------------------------------------------------------------ saved scenarios
+def saved_scenarios() -> dict[str, dict[str, Any]]:
+    """Scenarios saved for the Compare page, by name (insertion order)."""
+    if SAVED_KEY not in st.session_state:
+        st.session_state[SAVED_KEY] = {}
+    return st.session_state[SAVED_KEY]
+
+
+def save_scenario(name: str, data: dict[str, Any]) -> None:
+    saved_scenarios()[name] = copy.deepcopy(data)
+
+
+def remove_saved(name: str) -> None:
+    saved_scenarios().pop(name, None)
