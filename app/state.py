@@ -88,12 +88,13 @@ def parse_scenario_text(text: str) -> dict[str, Any]:
 
 
 # ------------------------------------------------------------------------------------ validation
-def validate(data: dict[str, Any], where: Any = None) -> simddp.Scenario | None:
+def validate(data: dict[str, Any], where: Any = None, show: bool = True) -> simddp.Scenario | None:
     """The validated scenario, or None after showing the one-line error inline (never a traceback)."""
     try:
         scenario = simddp.scenario_from_dict(data)
     except (simddp.ScenarioError, OSError) as err:
-        (where or st).error(f"Invalid scenario: {err}", icon=":material/error:")
+        if show:
+            (where or st).error(f"Invalid scenario: {err}", icon=":material/error:")
         return None
     return scenario
 
@@ -118,14 +119,15 @@ def _simulate(scenario_json: str) -> StepResult:
     return simddp.simulate(json.loads(scenario_json), trace=True)
 
 
-def simulate(data: dict[str, Any], where: Any = None) -> StepResult | None:
+def simulate(data: dict[str, Any], where: Any = None, show: bool = True) -> StepResult | None:
     """Simulate a scenario dict (cached by its JSON); errors are shown inline and give None."""
-    if validate(data, where) is None:
+    if validate(data, where, show) is None:
         return None
     try:
         return _simulate(to_json(data))
     except ValueError as err:  # a choice the cost model rejects, e.g. NVLS on a cluster without NVSwitch
-        (where or st).error(f"Cannot simulate this scenario: {err}", icon=":material/error:")
+        if show:
+            (where or st).error(f"Cannot simulate this scenario: {err}", icon=":material/error:")
         return None
 
 

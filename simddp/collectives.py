@@ -246,8 +246,10 @@ def send_recv_s(size_bytes: int, group: CommGroup) -> float:
     if group.num_nodes == 1:
         bw, lat = group.intra_bus_bandwidth_bytes_per_s, _hop_latency_s(group, "intra", "ring", "Simple")
     else:
+        # Every GPU of the node sends at once (pipeline neighbours): each gets its share of the NICs,
+        # and never more than one NIC.
         inter = group.inter
-        bw = inter.nic_bandwidth_bytes_per_s * inter.efficiency
+        bw = min(inter.nic_bandwidth_bytes_per_s * inter.efficiency, group.inter_rank_bandwidth_bytes_per_s)
         lat = _hop_latency_s(group, "inter", "ring", "Simple")
     return BASE_LAT_US["ring"]["Simple"] * US + lat + size_bytes / bw
 

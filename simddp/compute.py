@@ -32,11 +32,27 @@ class LayerTiming:
     fwd_s: float
     dgrad_s: float
     wgrad_s: float
-    recompute_s: float = 0.0
+    recompute_s: float = 0.0  # forward kernels re-run inside backward
+    tp_fwd_s: float = 0.0  # blocking tensor-parallel collective after the forward
+    tp_bwd_s: float = 0.0  # blocking tensor-parallel collective on the input gradient
+    recompute_tp_s: float = 0.0  # forward TP collectives repeated by full recompute
+
+    @property
+    def fwd_total_s(self) -> float:
+        return self.fwd_s + self.tp_fwd_s
 
     @property
     def bwd_s(self) -> float:
-        return self.recompute_s + self.dgrad_s + self.wgrad_s
+        return self.recompute_s + self.recompute_tp_s + self.dgrad_s + self.tp_bwd_s + self.wgrad_s
+
+    @property
+    def compute_s(self) -> float:
+        """Kernel time of forward + backward, without tensor-parallel communication."""
+        return self.fwd_s + self.recompute_s + self.dgrad_s + self.wgrad_s
+
+    @property
+    def tp_comm_s(self) -> float:
+        return self.tp_fwd_s + self.tp_bwd_s + self.recompute_tp_s
 
 
 def roofline_s(flop: float, num_bytes: float, gpu: GPU, precision: str) -> float:
@@ -75,7 +91,13 @@ def workload_timings(workload: Workload, gpu: GPU, training: Training, stage: in
 
 
 def optimizer_step_s(workload: Workload, gpu: GPU, training: Training, shard: int = 1) -> float:
-    """Optimizer step over this GPU's parameters (divided by ``shard`` under ZeRO), memory-bound."""
+    """Optimizer step over this GPU's parameters (divided by ``shard`` under ZeRO), memory-bound.
+
+    A measured ``training.optimizer_time_s`` (calibration, whole unsharded model) is used instead when set;
+    ZeRO divides it by ``shard`` like the bytes, since the step is elementwise over the parameters.
+    """
+    if training.optimizer_time_s is not None:
+        return training.optimizer_time_s / shard
     num_params = workload.num_params / shard
     num_bytes = num_params * OPTIMIZER_BYTES_PER_PARAM[training.optimizer]
     return num_bytes / (gpu.hbm_bandwidth_bytes_per_s * gpu.memory_efficiency)

@@ -19,7 +19,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from simddp.presets import CLUSTER_PRESETS, MODEL_PRESETS
-from simddp.units import DTYPE_BYTES
+from simddp.units import DTYPE_BYTES, KiB, MiB
 
 Precision = Literal["fp32", "bf16-mixed", "fp16-mixed"]
 Optimizer = Literal["adamw", "adam", "sgd", "sgd-momentum", "adafactor"]
@@ -316,6 +316,12 @@ class Training(_Frozen):
     )
     seq_len: int = Field(default=2048, gt=0, description="Tokens per sample (1 for non-sequence models).")
     recompute: Literal["none", "selective", "full"] = Field(default="none", description="Activation recompute.")
+    optimizer_time_s: float | None = Field(
+        default=None,
+        ge=0,
+        description="Measured optimizer step over all of a GPU's parameters, s (calibration); "
+        "null = memory-bound estimate from optimizer bytes.",
+    )
 
 
 class DDPConfig(_Frozen):
@@ -332,6 +338,40 @@ class DDPConfig(_Frozen):
     )
 
 
+class MemoryConfig(_Frozen):
+    """Per-GPU memory overheads beyond model states and activations (see :mod:`simddp.memory`)."""
+
+    cuda_context_bytes: int = Field(
+        default=512 * MiB,
+        ge=0,
+        description="CUDA context, loaded kernels and library workspaces, bytes; ~300-400 MiB at init with lazy "
+        "module loading (pytorch/pytorch#107667, #109888), more once cuBLAS/NCCL kernels load.",
+    )
+    nccl_bytes_per_communicator: int = Field(
+        default=32 * 2 * (4 * MiB + 4_915_200 + 512 * KiB),
+        ge=0,
+        description="NCCL buffers of one communicator, bytes: 32 channels x 2 ring peers x (Simple NCCL_BUFFSIZE "
+        "4 MiB + LL128 4.7 MiB + LL 512 KiB) = 588 MiB; measured 544-688 MiB per group (NVIDIA/nccl#964).",
+    )
+    fragmentation_fraction: float = Field(
+        default=0.10,
+        ge=0,
+        lt=1,
+        description="Caching-allocator fragmentation: reserved-but-unusable bytes as a fraction of transient "
+        "allocations (activations, buffers); GMLake (ASPLOS'24) measured 15% on average, up to 33%.",
+    )
+    fsdp_prefetch_layers: int = Field(
+        default=1,
+        ge=0,
+        description="ZeRO-3/FSDP units gathered ahead of the one computing (FSDP forward/backward prefetch: 1).",
+    )
+    dropout: bool | None = Field(
+        default=None,
+        description="Dropout masks are saved (Korthikanti et al. count them); null = on for GPT/BERT-style "
+        "models, off for Llama-style (gated MLP) models, which train without dropout.",
+    )
+
+
 class Scenario(_Frozen):
     """One question: this model, on this cluster, with this layout and these options."""
 
@@ -341,6 +381,7 @@ class Scenario(_Frozen):
     parallelism: Parallelism = Field(default_factory=Parallelism, description="Parallel layout.")
     training: Training = Field(default_factory=Training, description="Training step shape.")
     ddp: DDPConfig = Field(default_factory=DDPConfig, description="DDP options.")
+    memory: MemoryConfig = Field(default_factory=MemoryConfig, description="Memory-model overheads.")
     calibration: str | None = Field(default=None, description="Path to a calibration profile (JSON).")
 
     @model_validator(mode="after")
@@ -373,6 +414,13 @@ class Scenario(_Frozen):
             )
         tr = self.training
         per_step = tr.micro_batch_size * dp
+        micro = self.global_batch_size // per_step if self.global_batch_size % per_step == 0 else 0
+        if par.pipeline_schedule == "interleaved-1f1b" and par.pp > 1 and micro % par.pp:
+            raise ValueError(
+                f"interleaved-1f1b needs the micro-batches per step ({micro} = global_batch_size"
+                f"({self.global_batch_size}) / (micro_batch_size({tr.micro_batch_size}) * dp({dp}))) "
+                f"to be a multiple of pp({par.pp})"
+            )
         if tr.global_batch_size is not None and tr.global_batch_size % per_step:
             raise ValueError(
                 f"global_batch_size({tr.global_batch_size}) is not a multiple of "

@@ -93,12 +93,20 @@ class StepResult(_Result):
     optimizer_time_s: float
     host_overhead_s: float
     comm_time_s: float = Field(description="Sum of all gradient all-reduce durations.")
-    exposed_comm_time_s: float = Field(description="Step time not covered by compute, optimizer or host.")
+    exposed_comm_time_s: float = Field(
+        description="Time the GPU waits for communication: tensor-parallel collectives plus the gradient "
+        "communication not hidden behind backward."
+    )
+    tp_comm_time_s: float = Field(default=0.0, description="Blocking tensor-parallel collectives (in exposed).")
+    pipeline_bubble_time_s: float = Field(
+        default=0.0, description="Idle time of the reported pipeline rank (bubble and send/recv waits)."
+    )
     samples_per_s: float
     tokens_per_s: float
     mfu: float = Field(description="Model FLOP utilisation (no recompute FLOP) of dense peak.")
     scaling_efficiency: float = Field(description="Throughput per GPU relative to one GPU without communication.")
     num_params: int = Field(description="Parameters on this GPU (its tp shard and pipeline stage).")
+    reported_rank: str = Field(default="every rank (data parallel)", description="Which GPU the figures are for.")
     buckets: list[BucketTiming]
     bounds: Bounds
     not_modelled: list[str] = Field(default_factory=list)

@@ -43,7 +43,9 @@ class Layer:
     activation_bytes: int  # saved for backward (parameter-list models; transformers use memory.py)
     is_block: bool = False  # part of a transformer block (recompute applies)
     is_attention_core: bool = False
-    stage: int = 0
+    stage: int = 0  # virtual pipeline stage (rank = stage % pp)
+    tp_fwd_comm_bytes: int = 0  # tensor-parallel all-reduce after the forward (Megatron g / SP reduce-scatter)
+    tp_bwd_comm_bytes: int = 0  # tensor-parallel all-reduce of the input gradient (Megatron f / SP all-gather)
     fwd_time_s: float | None = None  # measured (calibration) overrides the roofline
     bwd_time_s: float | None = None
 
@@ -58,7 +60,8 @@ class Workload:
     tokens_per_micro_batch: int
     samples_per_micro_batch: int
     model_flop_per_sample: float  # whole model, fwd + bwd, no recompute, all tp ranks (for MFU)
-    num_stages: int = 1
+    num_stages: int = 1  # virtual pipeline stages: pp x virtual_stages
+    boundary_activation_bytes: int = 0  # sent between pipeline stages per micro-batch (per tp rank)
     notes: list[str] = field(default_factory=list)
 
     @property
@@ -66,7 +69,12 @@ class Workload:
         return sum(p.numel for p in self.parameters)
 
     def stage_layers(self, stage: int) -> tuple[Layer, ...]:
+        """Layers of one virtual stage, in forward order."""
         return tuple(layer for layer in self.layers if layer.stage == stage)
+
+    def rank_layers(self, rank: int, pp: int) -> tuple[Layer, ...]:
+        """Layers held by pipeline rank ``rank`` (all its virtual stages), in forward order."""
+        return tuple(layer for layer in self.layers if layer.stage % pp == rank)
 
 
 def total_params(spec: TransformerSpec) -> int:
@@ -116,7 +124,7 @@ def build_workload(scenario: Scenario) -> Workload:
                     bwd_time_s=spec.bwd_time_s,
                 )
             )
-    layers = _assign_stages(layers, scenario.parallelism.pp)
+    layers = _assign_stages(layers, scenario.parallelism.pp * scenario.parallelism.virtual_stages)
     flop_per_sample = sum(la.fwd_flop + la.dgrad_flop + la.wgrad_flop for la in layers) / tr.micro_batch_size
     return Workload(
         parameters=params,
@@ -125,7 +133,7 @@ def build_workload(scenario: Scenario) -> Workload:
         tokens_per_micro_batch=tokens,
         samples_per_micro_batch=tr.micro_batch_size,
         model_flop_per_sample=flop_per_sample,
-        num_stages=scenario.parallelism.pp,
+        num_stages=scenario.parallelism.pp * scenario.parallelism.virtual_stages,
     )
 
 
@@ -234,12 +242,24 @@ def _transformer_workload(scenario: Scenario, spec: TransformerSpec) -> Workload
     wb = dtype_bytes(dtype)
     sp_div = tp if par.sequence_parallel else 1  # SP shards norms/dropouts along the sequence
 
-    def gemm(name: str, k: int, n: int, module: str | None, block: bool = True) -> Layer:
-        """A (t x k) @ (k x n) GEMM, n sharded by tp."""
+    act_bytes = t * h * a_bytes if tp > 1 else 0  # one [s, b, h] activation, the TP collective's buffer
+
+    def gemm(name: str, k: int, n: int, module: str | None, block: bool = True, tp_comm: str = "") -> Layer:
+        """A (t x k) @ (k x n) GEMM, n sharded by tp.
+
+        Megatron's column-parallel input (qkv, mlp_in) all-reduces its input gradient in backward; the
+        row-parallel output (out_proj, mlp_out) all-reduces its output in forward (Shoeybi et al. 2019,
+        "f" and "g"). With sequence parallelism these become all-gather + reduce-scatter of the same
+        total bytes, which costs a ring all-reduce's time (Korthikanti et al. 2022).
+        """
         flop = 2.0 * t * k * n / tp
         io = (t * k + t * n / tp) * a_bytes + k * n / tp * wb
         idx = tuple(groups.get(module, [])) if module else ()
-        return Layer(name, idx, flop, flop, flop, io, 2 * io, 0, is_block=block)
+        return Layer(
+            name, idx, flop, flop, flop, io, 2 * io, 0, is_block=block,
+            tp_fwd_comm_bytes=act_bytes if tp_comm == "fwd" else 0,
+            tp_bwd_comm_bytes=act_bytes if tp_comm == "bwd" else 0,
+        )
 
     def elementwise(name: str, module: str | None, width: int, block: bool = True) -> Layer:
         io = 2.0 * t * width * a_bytes / sp_div
@@ -252,7 +272,7 @@ def _transformer_workload(scenario: Scenario, spec: TransformerSpec) -> Workload
         attn_io = 4.0 * t * h / tp * a_bytes  # FlashAttention reads q, k, v and writes o once
         layers += [
             elementwise(f"layers.{i}.norm1", f"norm1.{i}", h),
-            gemm(f"layers.{i}.qkv", h, h + 2 * kv_dim, f"qkv.{i}"),
+            gemm(f"layers.{i}.qkv", h, h + 2 * kv_dim, f"qkv.{i}", tp_comm="bwd"),
             Layer(
                 f"layers.{i}.attention",
                 (),
@@ -265,16 +285,16 @@ def _transformer_workload(scenario: Scenario, spec: TransformerSpec) -> Workload
                 is_block=True,
                 is_attention_core=True,
             ),
-            gemm(f"layers.{i}.out_proj", h, h, f"out.{i}"),
+            gemm(f"layers.{i}.out_proj", h, h, f"out.{i}", tp_comm="fwd"),
             elementwise(f"layers.{i}.norm2", f"norm2.{i}", h),
-            gemm(f"layers.{i}.mlp_in", h, ffn * (2 if spec.gated_mlp else 1), f"mlp_in.{i}"),
-            gemm(f"layers.{i}.mlp_out", ffn, h, f"mlp_out.{i}"),
+            gemm(f"layers.{i}.mlp_in", h, ffn * (2 if spec.gated_mlp else 1), f"mlp_in.{i}", tp_comm="bwd"),
+            gemm(f"layers.{i}.mlp_out", ffn, h, f"mlp_out.{i}", tp_comm="fwd"),
         ]
     layers.append(elementwise("final_norm", "final_norm", h, block=False))
     layers.append(gemm("lm_head", h, v, "lm_head" if not spec.tied_embeddings else None, block=False))
     loss_io = 2.0 * t * v / tp * 4  # fp32 logits read and written by the fused cross-entropy
     layers.append(Layer("loss", (), 0.0, 0.0, 0.0, loss_io, loss_io, 0))
-    layers = _assign_stages_transformer(layers, par.pp, spec.num_layers)
+    layers = _assign_stages_transformer(layers, par.pp * par.virtual_stages, spec.num_layers)
 
     # Gradient-ready order = reverse of execution order, parameter by parameter within a module.
     ready: list[int] = []
@@ -295,7 +315,8 @@ def _transformer_workload(scenario: Scenario, spec: TransformerSpec) -> Workload
         tokens_per_micro_batch=t,
         samples_per_micro_batch=b,
         model_flop_per_sample=flop_per_sample,
-        num_stages=par.pp,
+        num_stages=par.pp * par.virtual_stages,
+        boundary_activation_bytes=t * h * a_bytes // tp,  # Megatron scatter-gather p2p optimisation
         notes=notes,
     )
 

@@ -51,7 +51,7 @@ def compute_stream(
     A backward layer that starts while a collective is in flight runs ``1 + interference`` times slower
     (NCCL kernels take SMs and memory bandwidth; gloo threads take CPU cores).
     """
-    one_micro_s = sum(t.fwd_s + t.bwd_s for t in timings)
+    one_micro_s = sum(t.fwd_total_s + t.bwd_s for t in timings)
     if num_micro_batches > 1:
         start = env.now
         yield env.timeout((num_micro_batches - 1) * one_micro_s)
@@ -59,13 +59,13 @@ def compute_stream(
                           start_s=start, end_s=env.now))
     for t in timings:
         start = env.now
-        yield env.timeout(t.fwd_s)
+        yield env.timeout(t.fwd_total_s)
         spans.append(Span(name=f"fwd {t.name}", stream="compute", start_s=start, end_s=env.now))
     for i in range(len(timings) - 1, -1, -1):
         t = timings[i]
         start = env.now
         scale = state.scale()
-        yield env.timeout((t.recompute_s + t.dgrad_s) * scale)
+        yield env.timeout((t.recompute_s + t.recompute_tp_s + t.dgrad_s) * scale + t.tp_bwd_s)
         yield env.timeout(t.wgrad_s * scale)
         spans.append(Span(name=f"bwd {t.name}", stream="compute", start_s=start, end_s=env.now))
         for bucket_index in grads_of_layer[i]:
@@ -80,6 +80,7 @@ def comm_stream(
     record: Callable[[BucketPlan, float, float], None],
     spans: list[Span],
     state: StreamState,
+    stream: str = "comm",
 ) -> simpy.events.ProcessGenerator:
     """All-reduce buckets one at a time in index order (torch's Reducer launches them in order).
 
@@ -95,6 +96,6 @@ def comm_stream(
         state.comm_busy = False
         record(bucket, start, env.now)
         spans.append(
-            Span(name=f"all-reduce bucket {bucket.index}", stream="comm", start_s=start, end_s=env.now,
+            Span(name=f"all-reduce bucket {bucket.index}", stream=stream, start_s=start, end_s=env.now,
                  args={"size_bytes": bucket.size_bytes, "algorithm": bucket.label})
         )

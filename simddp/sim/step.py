@@ -1,4 +1,4 @@
-"""One training step of a data-parallel GPU: compute stream, DDP buckets on one NCCL stream, optimizer.
+"""One training step: compute streams, DDP buckets on one NCCL stream per rank, pipeline, optimizer.
 
 Model (PyTorch DDP, Li et al., VLDB 2020, "PyTorch Distributed"): backward runs layer by layer in
 reverse; a parameter's gradient is ready when its layer's weight-grad finishes; a bucket is all-reduced
@@ -6,178 +6,101 @@ once all its gradients are ready, buckets in index order on one stream, overlapp
 backward; the optimizer steps after the last all-reduce. With gradient accumulation only the last
 micro-step communicates (``no_sync`` on the others). ZeRO-1/2 reduce-scatter the buckets instead and
 all-gather the updated parameters after a sharded optimizer step (Rajbhandari et al., SC'20).
+
+Tensor parallelism (Megatron-LM) adds blocking all-reduces (or all-gather + reduce-scatter with
+sequence parallelism) of one activation inside each block, on the compute stream. Pipeline parallelism
+runs the schedules of :mod:`simddp.sim.pipeline`, one process per pipeline rank, with activation and
+gradient send/recv between stages; each rank's gradients become ready during its last backward.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+
 import simpy
 
 from simddp.analytical import in_order_overlap_step_s, no_overlap_step_s, perfect_overlap_step_s
-from simddp.bucketing import ddp_buckets
+from simddp.bucketing import Bucket, ddp_buckets
 from simddp.collectives import collective_cost
-from simddp.compute import optimizer_step_s, workload_timings
+from simddp.compute import LayerTiming, layer_timing, optimizer_step_s
 from simddp.config import ParameterSpec, Scenario
 from simddp.results import BucketTiming, Bounds, Span, StepResult, Trace
+from simddp.sim.pipeline import PipeOp, PipelineClock, pipeline_rank, schedule
 from simddp.sim.processes import BucketPlan, StreamState, comm_stream, compute_stream
-from simddp.topology import dp_group
+from simddp.topology import dp_group, group, tp_group
 from simddp.units import dtype_bytes
-from simddp.workload import build_workload
+from simddp.workload import Layer, Workload, build_workload
 
 
 def not_modelled(scenario: Scenario) -> list[str]:
-    """What this scenario asks for that the step time does not yet include, said plainly."""
+    """What this scenario asks for that the step time does not include, said plainly."""
     par, notes = scenario.parallelism, []
-    if par.tp > 1:
-        notes.append(
-            f"tp={par.tp}: compute is divided by tp, but tensor-parallel all-reduce/all-gather inside "
-            "each layer is not timed"
-        )
-    if par.pp > 1:
-        notes.append(
-            f"pp={par.pp}: the most loaded stage is timed with its micro-batches back to back; the "
-            f"{par.pipeline_schedule} bubble and activation send/recv are not timed"
-        )
     if par.zero_stage == 3:
         notes.append(
             "zero_stage=3: timed as ZeRO-2 (gradient reduce-scatter, parameter all-gather after the step); "
             "per-layer parameter all-gathers in forward and backward are not timed"
         )
+    if par.tp > 1 and scenario.model.transformer is None:
+        notes.append(f"tp={par.tp}: tensor-parallel collectives are only timed for transformer models")
+    if par.pp > 1 and scenario.model.transformer is None:
+        notes.append(f"pp={par.pp}: activation send/recv between stages is not timed for parameter-list models")
     return notes
 
 
-def simulate_step(scenario: Scenario, trace: bool = True) -> StepResult:
-    """Simulate one optimizer step of ``scenario`` and return its typed breakdown."""
-    cluster, tr, ddp, par = scenario.cluster, scenario.training, scenario.ddp, scenario.parallelism
-    gpu = cluster.gpu
-    workload = build_workload(scenario)
-    stages = range(workload.num_stages)
-    timings_by_stage = {s: workload_timings(workload, gpu, tr, s) for s in stages}
-    stage = max(stages, key=lambda s: sum(t.fwd_s + t.bwd_s for t in timings_by_stage[s]))
-    timings = timings_by_stage[stage]
-    layers = workload.stage_layers(stage)
+@dataclass
+class _Rank:
+    """One pipeline rank (all dp ranks of it behave the same): its layers, buckets and streams."""
 
-    # Parameters of this stage, re-indexed locally as DDP on this rank would see them.
-    global_ids = sorted({i for layer in layers for i in layer.param_indices})
-    local = {g: k for k, g in enumerate(global_ids)}
-    params = [_reduce_dtype(workload.parameters[g], ddp.reduce_in_fp32) for g in global_ids]
-    ready_order = [local[g] for g in workload.grad_ready_order if g in local]
-    buckets = ddp_buckets(params, ready_order, ddp.bucket_cap_mb)
-    bucket_of = {p: b.index for b in buckets for p in b.param_indices}
+    index: int
+    layers: tuple[Layer, ...]
+    timings: list[LayerTiming]
+    params: list[ParameterSpec]
+    local: dict[int, int]
+    buckets: list[Bucket]
+    plans: list[BucketPlan]
+    state: StreamState
+    ready_events: list[simpy.Event]
+    remaining: list[int]
+    ready_at: dict[int, float]
+    timing_of: dict[int, tuple[float, float]]
+    opt_s: float = 0.0
+    gather_s: float = 0.0
+    compute_end_s: float = 0.0
+    end_s: float = 0.0
 
-    group = dp_group(scenario)
-    op = "reduce-scatter" if par.zero_stage >= 1 else "all-reduce"
-    algorithm = ddp.algorithm if op == "all-reduce" else ("ring" if ddp.algorithm == "tree" else "auto")
-    if algorithm == "hierarchical" and op != "all-reduce":
-        algorithm = "auto"
-    plans = []
-    for b in buckets:
-        cost = collective_cost(op, b.size_bytes, group, algorithm)  # type: ignore[arg-type]
-        plans.append(BucketPlan(b.index, b.size_bytes, len(b.param_indices), cost.time_s,
-                                f"{cost.algorithm}/{cost.protocol}"))
+    def grads_of(self, layer: Layer) -> list[int]:
+        bucket_of = {p: b.index for b in self.buckets for p in b.param_indices}
+        return [bucket_of[self.local[g]] for g in layer.param_indices]
 
-    shard = scenario.dp if par.zero_stage >= 1 else 1
-    opt_s = optimizer_step_s(_subset(workload, params), gpu, tr, shard=shard)
-    gather_s = 0.0
-    if par.zero_stage >= 1:
-        param_bytes = sum(p.numel * dtype_bytes(p.dtype) for p in _working(workload, global_ids))
-        gather_s = collective_cost("all-gather", param_bytes, group).time_s
-    tail_s = opt_s + gather_s + cluster.host_overhead_s
+    def grad_ready(self, env: simpy.Environment) -> Callable[[int], None]:
+        def ready(bucket_index: int) -> None:
+            self.remaining[bucket_index] -= 1
+            if self.remaining[bucket_index] == 0:
+                self.ready_at[bucket_index] = env.now
+                self.ready_events[bucket_index].succeed()
 
-    # ---- simpy
-    env = simpy.Environment()
-    state = StreamState(interference=cluster.comm_compute_interference)
-    spans: list[Span] = []
-    ready_events = [env.event() for _ in buckets]
-    remaining = [len(b.param_indices) for b in buckets]
-    ready_at: dict[int, float] = {}
-    timing_of: dict[int, tuple[float, float]] = {}
+        return ready
 
-    def grad_ready(bucket_index: int) -> None:
-        remaining[bucket_index] -= 1
-        if remaining[bucket_index] == 0:
-            ready_at[bucket_index] = env.now
-            ready_events[bucket_index].succeed()
+    @property
+    def busy_s(self) -> float:
+        return sum(t.compute_s + t.tp_comm_s for t in self.timings)
 
-    grads_of_layer = [[bucket_of[local[g]] for g in layer.param_indices] for layer in layers]
 
-    def record(plan: BucketPlan, start: float, end: float) -> None:
-        timing_of[plan.index] = (start, end)
-
-    def training_step(env: simpy.Environment) -> simpy.events.ProcessGenerator:
-        compute = env.process(
-            compute_stream(env, timings, scenario.num_micro_batches, grads_of_layer, grad_ready, spans, state)
-        )
-        comm = env.process(
-            comm_stream(env, plans, ready_events, None if ddp.overlap else compute, record, spans, state)
-        )
-        yield compute & comm
-        start = env.now
-        yield env.timeout(opt_s)
-        spans.append(Span(name="optimizer step", stream="compute", start_s=start, end_s=env.now))
-        if gather_s:
-            start = env.now
-            yield env.timeout(gather_s)
-            spans.append(Span(name="all-gather params", stream="comm", start_s=start, end_s=env.now))
-        yield env.timeout(cluster.host_overhead_s)
-
-    env.process(training_step(env))
-    env.run()
-    step_s = env.now
-
-    # Compute time as run: the backward spans carry any interference slowdown.
-    compute_s = scenario.num_micro_batches * sum(t.fwd_s + t.bwd_s for t in timings)
-    compute_end_s = max((s.end_s for s in spans if s.stream == "compute" and s.name != "optimizer step"),
-                        default=0.0)
-    compute_s = max(compute_s, compute_end_s)
-    costs = [p.cost_s for p in plans]
-    readies = [ready_at[b.index] for b in buckets]
-    comm_s = sum(costs) + gather_s
-    bounds = Bounds(
-        no_overlap_s=no_overlap_step_s(compute_s, costs, tail_s),
-        perfect_overlap_s=perfect_overlap_step_s(compute_s, readies, costs, tail_s),
-        in_order_overlap_s=in_order_overlap_step_s(compute_s, readies, costs, tail_s),
-    )
-    gbs = scenario.global_batch_size
-    model_flop = workload.model_flop_per_sample * gbs
-    one_gpu_s = compute_s + optimizer_step_s(_subset(workload, params), gpu, tr) + cluster.host_overhead_s
-    return StepResult(
-        scenario=scenario.name,
-        model=scenario.model.name,
-        cluster=cluster.preset or "custom",
-        num_gpus=cluster.num_gpus,
-        dp=scenario.dp,
-        tp=par.tp,
-        pp=par.pp,
-        num_micro_batches=scenario.num_micro_batches,
-        global_batch_size=gbs,
-        step_time_s=step_s,
-        compute_time_s=compute_s,
-        optimizer_time_s=opt_s,
-        host_overhead_s=cluster.host_overhead_s,
-        comm_time_s=comm_s,
-        exposed_comm_time_s=max(0.0, step_s - compute_s - opt_s - cluster.host_overhead_s),
-        samples_per_s=gbs / step_s,
-        tokens_per_s=gbs * tr.seq_len / step_s,
-        mfu=model_flop / step_s / (cluster.num_gpus * gpu.peak_flop_per_s(tr.precision)),
-        scaling_efficiency=one_gpu_s / step_s,
-        num_params=sum(p.numel for p in params),
-        buckets=[
-            BucketTiming(
-                index=b.index,
-                size_bytes=b.size_bytes,
-                num_params=len(b.param_indices),
-                ready_s=ready_at[b.index],
-                start_s=timing_of[b.index][0],
-                end_s=timing_of[b.index][1],
-                algorithm=plans[b.index].label.split("/")[0],
-                protocol=plans[b.index].label.split("/")[1],
-            )
-            for b in buckets
-        ],
-        bounds=bounds,
-        not_modelled=not_modelled(scenario) + workload.notes,
-        trace=Trace(spans=spans) if trace else None,
-    )
+def _timings(scenario: Scenario, layers: tuple[Layer, ...]) -> list[LayerTiming]:
+    """Layer timings with tensor-parallel collectives (blocking, on the compute stream) added."""
+    tr = scenario.training
+    out = []
+    tp = tp_group(scenario)
+    for layer in layers:
+        t = layer_timing(layer, scenario.cluster.gpu, tr)
+        if scenario.parallelism.tp > 1 and (layer.tp_fwd_comm_bytes or layer.tp_bwd_comm_bytes):
+            fwd = collective_cost("all-reduce", layer.tp_fwd_comm_bytes, tp).time_s
+            bwd = collective_cost("all-reduce", layer.tp_bwd_comm_bytes, tp).time_s
+            redo = fwd if (tr.recompute == "full" and layer.is_block) else 0.0
+            t = replace(t, tp_fwd_s=fwd, tp_bwd_s=bwd, recompute_tp_s=redo)
+        out.append(t)
+    return out
 
 
 def _reduce_dtype(p: ParameterSpec, reduce_in_fp32: bool) -> ParameterSpec:
@@ -186,11 +109,192 @@ def _reduce_dtype(p: ParameterSpec, reduce_in_fp32: bool) -> ParameterSpec:
     return p
 
 
-def _working(workload, global_ids):  # type: ignore[no-untyped-def]
-    return [workload.parameters[g] for g in global_ids]
+def _make_rank(scenario: Scenario, workload: Workload, index: int, env: simpy.Environment) -> _Rank:
+    par, ddp, tr, gpu = scenario.parallelism, scenario.ddp, scenario.training, scenario.cluster.gpu
+    layers = workload.rank_layers(index, par.pp)
+    global_ids = sorted({i for layer in layers for i in layer.param_indices})
+    local = {g: k for k, g in enumerate(global_ids)}
+    working = [workload.parameters[g] for g in global_ids]
+    params = [_reduce_dtype(p, ddp.reduce_in_fp32) for p in working]
+    ready_order = [local[g] for g in workload.grad_ready_order if g in local]
+    buckets = ddp_buckets(params, ready_order, ddp.bucket_cap_mb) if params else []
+
+    dp = dp_group(scenario)
+    op = "reduce-scatter" if par.zero_stage >= 1 else "all-reduce"
+    algorithm = ddp.algorithm if op == "all-reduce" else "auto"
+    plans = []
+    for b in buckets:
+        cost = collective_cost(op, b.size_bytes, dp, algorithm)
+        plans.append(BucketPlan(b.index, b.size_bytes, len(b.param_indices), cost.time_s,
+                                f"{cost.algorithm}/{cost.protocol}"))
+    shard = scenario.dp if par.zero_stage >= 1 else 1
+    stage_workload = replace(workload, parameters=tuple(params))
+    opt_s = optimizer_step_s(stage_workload, gpu, tr, shard=shard) if params else 0.0
+    gather_s = 0.0
+    if par.zero_stage >= 1 and params:
+        gather_s = collective_cost("all-gather", sum(p.numel * dtype_bytes(p.dtype) for p in working), dp).time_s
+    return _Rank(
+        index=index,
+        layers=layers,
+        timings=_timings(scenario, layers),
+        params=params,
+        local=local,
+        buckets=buckets,
+        plans=plans,
+        state=StreamState(interference=scenario.cluster.comm_compute_interference),
+        ready_events=[env.event() for _ in buckets],
+        remaining=[len(b.param_indices) for b in buckets],
+        ready_at={},
+        timing_of={},
+        opt_s=opt_s,
+        gather_s=gather_s,
+    )
 
 
-def _subset(workload, params):  # type: ignore[no-untyped-def]
-    from dataclasses import replace
+def _finish(env: simpy.Environment, rank: _Rank, compute: simpy.Process, comm: simpy.Process, spans: list[Span],
+            suffix: str) -> simpy.events.ProcessGenerator:
+    """After this rank's compute and gradient communication: optimizer step, then the ZeRO all-gather."""
+    yield compute
+    rank.compute_end_s = env.now
+    yield comm
+    start = env.now
+    yield env.timeout(rank.opt_s)
+    spans.append(Span(name="optimizer step", stream=f"compute{suffix}", start_s=start, end_s=env.now))
+    if rank.gather_s:
+        start = env.now
+        yield env.timeout(rank.gather_s)
+        spans.append(Span(name="all-gather params", stream=f"comm{suffix}", start_s=start, end_s=env.now))
+    rank.end_s = env.now
 
-    return replace(workload, parameters=tuple(params))
+
+def simulate_step(scenario: Scenario, trace: bool = True) -> StepResult:
+    """Simulate one optimizer step of ``scenario`` and return its typed breakdown."""
+    cluster, tr, ddp, par = scenario.cluster, scenario.training, scenario.ddp, scenario.parallelism
+    workload = build_workload(scenario)
+    env = simpy.Environment()
+    spans: list[Span] = []
+    ranks = [_make_rank(scenario, workload, r, env) for r in range(par.pp)]
+    m = scenario.num_micro_batches
+
+    if par.pp == 1:
+        rank = ranks[0]
+
+        def record(plan: BucketPlan, start: float, end: float) -> None:
+            rank.timing_of[plan.index] = (start, end)
+
+        compute = env.process(compute_stream(env, rank.timings, m, [rank.grads_of(la) for la in rank.layers],
+                                             rank.grad_ready(env), spans, rank.state))
+        comm = env.process(comm_stream(env, rank.plans, rank.ready_events, None if ddp.overlap else compute,
+                                       record, spans, rank.state))
+        env.process(_finish(env, rank, compute, comm, spans, ""))
+    else:
+        _run_pipeline(env, scenario, workload, ranks, spans)
+    env.run()
+    step_s = max(r.end_s for r in ranks) + cluster.host_overhead_s
+
+    # Report the rank that finishes last (ties: the busiest).
+    rank = max(ranks, key=lambda r: (r.end_s, r.busy_s))
+    costs = [p.cost_s for p in rank.plans]
+    readies = [rank.ready_at[b.index] for b in rank.buckets]
+    compute_s = m * sum(t.compute_s for t in rank.timings)
+    tp_comm_s = m * sum(t.tp_comm_s for t in rank.timings)
+    tail_s = rank.opt_s + rank.gather_s + cluster.host_overhead_s
+    comm_s = sum(costs) + rank.gather_s
+    exposed_dp_s = max(0.0, rank.end_s - rank.opt_s - rank.gather_s - rank.compute_end_s) + rank.gather_s
+    bubble_s = max(0.0, rank.compute_end_s - compute_s - tp_comm_s)
+    bounds = Bounds(
+        no_overlap_s=no_overlap_step_s(rank.compute_end_s, costs, tail_s),
+        perfect_overlap_s=perfect_overlap_step_s(rank.compute_end_s, readies, costs, tail_s),
+        in_order_overlap_s=in_order_overlap_step_s(rank.compute_end_s, readies, costs, tail_s),
+    )
+    gbs = scenario.global_batch_size
+    gpu = cluster.gpu
+    one_gpu_s = m * sum(t.compute_s for r in ranks for t in r.timings) / par.pp + rank.opt_s * (
+        scenario.dp if par.zero_stage >= 1 else 1
+    ) + cluster.host_overhead_s
+    return StepResult(
+        scenario=scenario.name,
+        model=scenario.model.name,
+        cluster=cluster.preset or "custom",
+        num_gpus=cluster.num_gpus,
+        dp=scenario.dp,
+        tp=par.tp,
+        pp=par.pp,
+        num_micro_batches=m,
+        global_batch_size=gbs,
+        step_time_s=step_s,
+        compute_time_s=compute_s,
+        optimizer_time_s=rank.opt_s,
+        host_overhead_s=cluster.host_overhead_s,
+        comm_time_s=comm_s,
+        exposed_comm_time_s=exposed_dp_s + tp_comm_s,
+        tp_comm_time_s=tp_comm_s,
+        pipeline_bubble_time_s=bubble_s,
+        samples_per_s=gbs / step_s,
+        tokens_per_s=gbs * tr.seq_len / step_s,
+        mfu=workload.model_flop_per_sample * gbs / step_s / (cluster.num_gpus * gpu.peak_flop_per_s(tr.precision)),
+        scaling_efficiency=one_gpu_s / step_s,
+        num_params=sum(p.numel for p in rank.params),
+        reported_rank=f"pipeline stage {rank.index} of {par.pp}" if par.pp > 1 else "every rank (data parallel)",
+        buckets=[
+            BucketTiming(
+                index=b.index,
+                size_bytes=b.size_bytes,
+                num_params=len(b.param_indices),
+                ready_s=rank.ready_at[b.index],
+                start_s=rank.timing_of[b.index][0],
+                end_s=rank.timing_of[b.index][1],
+                algorithm=rank.plans[b.index].label.split("/")[0],
+                protocol=rank.plans[b.index].label.split("/")[1],
+            )
+            for b in rank.buckets
+        ],
+        bounds=bounds,
+        not_modelled=not_modelled(scenario) + workload.notes,
+        trace=Trace(spans=spans) if trace else None,
+    )
+
+
+def _run_pipeline(
+    env: simpy.Environment, scenario: Scenario, workload: Workload, ranks: list[_Rank], spans: list[Span]
+) -> None:
+    """Start one process per pipeline rank running its schedule, plus its DP comm and finish processes."""
+    par, ddp = scenario.parallelism, scenario.ddp
+    p, v, m = par.pp, par.virtual_stages, scenario.num_micro_batches
+    clock = PipelineClock.create(env)
+    neighbour = group(scenario.cluster, 2, stride=par.tp * scenario.dp)
+    p2p_bytes = workload.boundary_activation_bytes
+    p2p_s = collective_cost("send-recv", p2p_bytes, neighbour).time_s if p2p_bytes else 0.0
+
+    for rank in ranks:
+        suffix = f" {rank.index}"
+        by_stage: dict[int, list[int]] = {}
+        for i, layer in enumerate(rank.layers):
+            by_stage.setdefault(layer.stage, []).append(i)
+        fwd_s = {s: sum(rank.timings[i].fwd_total_s for i in idx) for s, idx in by_stage.items()}
+        bwd_s = {s: sum(rank.timings[i].bwd_s for i in idx) for s, idx in by_stage.items()}
+        ready = rank.grad_ready(env)
+        grads = [rank.grads_of(la) for la in rank.layers]
+
+        def run_op(op: PipeOp, last: bool, rank: _Rank = rank, by_stage=by_stage, fwd_s=fwd_s, bwd_s=bwd_s,
+                   ready=ready, grads=grads) -> simpy.events.ProcessGenerator:
+            if op.kind == "F":
+                yield env.timeout(fwd_s.get(op.virtual_stage, 0.0))
+                return
+            if not last:
+                yield env.timeout(bwd_s.get(op.virtual_stage, 0.0) * rank.state.scale())
+                return
+            # The last backward of this virtual stage: layer by layer, releasing gradients to DDP.
+            for i in reversed(by_stage.get(op.virtual_stage, [])):
+                yield env.timeout(rank.timings[i].bwd_s * rank.state.scale())
+                for b in grads[i]:
+                    ready(b)
+
+        def record(plan: BucketPlan, start: float, end: float, rank: _Rank = rank) -> None:
+            rank.timing_of[plan.index] = (start, end)
+
+        ops = schedule(par.pipeline_schedule, p, m, rank.index, v)
+        compute = env.process(pipeline_rank(env, rank.index, ops, p * v, clock, run_op, lambda op: p2p_s, spans))
+        comm = env.process(comm_stream(env, rank.plans, rank.ready_events, None if ddp.overlap else compute,
+                                       record, spans, rank.state, stream=f"comm{suffix}"))
+        env.process(_finish(env, rank, compute, comm, spans, suffix))

@@ -1,0 +1,35 @@
+"""Timeline: backward per layer against the bucket all-reduces of the NCCL stream (and pipeline stages)."""
+
+from __future__ import annotations
+
+import streamlit as st
+
+from app import charts, state
+from simddp import units
+
+st.title("Timeline")
+st.caption("One simulated step of the most loaded GPU: compute stream (forward and backward per layer) against "
+           "the communication stream (one collective per DDP bucket, in bucket order). Hover for sizes and "
+           "algorithms; export the full trace to Perfetto from the sidebar.")
+
+data = state.scenario_dict()
+result = state.simulate(data)
+if result is not None and result.trace is not None:
+    zoom = st.toggle("Zoom to the last micro-batch (where DDP overlaps)", value=True, key="timeline_zoom",
+                     help="Earlier micro-batches run under no_sync and do not communicate.")
+    window = charts.last_backward_window(result.trace) if zoom else None
+    st.plotly_chart(charts.timeline(result.trace, window, title=f"{result.scenario}: step "
+                                    f"{units.fmt_time(result.step_time_s)}"), key="timeline")
+    c = st.columns(4)
+    c[0].metric("Buckets", len(result.buckets), border=True)
+    c[1].metric("All communication", units.fmt_time(result.comm_time_s), border=True)
+    c[2].metric("Exposed communication", units.fmt_time(result.exposed_comm_time_s), border=True)
+    c[3].metric("Backward + forward", units.fmt_time(result.compute_time_s), border=True)
+    if result.pp > 1 and not any(s.stream.startswith("stage") for s in result.trace.spans):
+        st.info("This simddp times the most loaded pipeline stage only; no pipeline schedule in the trace.",
+                icon=":material/info:")
+    st.subheader("Buckets")
+    table = charts.bucket_table(result)
+    st.dataframe(table, hide_index=True, height=320)
+    st.download_button("Buckets CSV", data=lambda: table.to_csv(index=False), file_name="buckets.csv",
+                       mime="text/csv", on_click="ignore", icon=":material/download:")

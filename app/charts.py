@@ -1,0 +1,290 @@
+"""Plotly figures for the dashboard, built from simddp's typed results (no streamlit import here).
+
+Figures only convert units for display (ms, GiB, GB/s, through :mod:`simddp.units`); every number comes
+from simddp.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import plotly.graph_objects as go
+from plotly.subplots import make_subplots
+
+from simddp import units
+from simddp.results import StepResult, Trace
+from simddp.sweeps import BucketCapSweep, GridSweep, ScalingSweep
+
+MS = units.MS
+COLORS = {
+    "compute": "#4C78A8",
+    "forward": "#72B7B2",
+    "backward": "#4C78A8",
+    "accumulation": "#9ecae9",
+    "optimizer": "#B279A2",
+    "host": "#BAB0AC",
+    "comm": "#F58518",
+    "exposed": "#E45756",
+    "gather": "#EECA3B",
+    "other": "#54A24B",
+}
+_LAYOUT = {"margin": {"l": 10, "r": 10, "t": 40, "b": 10}, "legend": {"orientation": "h", "y": -0.2}}
+
+
+def _ms(seconds: float | None) -> float | None:
+    return None if seconds is None else seconds / MS
+
+
+# ------------------------------------------------------------------------------------------ planner
+def step_breakdown(result: StepResult, title: str = "Where the step goes") -> go.Figure:
+    """The step as compute, optimizer, host and exposed communication; total communication beside it."""
+    fig = go.Figure()
+    parts = [
+        ("compute (fwd+bwd)", result.compute_time_s, COLORS["compute"]),
+        ("optimizer", result.optimizer_time_s, COLORS["optimizer"]),
+        ("host", result.host_overhead_s, COLORS["host"]),
+        ("exposed communication", result.exposed_comm_time_s, COLORS["exposed"]),
+    ]
+    for name, seconds, color in parts:
+        fig.add_bar(y=["step"], x=[_ms(seconds)], name=name, orientation="h", marker_color=color,
+                    hovertemplate=f"{name}: %{{x:.2f}} ms<extra></extra>")
+    fig.add_bar(y=["gradient comm"], x=[_ms(result.comm_time_s)], name="all communication (mostly overlapped)",
+                orientation="h", marker_color=COLORS["comm"],
+                hovertemplate="communication: %{x:.2f} ms<extra></extra>")
+    fig.update_layout(barmode="stack", title=title, xaxis_title="ms", height=230, **_LAYOUT)
+    return fig
+
+
+# ------------------------------------------------------------------------------------------ timeline
+def _span_kind(name: str, stream: str) -> str:
+    if stream.startswith("stage"):  # pipeline schedule: "F3", "B3 vs1"
+        return {"F": "forward", "B": "backward"}.get(name[:1], "other")
+    if name.startswith("fwd"):
+        return "forward"
+    if name.startswith("bwd"):
+        return "backward"
+    if name.startswith("micro-batches"):
+        return "accumulation"
+    if name.startswith("optimizer"):
+        return "optimizer"
+    if name.startswith("all-gather"):
+        return "gather"
+    if stream == "comm" or "reduce" in name:
+        return "comm"
+    return "other"
+
+
+_KIND_LABEL = {
+    "forward": "forward per layer",
+    "backward": "backward per layer",
+    "accumulation": "earlier micro-batches (no_sync)",
+    "optimizer": "optimizer step",
+    "comm": "bucket all-reduce / reduce-scatter",
+    "gather": "parameter all-gather",
+    "other": "other",
+}
+
+
+def timeline(trace: Trace, x_range_s: tuple[float, float] | None = None, title: str = "Timeline") -> go.Figure:
+    """Gantt chart: one row per stream (compute, comm, pipeline stages when present), spans as bars."""
+    streams = sorted({s.stream for s in trace.spans}, key=lambda n: (n != "compute", n))
+    by_kind: dict[str, list[Any]] = {}
+    for s in trace.spans:
+        by_kind.setdefault(_span_kind(s.name, s.stream), []).append(s)
+    fig = go.Figure()
+    for kind, spans in by_kind.items():
+        detail = []
+        for s in spans:
+            extra = ""
+            if "size_bytes" in s.args:
+                extra = f"<br>{units.fmt_bytes(s.args['size_bytes'])}, {s.args.get('algorithm', '')}"
+            detail.append(f"{s.name}<br>start {s.start_s / MS:.3f} ms, {units.fmt_time(s.end_s - s.start_s)}{extra}")
+        fig.add_bar(
+            y=[s.stream for s in spans],
+            x=[(s.end_s - s.start_s) / MS for s in spans],
+            base=[s.start_s / MS for s in spans],
+            orientation="h",
+            name=_KIND_LABEL.get(kind, kind),
+            marker={"color": COLORS.get(kind, COLORS["other"]), "line": {"width": 0.5, "color": "white"}},
+            hovertext=detail,
+            hoverinfo="text",
+            text=[s.name if s.stream.startswith("stage") else "" for s in spans],
+            textposition="inside",
+            insidetextanchor="middle",
+        )
+    fig.update_layout(barmode="overlay", title=title, xaxis_title="time (ms)", height=170 + 60 * len(streams),
+                      yaxis={"categoryorder": "array", "categoryarray": streams[::-1]}, **_LAYOUT)
+    if x_range_s is not None:
+        fig.update_xaxes(range=[x_range_s[0] / MS, x_range_s[1] / MS])
+    return fig
+
+
+def last_backward_window(trace: Trace) -> tuple[float, float]:
+    """From the start of the last micro-batch's forward to the end of the trace (the part DDP overlaps)."""
+    fwd = [s.start_s for s in trace.spans if s.name.startswith("fwd")]
+    start = min(fwd) if fwd else 0.0
+    end = max(s.end_s for s in trace.spans)
+    return start, end
+
+
+def bucket_table(result: StepResult) -> Any:
+    """Per-bucket timings in display units (ms, MiB)."""
+    df = result.to_dataframe()
+    if df.empty:
+        return df
+    out = df[["index", "num_params", "algorithm", "protocol"]].copy()
+    out["size (MiB)"] = df["size_bytes"] / units.MiB
+    for col in ("ready_s", "start_s", "end_s"):
+        out[col.replace("_s", " (ms)")] = df[col] / MS
+    out["waited (ms)"] = (df["start_s"] - df["ready_s"]) / MS
+    out["duration (ms)"] = (df["end_s"] - df["start_s"]) / MS
+    return out
+
+
+# ------------------------------------------------------------------------------------------ scaling
+def scaling(sweep: ScalingSweep, mark_gpus: Sequence[int] = (128,)) -> go.Figure:
+    """Step time and tokens/s (left); exposed communication and scaling efficiency (right), log2 GPUs."""
+    pts = [p for p in sweep.points if p.ok]
+    gpus = [p.num_gpus for p in pts]
+    fig = make_subplots(rows=1, cols=2, specs=[[{"secondary_y": True}, {}]],
+                        subplot_titles=("Step time and throughput", "Communication overhead and efficiency"))
+    fig.add_scatter(x=gpus, y=[_ms(p.step_time_s) for p in pts], name="step time (ms)", mode="lines+markers",
+                    line_color=COLORS["compute"], row=1, col=1, secondary_y=False)
+    fig.add_scatter(x=gpus, y=[p.tokens_per_s for p in pts], name="tokens/s", mode="lines+markers",
+                    line={"color": COLORS["other"], "dash": "dot"}, row=1, col=1, secondary_y=True)
+    fig.add_scatter(x=gpus, y=[100 * (p.exposed_comm_fraction or 0) for p in pts], name="exposed comm (% of step)",
+                    mode="lines+markers", line_color=COLORS["exposed"], row=1, col=2)
+    fig.add_scatter(x=gpus, y=[100 * (p.scaling_efficiency or 0) for p in pts], name="scaling efficiency (%)",
+                    mode="lines+markers", line_color=COLORS["optimizer"], row=1, col=2)
+    for col in (1, 2):
+        fig.update_xaxes(type="log", tickvals=gpus, ticktext=[str(g) for g in gpus], title_text="GPUs",
+                         row=1, col=col)
+    fig.update_yaxes(title_text="step time (ms)", rangemode="tozero", row=1, col=1, secondary_y=False)
+    fig.update_yaxes(title_text="tokens/s", type="log", row=1, col=1, secondary_y=True)
+    fig.update_yaxes(title_text="%", range=[0, 105], row=1, col=2)
+    for g in {*mark_gpus, sweep.reference_num_gpus}:
+        if any(p.num_gpus == g for p in pts):
+            fig.add_vline(x=g, line_dash="dash", line_color="grey",
+                          annotation_text=f"{g} GPUs", annotation_position="top left")
+    fig.update_layout(height=420, **_LAYOUT)
+    return fig
+
+
+def scaling_table(sweep: ScalingSweep) -> Any:
+    df = sweep.to_dataframe()
+    out = df[["num_gpus", "num_nodes", "dp", "global_batch_size"]].copy()
+    out["step time (ms)"] = df["step_time_s"] / MS
+    out["exposed comm (%)"] = 100 * df["exposed_comm_fraction"]
+    out["tokens/s"] = df["tokens_per_s"]
+    out["MFU (%)"] = 100 * df["mfu"]
+    out["scaling efficiency (%)"] = 100 * df["scaling_efficiency"]
+    out["note"] = df["error"].fillna("")
+    return out
+
+
+# ------------------------------------------------------------------------------------------ what-if
+def bucket_sweep(sweep: BucketCapSweep, current_cap_mb: float | None = None) -> go.Figure:
+    """Step time and exposed communication against the DDP bucket cap (log scale)."""
+    pts = [p for p in sweep.points if p.ok]
+    caps = [p.bucket_cap_mb for p in pts]
+    fig = make_subplots(specs=[[{"secondary_y": True}]])
+    fig.add_scatter(x=caps, y=[_ms(p.step_time_s) for p in pts], name="step time (ms)", mode="lines+markers",
+                    line_color=COLORS["compute"], secondary_y=False,
+                    customdata=[p.num_buckets for p in pts],
+                    hovertemplate="%{x} MiB: %{y:.2f} ms, %{customdata} buckets<extra></extra>")
+    fig.add_scatter(x=caps, y=[_ms(p.exposed_comm_time_s) for p in pts], name="exposed comm (ms)",
+                    mode="lines+markers", line_color=COLORS["exposed"], secondary_y=True)
+    if current_cap_mb is not None:
+        fig.add_vline(x=current_cap_mb, line_dash="dash", line_color="grey",
+                      annotation_text=f"{current_cap_mb:g} MiB")
+    fig.update_xaxes(type="log", title_text="bucket_cap_mb (MiB)")
+    fig.update_yaxes(title_text="step time (ms)", secondary_y=False)
+    fig.update_yaxes(title_text="exposed comm (ms)", rangemode="tozero", secondary_y=True)
+    fig.update_layout(title="Bucket-cap sweep", height=380, **_LAYOUT)
+    return fig
+
+
+#: Grid metrics: (StepResult-derived point field, label, display scale, number format).
+GRID_METRICS: dict[str, tuple[str, str, float, str]] = {
+    "step time (ms)": ("step_time_s", "step time (ms)", 1 / MS, ".1f"),
+    "exposed comm (%)": ("exposed_comm_fraction", "exposed comm (%)", 100.0, ".1f"),
+    "tokens/s": ("tokens_per_s", "tokens/s", 1.0, ",.0f"),
+    "MFU (%)": ("mfu", "MFU (%)", 100.0, ".1f"),
+    "scaling efficiency (%)": ("scaling_efficiency", "scaling efficiency (%)", 100.0, ".1f"),
+}
+
+
+def heatmap(grid: GridSweep, metric: str, x_label: str, y_label: str,
+            x_text: Sequence[str] | None = None, y_text: Sequence[str] | None = None) -> go.Figure:
+    """A metric over every (x, y) pair of a grid sweep; invalid variants are blank with their error on hover."""
+    field, label, scale, fmt = GRID_METRICS[metric]
+    nx = len(grid.x_values)
+    z: list[list[float | None]] = []
+    hover: list[list[str]] = []
+    for j in range(len(grid.y_values)):
+        row, row_hover = [], []
+        for i in range(nx):
+            p = grid.points[j * nx + i]
+            v = getattr(p, field)
+            row.append(None if v is None else v * scale)
+            row_hover.append(p.error or f"{label}: {v * scale:{fmt}}")
+        z.append(row)
+        hover.append(row_hover)
+    xs = list(x_text) if x_text is not None else [str(v) for v in grid.x_values]
+    ys = list(y_text) if y_text is not None else [str(v) for v in grid.y_values]
+    text = [[("" if v is None else f"{v:{fmt}}") for v in row] for row in z]
+    fig = go.Figure(go.Heatmap(z=z, x=xs, y=ys, text=text, texttemplate="%{text}", hovertext=hover,
+                               hoverinfo="text", colorscale="RdYlGn_r" if field in ("step_time_s",
+                               "exposed_comm_fraction") else "RdYlGn", colorbar={"title": label}))
+    fig.update_layout(title=f"{label} over {x_label} x {y_label}", xaxis_title=x_label, yaxis_title=y_label,
+                      xaxis_type="category", yaxis_type="category", height=460,
+                      margin={"l": 10, "r": 10, "t": 40, "b": 10})
+    return fig
+
+
+def delta_table(rows: Mapping[str, tuple[float, float]]) -> Any:
+    import pandas as pd
+
+    return pd.DataFrame([{"metric": k, "planner": a, "what-if": b} for k, (a, b) in rows.items()])
+
+
+# ------------------------------------------------------------------------------------------ compare
+def compare(results: Mapping[str, StepResult]) -> go.Figure:
+    """Stacked step breakdown of each saved scenario, side by side."""
+    names = list(results)
+    fig = go.Figure()
+    parts = [
+        ("compute (fwd+bwd)", "compute_time_s", COLORS["compute"]),
+        ("optimizer", "optimizer_time_s", COLORS["optimizer"]),
+        ("host", "host_overhead_s", COLORS["host"]),
+        ("exposed communication", "exposed_comm_time_s", COLORS["exposed"]),
+    ]
+    for label, field, color in parts:
+        fig.add_bar(x=names, y=[getattr(results[n], field) / MS for n in names], name=label, marker_color=color)
+    fig.update_layout(barmode="stack", title="Step time by scenario", yaxis_title="ms", height=420, **_LAYOUT)
+    return fig
+
+
+def compare_table(results: Mapping[str, StepResult], memory_gib: Mapping[str, float | None] | None = None) -> Any:
+    import pandas as pd
+
+    rows = []
+    for name, r in results.items():
+        row = {
+            "scenario": name,
+            "model": r.model,
+            "cluster": r.cluster,
+            "GPUs": r.num_gpus,
+            "dp x tp x pp": f"{r.dp} x {r.tp} x {r.pp}",
+            "global batch": r.global_batch_size,
+            "step time (ms)": r.step_time_s / MS,
+            "exposed comm (%)": 100 * r.exposed_comm_fraction,
+            "tokens/s": r.tokens_per_s,
+            "MFU (%)": 100 * r.mfu,
+            "scaling efficiency (%)": 100 * r.scaling_efficiency,
+        }
+        if memory_gib is not None:
+            row["memory / GPU (GiB)"] = memory_gib.get(name)
+        rows.append(row)
+    return pd.DataFrame(rows)

@@ -1,0 +1,36 @@
+"""simddp what-if dashboard. Start it with ``simddp app`` or ``streamlit run app/streamlit_app.py``.
+
+This entry point is the frame around every page: navigation and the sidebar (the scenario in use, saving
+it for Compare, and the exports). It opens on the embedded default scenario, so the first screen already
+shows results.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:  # `streamlit run` from a source tree that is not pip-installed
+    sys.path.insert(0, str(ROOT))
+
+import streamlit as st  # noqa: E402
+
+from app.sidebar import sidebar  # noqa: E402
+
+PAGES = Path(__file__).resolve().parent / "app_pages"
+
+st.set_page_config(page_title="simddp what-if", page_icon=":material/hub:", layout="wide")
+page = st.navigation(
+    [
+        st.Page(PAGES / "planner.py", title="Planner", icon=":material/tune:", default=True),
+        st.Page(PAGES / "timeline.py", title="Timeline", icon=":material/view_timeline:"),
+        st.Page(PAGES / "scaling.py", title="Scaling", icon=":material/trending_up:"),
+        st.Page(PAGES / "memory.py", title="Memory", icon=":material/memory:"),
+        st.Page(PAGES / "whatif.py", title="What-if", icon=":material/science:"),
+        st.Page(PAGES / "calibration.py", title="Calibration", icon=":material/straighten:"),
+        st.Page(PAGES / "compare.py", title="Compare", icon=":material/compare_arrows:"),
+    ]
+)
+sidebar()
+page.run()

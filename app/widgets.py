@@ -1,0 +1,92 @@
+"""Widgets that mirror one key of the planner's scenario dict.
+
+A widget is seeded from the validated scenario (so preset values show), and writes back only when the
+user changes it, through its ``on_change`` callback: the scenario dict stays "preset + overrides", exactly
+what the exported YAML holds. Help texts are the config fields' descriptions.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import streamlit as st
+from pydantic import BaseModel
+
+from app import state
+
+
+def field_help(model: type[BaseModel], name: str) -> str:
+    """The config field's description: the same help text as the CLI's."""
+    return model.model_fields[name].description or ""
+
+
+def _key(path: str) -> str:
+    return state.WIDGET_PREFIX + path
+
+
+def _seed(key: str, value: Any) -> None:
+    if key not in st.session_state:
+        st.session_state[key] = value
+
+
+def _write(key: str, path: str, to_value: Callable[[Any], Any]) -> None:
+    state.set_path(path, to_value(st.session_state[key]))
+
+
+def number(
+    label: str,
+    path: str,
+    value: float | int,
+    *,
+    model: type[BaseModel],
+    field: str,
+    scale: float = 1.0,
+    integer: bool = False,
+    min_value: float | int | None = None,
+    max_value: float | int | None = None,
+    step: float | int | None = None,
+    fmt: str | None = None,
+    where: Any = None,
+) -> Any:
+    """A number input for ``path``; ``scale`` converts the shown unit into the scenario's (GB/s -> bytes/s)."""
+    key = _key(path)
+    shown = int(value) if integer else float(value) / scale
+    _seed(key, shown)
+
+    def to_value(v: Any) -> Any:
+        return int(v) if integer else float(v) * scale
+
+    return (where or st).number_input(
+        label, min_value=min_value, max_value=max_value, step=step, format=fmt, key=key,
+        help=field_help(model, field), on_change=_write, args=(key, path, to_value),
+    )
+
+
+def choice(
+    label: str,
+    path: str,
+    value: Any,
+    options: Sequence[Any],
+    *,
+    model: type[BaseModel],
+    field: str,
+    format_func: Callable[[Any], str] = str,
+    where: Any = None,
+) -> Any:
+    """A selectbox for a ``Literal`` field."""
+    key = _key(path)
+    _seed(key, value)
+    return (where or st).selectbox(
+        label, list(options), key=key, format_func=format_func, help=field_help(model, field),
+        on_change=_write, args=(key, path, lambda v: v),
+    )
+
+
+def flag(label: str, path: str, value: bool, *, model: type[BaseModel], field: str, where: Any = None) -> bool:
+    """A toggle for a boolean field."""
+    key = _key(path)
+    _seed(key, bool(value))
+    return (where or st).toggle(
+        label, key=key, help=field_help(model, field), on_change=_write, args=(key, path, bool)
+    )

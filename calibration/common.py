@@ -1,0 +1,403 @@
+"""Shared pieces of the collectors: model factories, process groups, timing, progress, failure handling.
+
+Failure handling (issue: a rank that dies or hangs must end the collector with a clear error within a
+timeout, keeping partial results):
+
+* every collective runs under the process group's ``timeout`` (gloo raises; NCCL aborts the
+  communicator with ``TORCH_NCCL_ASYNC_ERROR_HANDLING``, on by default);
+* a :class:`Watchdog` thread ends the process if the main loop makes no progress for ``timeout_s``
+  (a hang outside a collective, or a backend that never returns);
+* rank 0 rewrites its output file after every measurement with ``"complete": false`` and on SIGTERM
+  (what torchrun sends the survivors when one rank dies) or an exception records the error and exits
+  non-zero, so what was measured is kept.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import importlib
+import importlib.util
+import os
+import signal
+import socket
+import sys
+import threading
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from simddp.profile import RunInfo
+
+#: Exit status of a collector that stopped early (partial results written).
+EXIT_PARTIAL = 3
+
+
+class CollectorError(RuntimeError):
+    """A collector cannot go on; the message is shown as one line."""
+
+
+# ------------------------------------------------------------------------------------------ models
+def load_factory(spec: str) -> Callable[[], Any]:
+    """The factory named by ``FILE.py:factory`` (or ``package.module:factory``)."""
+    if ":" not in spec:
+        raise CollectorError(f"--model {spec!r}: expected FILE.py:factory")
+    where, name = spec.rsplit(":", 1)
+    if where.endswith(".py"):
+        path = Path(where)
+        if not path.exists():
+            raise CollectorError(f"--model {spec!r}: {path} does not exist")
+        module_name = "_simddp_model_" + path.stem
+        mod_spec = importlib.util.spec_from_file_location(module_name, path)
+        if mod_spec is None or mod_spec.loader is None:
+            raise CollectorError(f"--model {spec!r}: cannot import {path}")
+        module = importlib.util.module_from_spec(mod_spec)
+        sys.modules[module_name] = module
+        mod_spec.loader.exec_module(module)
+    else:
+        module = importlib.import_module(where)
+    factory = getattr(module, name, None)
+    if not callable(factory):
+        raise CollectorError(f"--model {spec!r}: {where} has no callable {name!r}")
+    return factory
+
+
+def build_model(spec: str, device: torch.device) -> tuple[torch.nn.Module, tuple[Any, ...]]:
+    """Call the factory: it returns ``(model, example_inputs)``; inputs may be one tensor or a tuple."""
+    out = load_factory(spec)()
+    if not (isinstance(out, tuple) and len(out) == 2 and isinstance(out[0], torch.nn.Module)):
+        raise CollectorError(f"--model {spec!r}: the factory must return (model, example_inputs)")
+    model, inputs = out
+    if not isinstance(inputs, tuple | list):
+        inputs = (inputs,)
+    model = model.to(device)
+    inputs = tuple(x.to(device) if isinstance(x, torch.Tensor) else x for x in inputs)
+    if not any(p.requires_grad for p in model.parameters()):
+        raise CollectorError(f"--model {spec!r}: the model has no trainable parameters")
+    return model, inputs
+
+
+def scalar_loss(output: Any) -> torch.Tensor:
+    """A scalar to call backward on: the sum of the (first) output, in fp32.
+
+    The same in every collector, so the measured backward is the one DDP runs; a model that computes its
+    own loss can return it.
+    """
+    if isinstance(output, dict):
+        output = next(iter(output.values()))
+    if isinstance(output, tuple | list):
+        output = output[0]
+    return output.float().sum() if output.dim() else output.float()
+
+
+def make_optimizer(name: str, params: Sequence[torch.nn.Parameter]) -> torch.optim.Optimizer:
+    """sgd (no momentum), adam or adamw, with a tiny learning rate so repeated steps stay stable.
+
+    ``foreach`` is left at torch's default, as in a real training script.
+    """
+    lr = 1e-6
+    if name == "sgd":
+        return torch.optim.SGD(params, lr=lr)
+    if name == "adam":
+        return torch.optim.Adam(params, lr=lr)
+    if name == "adamw":
+        return torch.optim.AdamW(params, lr=lr)
+    raise CollectorError(f"--optimizer {name!r}: expected sgd, adam or adamw")
+
+
+def trainable_parameters(model: torch.nn.Module) -> list[tuple[str, str, torch.nn.Parameter]]:
+    """(name, owning module name, parameter) of the parameters DDP sees: trainable, deduplicated."""
+    owner: dict[int, str] = {}
+    for mod_name, module in model.named_modules():
+        for p in module.parameters(recurse=False):
+            owner.setdefault(id(p), mod_name)
+    return [(n, owner.get(id(p), ""), p) for n, p in model.named_parameters() if p.requires_grad]
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+# ---------------------------------------------------------------------------------------- threads
+def set_threads(num_threads: int | None) -> int:
+    """Pin torch's intra-op threads (OMP/MKL follow); returns the number in use."""
+    if num_threads is not None:
+        if num_threads < 1:
+            raise CollectorError(f"--threads {num_threads}: must be >= 1")
+        os.environ["OMP_NUM_THREADS"] = str(num_threads)
+        torch.set_num_threads(num_threads)
+    return torch.get_num_threads()
+
+
+# ----------------------------------------------------------------------------------- distributed
+class Dist:
+    """The process group of a torchrun launch (or a lone process), and who is who."""
+
+    def __init__(self, backend: str | None, timeout_s: float, need_group: bool = True) -> None:
+        self.rank = int(os.environ.get("RANK", "0"))
+        self.world_size = int(os.environ.get("WORLD_SIZE", "1"))
+        self.local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+        self.local_world_size = int(os.environ.get("LOCAL_WORLD_SIZE", str(self.world_size)))
+        self.backend = backend or "gloo"
+        if self.backend not in ("gloo", "nccl"):
+            raise CollectorError(f"--backend {self.backend!r}: expected gloo or nccl")
+        if self.backend == "nccl":
+            if not torch.cuda.is_available():
+                raise CollectorError("--backend nccl needs CUDA GPUs; use --backend gloo on CPUs")
+            torch.cuda.set_device(self.local_rank)
+            self.device = torch.device("cuda", self.local_rank)
+        else:
+            self.device = torch.device("cpu")
+        self.timeout_s = timeout_s
+        self.active = False
+        if need_group and (self.world_size > 1 or "MASTER_ADDR" in os.environ):
+            kwargs: dict[str, Any] = {"timeout": dt.timedelta(seconds=timeout_s)}
+            if self.backend == "nccl":
+                kwargs["device_id"] = self.device
+            dist.init_process_group(self.backend, **kwargs)
+            self.active = True
+        self.hosts = self.all_gather_object(socket.gethostname())
+        self.num_nodes = len(dict.fromkeys(self.hosts))
+        if self.world_size % self.num_nodes:
+            raise CollectorError(f"{self.world_size} ranks on {self.num_nodes} hosts: ranks per host must be equal")
+        self.ranks_per_node = self.world_size // self.num_nodes
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    def all_gather_object(self, obj: Any) -> list[Any]:
+        if not self.active:
+            return [obj]
+        out: list[Any] = [None] * self.world_size
+        dist.all_gather_object(out, obj)
+        return out
+
+    def barrier(self) -> None:
+        if self.active:
+            if self.backend == "nccl":
+                dist.barrier(device_ids=[self.local_rank])
+            else:
+                dist.barrier()
+
+    def max_over_ranks(self, values: Sequence[float]) -> list[float]:
+        """Element-wise maximum over ranks (the slowest rank's time for each repeat)."""
+        return self.reduce_over_ranks(values, dist.ReduceOp.MAX)
+
+    def mean_over_ranks(self, values: Sequence[float]) -> list[float]:
+        out = self.reduce_over_ranks(values, dist.ReduceOp.SUM)
+        return [v / self.world_size for v in out]
+
+    def reduce_over_ranks(self, values: Sequence[float], op: Any) -> list[float]:
+        if not self.active:
+            return [float(v) for v in values]
+        t = torch.tensor(list(values), dtype=torch.float64, device=self.device)
+        dist.all_reduce(t, op=op)
+        return [float(v) for v in t.cpu()]
+
+    def sync(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+
+    def close(self) -> None:
+        if self.active and dist.is_initialized():
+            dist.destroy_process_group()
+            self.active = False
+
+
+def device_name(device: torch.device) -> str:
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip() + " (CPU)"
+    except OSError:
+        pass
+    import platform
+
+    return (platform.processor() or platform.machine()) + " (CPU)"
+
+
+def run_info(d: Dist, started_at: str) -> RunInfo:
+    nccl = None
+    if d.device.type == "cuda":
+        try:
+            v = torch.cuda.nccl.version()
+            nccl = ".".join(str(x) for x in v) if isinstance(v, tuple) else str(v)
+        except Exception:  # NCCL missing from this build
+            nccl = None
+    return RunInfo(
+        world_size=d.world_size,
+        num_nodes=d.num_nodes,
+        ranks_per_node=d.ranks_per_node,
+        backend=d.backend if d.active else "none",
+        device="cuda" if d.device.type == "cuda" else "cpu",
+        hosts=d.hosts,
+        device_names=d.all_gather_object(device_name(d.device)),
+        torch_version=torch.__version__,
+        nccl_version=nccl,
+        num_threads=torch.get_num_threads(),
+        started_at=started_at,
+        argv=list(sys.argv),
+    )
+
+
+def utc_now() -> str:
+    return dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
+
+
+# ---------------------------------------------------------------------------------------- timing
+class Timer:
+    """Wall-clock timing that waits for the device: CUDA events on GPU, perf_counter on CPU."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.cuda = device.type == "cuda"
+
+    def mark(self) -> Any:
+        if self.cuda:
+            e = torch.cuda.Event(enable_timing=True)
+            e.record()
+            return e
+        return time.perf_counter()
+
+    def elapsed_s(self, start: Any, end: Any) -> float:
+        if self.cuda:
+            end.synchronize()
+            return float(start.elapsed_time(end)) / 1e3
+        return float(end - start)
+
+
+# ------------------------------------------------------------------------------ progress, failure
+class Progress:
+    """One line per measurement on rank 0's stderr."""
+
+    def __init__(self, enabled: bool, total: int | None = None) -> None:
+        self.enabled, self.total, self.done, self.start = enabled, total, 0, time.perf_counter()
+
+    def __call__(self, message: str) -> None:
+        self.done += 1
+        if self.enabled:
+            of = f"/{self.total}" if self.total else ""
+            elapsed = time.perf_counter() - self.start
+            print(f"[{self.done}{of} {elapsed:6.1f}s] {message}", file=sys.stderr, flush=True)
+
+    def note(self, message: str) -> None:
+        if self.enabled:
+            print(message, file=sys.stderr, flush=True)
+
+
+class Watchdog:
+    """Ends the process if :meth:`beat` is not called for ``timeout_s`` seconds (a hung rank or peer)."""
+
+    def __init__(self, timeout_s: float, on_timeout: Callable[[str], None]) -> None:
+        self.timeout_s, self.on_timeout = timeout_s, on_timeout
+        self.last = time.monotonic()
+        self.what = "starting"
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="simddp-watchdog", daemon=True)
+        self._thread.start()
+
+    def beat(self, what: str) -> None:
+        self.last, self.what = time.monotonic(), what
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def _run(self) -> None:
+        while not self._stop.wait(min(1.0, self.timeout_s / 4)):
+            if time.monotonic() - self.last > self.timeout_s:
+                self.on_timeout(f"no progress for {self.timeout_s:.0f} s during {self.what} (a rank hung or died)")
+                return
+
+
+class Collector:
+    """Runs a collector body with partial saving, SIGTERM handling and a watchdog.
+
+    ``save(error)`` writes the output with ``complete`` false (``error`` set) or true (``error`` None);
+    only rank 0 writes.
+    """
+
+    def __init__(self, d: Dist, out: Path, save: Callable[[str | None, bool], None], timeout_s: float) -> None:
+        self.d, self.out, self._save = d, out, save
+        self._lock = threading.Lock()
+        self._finished = False
+        self.watchdog = Watchdog(timeout_s, self._fail_hard)
+        signal.signal(signal.SIGTERM, self._on_signal)
+
+    def save_partial(self) -> None:
+        with self._lock:
+            if self.d.is_main and not self._finished:
+                self._save(None, False)
+
+    def beat(self, what: str) -> None:
+        self.watchdog.beat(what)
+
+    def finish(self) -> None:
+        with self._lock:
+            self.watchdog.stop()
+            if self.d.is_main:
+                self._save(None, True)
+            self._finished = True
+
+    def fail(self, message: str) -> int:
+        """Record the error, keep partial results, say so on stderr; returns the exit status."""
+        with self._lock:
+            self.watchdog.stop()
+            if self.d.is_main and not self._finished:
+                self._save(message, False)
+            self._finished = True
+        where = f" partial results in {self.out}" if self.d.is_main else ""
+        print(f"calibration: error on rank {self.d.rank}: {message};{where}", file=sys.stderr, flush=True)
+        return EXIT_PARTIAL
+
+    def _fail_hard(self, message: str) -> None:
+        self.fail(message)
+        os._exit(EXIT_PARTIAL)
+
+    def _on_signal(self, signum: int, frame: Any) -> None:
+        self.fail(f"stopped by signal {signal.Signals(signum).name} (another rank failed, or the run was killed)")
+        os._exit(EXIT_PARTIAL)
+
+
+def one_line(err: BaseException) -> str:
+    """An exception as one line: its type and the first line of its message."""
+    text = str(err).strip()
+    return f"{type(err).__name__}: {text.splitlines()[0]}" if text else type(err).__name__
+
+
+def add_common_args(parser: Any, default_timeout_s: float = 300.0) -> None:
+    parser.add_argument("--out", required=True, type=Path, help="output JSON file (written by rank 0)")
+    parser.add_argument("--threads", type=int, default=None, help="torch intra-op threads per rank")
+    parser.add_argument(
+        "--timeout", type=float, default=default_timeout_s,
+        help="seconds without progress (or inside one collective) before giving up with partial results",
+    )
+    parser.add_argument("--warmup", type=int, default=None, help="warm-up iterations per measurement")
+    parser.add_argument("--repeats", type=int, default=None, help="timed repeats per measurement")
+
+
+__all__ = [
+    "EXIT_PARTIAL",
+    "Collector",
+    "CollectorError",
+    "Dist",
+    "Progress",
+    "Timer",
+    "Watchdog",
+    "add_common_args",
+    "build_model",
+    "device_name",
+    "dtype_name",
+    "load_factory",
+    "make_optimizer",
+    "one_line",
+    "run_info",
+    "scalar_loss",
+    "set_threads",
+    "trainable_parameters",
+    "utc_now",
+]

@@ -1,0 +1,404 @@
+"""Calibration files: what the torch collectors measure, and the fitted profile a scenario can name.
+
+Three measurement files come from the collectors of the top-level ``calibration`` package (which import
+torch; this module does not):
+
+* :class:`CommMeasurements` (``comm.json``, ``python -m calibration.collectives``): collective times per
+  op, message size and communicator (world, intra-node, inter-node), and the compute/communication
+  interference micro-benchmark.
+* :class:`ComputeMeasurements` (``compute.json``, ``python -m calibration.compute``): the model's
+  parameters, gradient-ready order, per-layer forward and backward times, optimizer and host times.
+* :class:`DDPMeasurements` (``ddp.json``, ``python -m calibration.ddp_step``): real DDP step times per
+  bucket cap, used only to validate predictions (never to fit them).
+
+:func:`simddp.fit.fit_profile` turns comm + compute into a :class:`CalibrationProfile` (``profile.json``).
+A scenario that says ``calibration: profile.json`` takes its cluster, model and training keys from
+:func:`scenario_defaults_from_profile`; the user's own keys override them.
+
+Every file carries ``kind`` and ``version``; a file of another kind, an unknown version or a malformed
+body raises :class:`~simddp.config.ScenarioError` with a one-line message naming the problem.
+
+Timings are summarised by the median of repeats (robust to the outliers of shared machines), with the
+10th/90th percentiles, min/max and a count of far-out values (Tukey: beyond 3 x IQR from the quartiles).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, Literal, TypeVar
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from simddp.config import CollectiveFit, LayerSpec, ParameterSpec, ScenarioError, format_validation_error
+
+#: Version of the measurement files (comm.json, compute.json, ddp.json) this simddp reads and writes.
+MEASUREMENT_VERSION = 1
+#: Version of :class:`CalibrationProfile` this simddp reads and writes.
+PROFILE_VERSION = 1
+
+CollectiveOp = Literal["all-reduce", "reduce-scatter", "all-gather", "broadcast"]
+GroupName = Literal["world", "intra-node", "inter-node"]
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+# ------------------------------------------------------------------------------------ statistics
+class TimingStats(_Frozen):
+    """Repeated timings of one measurement, summarised robustly."""
+
+    times_s: list[float] = Field(description="Every repeat after warm-up (slowest rank's time), seconds.")
+    median_s: float = Field(ge=0, description="Median of the repeats, seconds: the value fits and predictions use.")
+    p10_s: float = Field(ge=0, description="10th percentile, seconds.")
+    p90_s: float = Field(ge=0, description="90th percentile, seconds.")
+    min_s: float = Field(ge=0, description="Fastest repeat, seconds.")
+    max_s: float = Field(ge=0, description="Slowest repeat, seconds.")
+    num_outliers: int = Field(ge=0, description="Repeats beyond 3 x IQR from the quartiles (kept, but not used).")
+
+    @property
+    def spread(self) -> float:
+        """(p90 - p10) / median: the relative width of the central 80% of repeats."""
+        return (self.p90_s - self.p10_s) / self.median_s if self.median_s > 0 else 0.0
+
+    @property
+    def rel_sigma(self) -> float:
+        """A robust relative standard deviation: p10..p90 spans 2 x 1.2816 sigma of a normal distribution."""
+        return self.spread / (2 * 1.2816)
+
+
+def timing_stats(samples: Sequence[float]) -> TimingStats:
+    """Summarise repeats: median, 10th/90th percentiles, extremes and the number of far-out values."""
+    if len(samples) == 0:
+        raise ValueError("timing_stats needs at least one sample")
+    x = np.asarray(samples, dtype=float)
+    q1, med, q3 = np.percentile(x, [25, 50, 75])
+    iqr = q3 - q1
+    outliers = int(np.sum((x < q1 - 3 * iqr) | (x > q3 + 3 * iqr))) if iqr > 0 else 0
+    p10, p90 = np.percentile(x, [10, 90])
+    return TimingStats(
+        times_s=[float(v) for v in x],
+        median_s=float(med),
+        p10_s=float(p10),
+        p90_s=float(p90),
+        min_s=float(x.min()),
+        max_s=float(x.max()),
+        num_outliers=outliers,
+    )
+
+
+# ------------------------------------------------------------------------------- measurement files
+class RunInfo(_Frozen):
+    """Where and how a collector ran."""
+
+    world_size: int = Field(gt=0, description="Ranks in the run.")
+    num_nodes: int = Field(gt=0, description="Distinct hosts.")
+    ranks_per_node: int = Field(gt=0, description="Ranks on each host (the collectors need it uniform).")
+    backend: str = Field(description="torch.distributed backend: gloo or nccl ('none' for one process).")
+    device: Literal["cpu", "cuda"] = Field(description="Where tensors lived.")
+    hosts: list[str] = Field(default_factory=list, description="Host name of each rank, by rank.")
+    device_names: list[str] = Field(default_factory=list, description="Device (GPU or CPU model) of each rank.")
+    torch_version: str = Field(description="torch.__version__.")
+    nccl_version: str | None = Field(default=None, description="NCCL version torch was built with (CUDA only).")
+    num_threads: int = Field(gt=0, description="torch intra-op threads per rank (torch.get_num_threads()).")
+    started_at: str = Field(description="UTC start time, ISO 8601.")
+    argv: list[str] = Field(default_factory=list, description="Command line of the collector.")
+
+
+class CommCase(_Frozen):
+    """One collective at one message size on one communicator."""
+
+    op: CollectiveOp = Field(description="Collective.")
+    group: GroupName = Field(description="world, intra-node (ranks of one host) or inter-node (one per host).")
+    tier: Literal["intra", "inter"] = Field(description="Link tier crossed: inter when the group spans hosts.")
+    num_ranks: int = Field(gt=1, description="Ranks in the communicator.")
+    num_nodes: int = Field(gt=0, description="Hosts the communicator spans.")
+    size_bytes: int = Field(gt=0, description="nccl-tests size: the full buffer (all-gather: the output).")
+    stats: TimingStats = Field(description="Slowest rank's time per repeat.")
+
+
+class InterferenceCase(_Frozen):
+    """Compute and an all-reduce run alone, then side by side (both start together on every rank).
+
+    ``lost_fraction`` = (both - compute alone) / comm alone: the share of the collective's duration that
+    compute loses. With the simulator's model (a backward layer that starts while a collective is in
+    flight runs ``1 + i`` times slower) compute loses ``i / (1 + i)`` of it, so ``i = f / (1 - f)``.
+    """
+
+    size_bytes: int = Field(gt=0, description="All-reduce message size, bytes.")
+    compute_alone_s: float = Field(gt=0, description="Median time of the compute kernel alone, s.")
+    comm_alone_s: float = Field(gt=0, description="Median time of the all-reduce alone, s.")
+    both_s: float = Field(gt=0, description="Median time until both finish when started together, s.")
+    comm_in_both_s: float = Field(ge=0, description="Median time until the all-reduce finished, side by side, s.")
+    repeats: int = Field(gt=0, description="Repeats of each of the three measurements.")
+
+    @property
+    def lost_fraction(self) -> float:
+        return (self.both_s - self.compute_alone_s) / self.comm_alone_s
+
+
+class CommMeasurements(_Frozen):
+    """``comm.json``: collective timings from ``python -m calibration.collectives``."""
+
+    kind: Literal["simddp-comm"] = Field(description="File kind.")
+    version: int = Field(description="Measurement file version.")
+    complete: bool = Field(description="False when the collector stopped early (partial results kept).")
+    error: str | None = Field(default=None, description="Why the collector stopped early.")
+    run: RunInfo = Field(description="Where and how the collector ran.")
+    cases: list[CommCase] = Field(default_factory=list, description="One entry per op, group and size.")
+    interference: list[InterferenceCase] = Field(default_factory=list, description="Interference benchmark.")
+
+
+class MeasuredParameter(_Frozen):
+    """A parameter as ``named_parameters()`` yields it, with the module that owns it."""
+
+    name: str = Field(description="Parameter name.")
+    numel: int = Field(gt=0, description="Elements.")
+    dtype: str = Field(description="torch dtype name.")
+    module: str = Field(description="Name of the module that owns it directly ('' = the root).")
+
+
+class MeasuredLayer(_Frozen):
+    """A group of parameters whose gradients become ready together, in forward order.
+
+    ``bwd`` is the time from the previous group's gradients being ready (or backward starting) to this
+    group's; ``fwd`` is the owning module's own forward time (its children that own parameters excluded).
+    A layer without parameters holds what no module accounts for (functional ops, the loss, the input's
+    gradient at the end of backward).
+    """
+
+    name: str = Field(description="Owning module, or a label for parameter-free time.")
+    param_indices: list[int] = Field(description="Indices into the parameter list.")
+    fwd: TimingStats = Field(description="Forward time, s.")
+    bwd: TimingStats = Field(description="Backward time until this layer's gradients are ready, s.")
+
+
+class PeakRates(_Frozen):
+    """Measured device rates: they stand in for a spec sheet where simddp needs one (MFU, fallbacks)."""
+
+    matmul_flop_per_s: float = Field(gt=0, description="fp32 matmul rate of one rank, FLOP/s.")
+    copy_bytes_per_s: float = Field(gt=0, description="Large tensor copy rate (read + write), bytes/s.")
+    memory_bytes: int = Field(gt=0, description="Device memory (CPU: RAM / ranks per node), bytes.")
+
+
+class ComputeMeasurements(_Frozen):
+    """``compute.json``: per-layer times of one model from ``python -m calibration.compute``."""
+
+    kind: Literal["simddp-compute"] = Field(description="File kind.")
+    version: int = Field(description="Measurement file version.")
+    complete: bool = Field(description="False when the collector stopped early.")
+    error: str | None = Field(default=None, description="Why the collector stopped early.")
+    run: RunInfo = Field(description="Where and how the collector ran.")
+    model: str = Field(description="FILE.py:factory the model came from.")
+    optimizer: Literal["sgd", "adam", "adamw"] = Field(description="Optimizer stepped.")
+    micro_batch_size: int = Field(gt=0, description="Samples per forward (first dim of the first input).")
+    input_shapes: list[list[int]] = Field(default_factory=list, description="Shapes of the example inputs.")
+    parameters: list[MeasuredParameter] = Field(description="Trainable parameters, definition order.")
+    grad_ready_order: list[int] = Field(description="Parameter indices in gradient-ready order.")
+    layers: list[MeasuredLayer] = Field(description="Gradient-ready groups, forward order.")
+    forward: TimingStats = Field(description="Whole forward incl. loss, s.")
+    backward: TimingStats = Field(description="Whole backward, s.")
+    optimizer_step: TimingStats = Field(description="optimizer.step(), s.")
+    host: TimingStats = Field(description="Rest of the step: zero_grad and Python between the phases, s.")
+    step: TimingStats = Field(description="Whole step without DDP, s.")
+    ddp_overhead: TimingStats | None = Field(
+        default=None,
+        description="DDP step on a one-rank group minus the plain step, s: the Reducer's bucket copies and "
+        "hooks with no communication.",
+    )
+    peak: PeakRates | None = Field(default=None, description="Measured device rates.")
+
+
+class DDPCase(_Frozen):
+    """Real DDP step times at one bucket cap."""
+
+    bucket_cap_mb: float | None = Field(description="bucket_cap_mb passed to DDP (null = torch's default).")
+    num_buckets: int = Field(ge=0, description="Buckets DDP built (after its rebuild), 0 if unknown.")
+    bucket_sizes_bytes: list[int] = Field(default_factory=list, description="Bucket sizes in reduction order.")
+    stats: TimingStats = Field(description="Slowest rank's step time per measured step.")
+
+
+class DDPMeasurements(_Frozen):
+    """``ddp.json``: real DDP steps from ``torchrun -m calibration.ddp_step`` (validation only)."""
+
+    kind: Literal["simddp-ddp"] = Field(description="File kind.")
+    version: int = Field(description="Measurement file version.")
+    complete: bool = Field(description="False when the collector stopped early.")
+    error: str | None = Field(default=None, description="Why the collector stopped early.")
+    run: RunInfo = Field(description="Where and how the collector ran.")
+    model: str = Field(description="FILE.py:factory the model came from.")
+    optimizer: Literal["sgd", "adam", "adamw"] = Field(description="Optimizer stepped.")
+    micro_batch_size: int = Field(gt=0, description="Samples per forward per rank.")
+    cases: list[DDPCase] = Field(description="One entry per bucket cap.")
+
+
+# --------------------------------------------------------------------------------------- profile
+class FitReport(_Frozen):
+    """A collective fit segment with its quality: what :class:`~simddp.config.CollectiveFit` keeps, and more."""
+
+    fit: CollectiveFit = Field(description="The segment as the simulator uses it.")
+    group: GroupName = Field(description="Communicator the points came from.")
+    num_points: int = Field(gt=0, description="Message sizes in the segment.")
+    r2: float = Field(description="Coefficient of determination of the times in the segment.")
+    latency_stderr_s: float = Field(ge=0, description="Standard error of the per-step latency, s.")
+    inv_bandwidth_stderr_s_per_byte: float = Field(ge=0, description="Standard error of 1/busbw, s/byte.")
+    points: list[tuple[int, float, float]] = Field(
+        default_factory=list, description="(size_bytes, measured median s, fitted s) of each point."
+    )
+
+
+class InterferenceFit(_Frozen):
+    """The compute slowdown factor ``i`` fitted from the interference benchmark."""
+
+    value: float = Field(ge=0, description="cluster.comm_compute_interference.")
+    lost_fraction: float = Field(description="Median share of a collective's time that compute loses.")
+    lost_fraction_p10: float = Field(description="10th percentile over message sizes.")
+    lost_fraction_p90: float = Field(description="90th percentile over message sizes.")
+    note: str = Field(default="", description="How it was derived, and any clipping.")
+
+
+class CalibrationProfile(_Frozen):
+    """``profile.json``: everything a scenario needs from a calibration, and how good the fits are.
+
+    The cluster's ``intra_node``/``inter_node`` link dicts are placeholders filled with the fitted
+    all-reduce numbers: the ``collective_fits`` replace the link model for every op they cover
+    (:func:`simddp.collectives.fitted_s`), so on a CPU/gloo calibration the link ``kind`` means nothing.
+    """
+
+    kind: Literal["simddp-profile"] = Field(description="File kind.")
+    version: int = Field(description="Profile version (see PROFILE_VERSION).")
+    created_at: str = Field(description="UTC time of the fit, ISO 8601.")
+    sources: dict[str, str] = Field(default_factory=dict, description="Measurement files fitted.")
+    comm_run: RunInfo = Field(description="Run of the collective collector.")
+    compute_run: RunInfo = Field(description="Run of the compute collector.")
+    model_name: str = Field(description="FILE.py:factory of the model.")
+    fits: list[FitReport] = Field(description="Collective fits with their quality.")
+    interference: InterferenceFit = Field(description="Compute slowdown while a collective runs.")
+    compute_rel_sigma: float = Field(ge=0, description="Robust relative std of the measured step (noise).")
+    cluster: dict[str, Any] = Field(description="Scenario `cluster` keys.")
+    model: dict[str, Any] = Field(description="Scenario `model` keys: parameters, grad_ready_order, layers.")
+    training: dict[str, Any] = Field(description="Scenario `training` keys.")
+    notes: list[str] = Field(default_factory=list, description="What is measured and what is assumed.")
+
+    def scenario_defaults(self) -> dict[str, Any]:
+        """Scenario keys; the user's own keys are merged over them."""
+        return {
+            "name": f"calibrated {self.model_name}",
+            "cluster": json.loads(json.dumps(self.cluster)),
+            "model": json.loads(json.dumps(self.model)),
+            "training": dict(self.training),
+        }
+
+
+# --------------------------------------------------------------------------------------- reading
+_M = TypeVar("_M", bound=BaseModel)
+
+_KIND_OF: dict[str, tuple[type[BaseModel], int]] = {
+    "simddp-comm": (CommMeasurements, MEASUREMENT_VERSION),
+    "simddp-compute": (ComputeMeasurements, MEASUREMENT_VERSION),
+    "simddp-ddp": (DDPMeasurements, MEASUREMENT_VERSION),
+    "simddp-profile": (CalibrationProfile, PROFILE_VERSION),
+}
+
+
+def read_calibration_file(path: str | Path, expected: type[_M]) -> _M:
+    """Read and validate one calibration file; every problem is a one-line :class:`ScenarioError`."""
+    p = Path(path)
+    want = next(kind for kind, (cls, _) in _KIND_OF.items() if cls is expected)
+    if not p.exists():
+        raise ScenarioError(f"{p}: no such file")
+    if p.is_dir():
+        raise ScenarioError(f"{p}: is a directory, expected a {want} JSON file")
+    try:
+        data = json.loads(p.read_text())
+    except json.JSONDecodeError as e:
+        raise ScenarioError(f"{p}: malformed JSON at line {e.lineno} column {e.colno}: {e.msg}") from None
+    except UnicodeDecodeError:
+        raise ScenarioError(f"{p}: not a text file") from None
+    if not isinstance(data, dict):
+        raise ScenarioError(f"{p}: expected a JSON object at the top level, got {type(data).__name__}")
+    kind = data.get("kind")
+    if kind != want:
+        hint = " (is this an older simddp file, written before files carried a kind?)" if kind is None else ""
+        raise ScenarioError(f"{p}: expected kind {want!r}, got {kind!r}{hint}")
+    version = data.get("version")
+    supported = _KIND_OF[want][1]
+    if version != supported:
+        raise ScenarioError(
+            f"{p}: {want} version {version!r} is not supported (this simddp reads version {supported}); "
+            "re-run the collectors or `simddp calibrate fit` with this simddp"
+        )
+    try:
+        return expected.model_validate(data)
+    except ValidationError as err:
+        raise ScenarioError(f"{p}: malformed {want}: {format_validation_error(err)}") from None
+
+
+def load_profile(path: str | Path) -> CalibrationProfile:
+    """Read ``profile.json`` (see :class:`CalibrationProfile`)."""
+    return read_calibration_file(path, CalibrationProfile)
+
+
+def scenario_defaults_from_profile(path: str | Path) -> dict[str, Any]:
+    """Scenario keys (cluster, model, training, name) from a calibration profile.
+
+    Called by :func:`simddp.config.scenario_from_dict` for a scenario that names ``calibration``.
+    """
+    return load_profile(path).scenario_defaults()
+
+
+def write_json(model: BaseModel, path: str | Path) -> None:
+    """Write a calibration file atomically (a reader never sees half a file)."""
+    p = Path(path)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    tmp = p.with_name(p.name + ".tmp")
+    tmp.write_text(model.model_dump_json(indent=1))
+    tmp.replace(p)
+
+
+def layer_specs(layers: Sequence[MeasuredLayer]) -> list[LayerSpec]:
+    """Scenario layers with the measured median forward and backward times."""
+    return [
+        LayerSpec(name=la.name, param_indices=list(la.param_indices), fwd_time_s=la.fwd.median_s,
+                  bwd_time_s=la.bwd.median_s)
+        for la in layers
+    ]
+
+
+def parameter_specs(params: Sequence[MeasuredParameter]) -> list[ParameterSpec]:
+    return [ParameterSpec(name=p.name, numel=p.numel, dtype=p.dtype) for p in params]
+
+
+def finite(value: float) -> bool:
+    return math.isfinite(value)
+
+
+__all__ = [
+    "MEASUREMENT_VERSION",
+    "PROFILE_VERSION",
+    "CalibrationProfile",
+    "CommCase",
+    "CommMeasurements",
+    "ComputeMeasurements",
+    "DDPCase",
+    "DDPMeasurements",
+    "FitReport",
+    "InterferenceCase",
+    "InterferenceFit",
+    "MeasuredLayer",
+    "MeasuredParameter",
+    "PeakRates",
+    "RunInfo",
+    "TimingStats",
+    "layer_specs",
+    "load_profile",
+    "parameter_specs",
+    "read_calibration_file",
+    "scenario_defaults_from_profile",
+    "timing_stats",
+    "write_json",
+]

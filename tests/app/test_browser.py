@@ -1,0 +1,126 @@
+"""The dashboard in a real headless Chromium (Debian's /usr/bin/chromium, driven by Playwright).
+
+Starts ``streamlit run app/streamlit_app.py`` on a free local port, reads the planner's step time, changes the
+number of nodes and waits for the number to change, and saves a screenshot. Set ``SIMDDP_SCREENSHOT_DIR`` to
+also save one screenshot per page there (docs/img was made that way).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+APP = ROOT / "app" / "streamlit_app.py"
+CHROMIUM = Path("/usr/bin/chromium")
+CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                 "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+PAGES = ["planner", "timeline", "scaling", "memory", "whatif", "calibration", "compare"]
+
+pytestmark = pytest.mark.browser
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[str]:
+    if not CHROMIUM.exists():
+        if os.environ.get("SIMDDP_REQUIRE_BROWSER"):
+            pytest.fail("SIMDDP_REQUIRE_BROWSER is set but /usr/bin/chromium is missing (apt-get install chromium)")
+        pytest.skip("needs Debian's chromium at /usr/bin/chromium")
+    pytest.importorskip("playwright")
+    port = _free_port()
+    log = open(os.devnull, "w")  # noqa: SIM115 - closed below
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "streamlit", "run", str(APP), "--server.headless", "true",
+         "--server.address", "127.0.0.1", "--server.port", str(port), "--browser.gatherUsageStats", "false",
+         "--server.fileWatcherType", "none"],
+        cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                with urllib.request.urlopen(f"{url}/_stcore/health", timeout=2) as r:
+                    if r.read().strip() == b"ok":
+                        break
+            except OSError:
+                pass
+            if proc.poll() is not None or time.monotonic() > deadline:
+                pytest.fail(f"streamlit did not start (exit code {proc.poll()})")
+            time.sleep(0.3)
+        yield url
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        log.close()
+
+
+def test_planner_number_changes_in_chromium(server: str, tmp_path: Path) -> None:
+    from playwright.sync_api import expect, sync_playwright
+
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
+        try:
+            page = browser.new_page(viewport={"width": 1600, "height": 1100})
+            page.goto(server)
+            step = page.get_by_test_id("stMetric").filter(has_text="Step time").get_by_test_id("stMetricValue")
+            expect(step).to_have_text(re.compile(r"\d"), timeout=60_000)
+            before = step.inner_text()
+            nodes = page.get_by_label("Number of nodes")
+            expect(nodes).to_have_value("16")
+            nodes.fill("2")
+            nodes.press("Enter")
+            expect(step).not_to_have_text(before, timeout=30_000)
+            after = step.inner_text()
+            assert re.search(r"\d", after) and after != before
+            expect(page.get_by_text("on 2 x dgx-h100-80gb")).to_be_visible(timeout=30_000)
+            shot = tmp_path / "planner.png"
+            page.screenshot(path=str(shot), full_page=True)
+            assert shot.stat().st_size > 10_000
+            assert page.get_by_test_id("stException").count() == 0
+        finally:
+            browser.close()
+
+
+def test_every_page_renders_in_chromium(server: str, tmp_path: Path) -> None:
+    """Each page loads without an exception; with SIMDDP_SCREENSHOT_DIR set, screenshots go there."""
+    from playwright.sync_api import expect, sync_playwright
+
+    out = Path(os.environ.get("SIMDDP_SCREENSHOT_DIR") or tmp_path)
+    out.mkdir(parents=True, exist_ok=True)
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
+        try:
+            page = browser.new_page(viewport={"width": 1600, "height": 1100})
+            for name in PAGES:
+                page.goto(f"{server}/{name}" if name != "planner" else server)
+                expect(page.get_by_test_id("stMainBlockContainer").locator("h1").first).to_be_visible(timeout=60_000)
+                # Wait for the run to finish: the status widget shows while a script runs.
+                page.wait_for_timeout(500)
+                expect(page.get_by_test_id("stStatusWidget")).to_have_count(0, timeout=60_000)
+                if name in ("planner", "timeline", "scaling", "whatif"):
+                    expect(page.locator(".js-plotly-plot").first).to_be_visible(timeout=60_000)
+                assert page.get_by_test_id("stException").count() == 0, f"{name}: exception shown"
+                page.wait_for_timeout(800)  # let plotly finish drawing
+                page.screenshot(path=str(out / f"{name}.png"), full_page=True)
+        finally:
+            browser.close()
