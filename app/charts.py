@@ -6,6 +6,7 @@ from simddp.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -29,7 +30,8 @@ COLORS = {
     "gather": "#EECA3B",
     "other": "#54A24B",
 }
-_LAYOUT = {"margin": {"l": 10, "r": 10, "t": 40, "b": 10}, "legend": {"orientation": "h", "y": -0.2}}
+_LAYOUT = {"margin": {"l": 10, "r": 10, "t": 40, "b": 10},
+           "legend": {"orientation": "h", "yanchor": "top", "y": -0.25}}
 
 
 def _ms(seconds: float | None) -> float | None:
@@ -163,9 +165,10 @@ def scaling(sweep: ScalingSweep, mark_gpus: Sequence[int] = (128,)) -> go.Figure
     fig.update_yaxes(title_text="step time (ms)", rangemode="tozero", row=1, col=1, secondary_y=False)
     fig.update_yaxes(title_text="tokens/s", type="log", row=1, col=1, secondary_y=True)
     fig.update_yaxes(title_text="%", range=[0, 105], row=1, col=2)
-    for g in {*mark_gpus, sweep.reference_num_gpus}:
+    for g in sorted({*mark_gpus, sweep.reference_num_gpus}):
         if any(p.num_gpus == g for p in pts):
-            fig.add_vline(x=g, line_dash="dash", line_color="grey",
+            # Shapes on a log axis take log10 coordinates.
+            fig.add_vline(x=math.log10(g), line_dash="dash", line_color="grey",
                           annotation_text=f"{g} GPUs", annotation_position="top left")
     fig.update_layout(height=420, **_LAYOUT)
     return fig
@@ -196,7 +199,7 @@ def bucket_sweep(sweep: BucketCapSweep, current_cap_mb: float | None = None) -> 
     fig.add_scatter(x=caps, y=[_ms(p.exposed_comm_time_s) for p in pts], name="exposed comm (ms)",
                     mode="lines+markers", line_color=COLORS["exposed"], secondary_y=True)
     if current_cap_mb is not None:
-        fig.add_vline(x=current_cap_mb, line_dash="dash", line_color="grey",
+        fig.add_vline(x=math.log10(current_cap_mb), line_dash="dash", line_color="grey",
                       annotation_text=f"{current_cap_mb:g} MiB")
     fig.update_xaxes(type="log", title_text="bucket_cap_mb (MiB)")
     fig.update_yaxes(title_text="step time (ms)", secondary_y=False)

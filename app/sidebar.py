@@ -33,19 +33,20 @@ def sidebar() -> None:
                        f"exposed comm {result.exposed_comm_fraction:.1%}")
         st.text_input("Save as", key="save_name", placeholder=data.get("name", "scenario"),
                       help="Name under which the Compare page keeps this scenario.")
-        c1, c2 = st.columns(2)
-        c1.button("Save for Compare", on_click=_save, icon=":material/bookmark_add:", disabled=result is None)
-        c2.button("Reset to default", on_click=_reset, icon=":material/restart_alt:")
+        st.button("Save for Compare", on_click=_save, icon=":material/bookmark_add:", disabled=result is None,
+                  width="stretch", key="save_for_compare")
+        st.button("Reset to default", on_click=_reset, icon=":material/restart_alt:", width="stretch",
+                  key="reset_default")
         st.markdown("**Export**")
         st.download_button("Scenario YAML", data=lambda: state.to_yaml(data), file_name="scenario.yaml",
-                           mime="application/x-yaml", on_click="ignore", icon=":material/download:")
+                           mime="application/x-yaml", on_click="ignore", icon=":material/download:", width="stretch")
         if result is not None:
             st.download_button("Results CSV", data=lambda: result.summary_dataframe().to_csv(index=False),
                                file_name="results.csv", mime="text/csv", on_click="ignore",
-                               icon=":material/download:")
+                               icon=":material/download:", width="stretch")
             if result.trace is not None:
                 trace = result.trace
                 st.download_button("Perfetto trace", data=lambda: json.dumps(trace.to_chrome()),
                                    file_name="trace.json", mime="application/json", on_click="ignore",
-                                   icon=":material/download:",
+                                   icon=":material/download:", width="stretch",
                                    help="Chrome trace-event JSON: open it in https://ui.perfetto.dev")

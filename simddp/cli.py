@@ -70,8 +70,16 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         f"  step time              {f(ms):>12}",
         f"  compute (fwd+bwd)      {f(result.compute_time_s):>12}",
         f"  optimizer              {f(result.optimizer_time_s):>12}",
-        f"  gradient comm (total)  {f(result.comm_time_s):>12}   {len(result.buckets)} buckets, "
+        f"  data-parallel comm     {f(result.comm_time_s):>12}   {len(result.buckets)} "
+        f"{'FSDP units' if scenario.parallelism.zero_stage == 3 and result.pp == 1 else 'buckets'}, "
         f"{', '.join(algos) or '-'}",
+    ]
+    if result.tp > 1:
+        lines.append(f"  tensor-parallel comm   {f(result.tp_comm_time_s):>12}   blocking, inside the layers")
+    if result.pp > 1:
+        lines.append(f"  pipeline bubble        {f(result.pipeline_bubble_time_s):>12}   "
+                     f"{scenario.parallelism.pipeline_schedule}, {result.reported_rank}")
+    lines += [
         f"  exposed comm           {f(result.exposed_comm_time_s):>12}   "
         f"{result.exposed_comm_fraction:.1%} of the step",
         "",
@@ -81,6 +89,10 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         f"  bounds                 no overlap {f(result.bounds.no_overlap_s)}, "
         f"perfect overlap {f(result.bounds.perfect_overlap_s)}",
     ]
+    if result.memory is not None:
+        mem = result.memory
+        lines.append(f"  memory per GPU         {units.fmt_bytes(mem.total_bytes):>12}   {mem.verdict()} "
+                     f"(rank {mem.rank}, stage {mem.stage}; see `simddp memory`)")
     for note in result.not_modelled:
         lines.append(f"  not modelled: {note}")
     if args.trace:
@@ -106,6 +118,83 @@ def cmd_buckets(args: argparse.Namespace) -> int:
         last = workload.parameters[b.param_indices[-1]].name
         print(f"{b.index:>4} {units.fmt_bytes(b.size_bytes):>12} {b.dtype:>9} {len(b.param_indices):>7}  "
               f"{first} .. {last}")
+    return 0
+
+
+_MEMORY_LABELS = {
+    "params": "parameters",
+    "grads": "gradients",
+    "optimizer": "optimizer states",
+    "activations": "activations",
+    "buffers": "buffers",
+    "overhead": "overhead",
+}
+
+
+def cmd_memory(args: argparse.Namespace) -> int:
+    from simddp.memory import max_micro_batch_that_fits, memory_breakdown, smallest_layout_that_fits
+
+    scenario = _load(args)
+    if args.num_gpus is not None and not args.fit_layout:
+        raise UsageError("--num-gpus needs --fit-layout")
+    mem = memory_breakdown(scenario, stage=args.stage)
+    max_mb = max_micro_batch_that_fits(scenario) if args.max_micro_batch else None
+    layout = smallest_layout_that_fits(scenario, args.num_gpus) if args.fit_layout else None
+    if args.json:
+        out = mem.to_json_dict()
+        if max_mb is not None:
+            out["max_micro_batch"] = max_mb
+        if layout is not None:
+            out.update(layout.to_json_dict())
+        print(json.dumps(out, indent=2))
+        return 0
+    fb, tr, par = units.fmt_bytes, scenario.training, scenario.parallelism
+    flight = f"{mem.in_flight_micro_batches:g}"
+    lines = [
+        f"Memory     {scenario.name}: {mem.model} on {scenario.cluster.num_nodes} x "
+        f"{scenario.cluster.preset or 'custom'} ({mem.num_gpus} x {mem.gpu}), dp={mem.dp} tp={mem.tp} pp={mem.pp}, "
+        f"ZeRO-{mem.zero_stage}{', SP' if par.sequence_parallel else ''}",
+        f"Training   {mem.precision}, {mem.optimizer}, recompute {mem.recompute}, micro-batch "
+        f"{tr.micro_batch_size} x {tr.seq_len} tokens, {flight} in flight",
+        f"GPU        rank {mem.rank} (pipeline stage {mem.stage} of {mem.pp}), {mem.num_params:,} parameters "
+        "before ZeRO sharding",
+        "",
+    ]
+    for category, label in _MEMORY_LABELS.items():
+        items = [i for i in mem.items if i.category == category]
+        size = sum(i.size_bytes for i in items)
+        if len(items) == 1:
+            lines.append(f"  {label:<28}{fb(size):>12}   {items[0].note}")
+            continue
+        lines.append(f"  {label:<28}{fb(size):>12}")
+        for i in items:
+            lines.append(f"    {i.name:<26}{fb(i.size_bytes):>12}   {i.note}")
+    lines += [
+        f"  {'-' * 40}",
+        f"  {'total':<28}{fb(mem.total_bytes):>12}   {mem.verdict()}",
+    ]
+    if mem.pp > 1:
+        stages = ", ".join(f"{s}: {fb(b)}" for s, b in enumerate(mem.stage_total_bytes))
+        lines.append(f"  per pipeline stage: {stages}")
+    for note in mem.notes:
+        lines.append(f"  note: {note}")
+    if max_mb is not None:
+        kept = f" (global batch {tr.global_batch_size} kept)" if tr.global_batch_size else ""
+        lines += ["", f"Largest micro-batch that fits: {max_mb}{kept}" if max_mb else
+                  "No micro-batch fits, not even 1"]
+    if layout is not None:
+        lines += ["", f"Layouts on {layout.num_gpus} GPUs ({layout.num_layouts} valid layouts evaluated):"]
+        rows = [("current", layout.current), ("smallest ZeRO stage", layout.smallest_zero_stage),
+                ("smallest tp", layout.smallest_tp), ("smallest pp", layout.smallest_pp),
+                ("least model parallel", layout.best)]
+        for name, fit in rows:
+            if fit is None:
+                lines.append(f"  {name:<22}none fits" if name != "current" else f"  {name:<22}invalid layout")
+                continue
+            verdict = "fits" if fit.fits else "does not fit"
+            lines.append(f"  {name:<22}ZeRO-{fit.zero_stage} tp={fit.tp} pp={fit.pp} dp={fit.dp}"
+                         f"{fb(fit.total_bytes):>14}   {verdict}")
+    print("\n".join(lines))
     return 0
 
 
@@ -210,6 +299,15 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("buckets", help="DDP gradient buckets, exactly as torch builds them")
     scenario_args(p)
     p.set_defaults(func=cmd_buckets)
+
+    p = sub.add_parser("memory", help="per-GPU memory: model states, activations, buffers; does it fit?")
+    scenario_args(p)
+    p.add_argument("--stage", type=int, help="report this pipeline stage (default: the most loaded)")
+    p.add_argument("--max-micro-batch", action="store_true", help="also find the largest micro-batch that fits")
+    p.add_argument("--fit-layout", action="store_true",
+                   help="also find the smallest ZeRO stage, tp or pp that fits")
+    p.add_argument("--num-gpus", type=int, help="GPUs for --fit-layout (default: the scenario's cluster)")
+    p.set_defaults(func=cmd_memory)
 
     from simddp.collectives import ALGORITHMS, OPS
 

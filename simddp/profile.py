@@ -50,20 +50,20 @@ class _Frozen(BaseModel):
 
 # ------------------------------------------------------------------------------------ statistics
 class TimingStats(_Frozen):
-    """Repeated timings of one measurement, summarised robustly."""
+    """Repeated timings of one measurement, summarised robustly (a difference of times may be negative)."""
 
     times_s: list[float] = Field(description="Every repeat after warm-up (slowest rank's time), seconds.")
-    median_s: float = Field(ge=0, description="Median of the repeats, seconds: the value fits and predictions use.")
-    p10_s: float = Field(ge=0, description="10th percentile, seconds.")
-    p90_s: float = Field(ge=0, description="90th percentile, seconds.")
-    min_s: float = Field(ge=0, description="Fastest repeat, seconds.")
-    max_s: float = Field(ge=0, description="Slowest repeat, seconds.")
+    median_s: float = Field(description="Median of the repeats, seconds: the value fits and predictions use.")
+    p10_s: float = Field(description="10th percentile, seconds.")
+    p90_s: float = Field(description="90th percentile, seconds.")
+    min_s: float = Field(description="Fastest repeat, seconds.")
+    max_s: float = Field(description="Slowest repeat, seconds.")
     num_outliers: int = Field(ge=0, description="Repeats beyond 3 x IQR from the quartiles (kept, but not used).")
 
     @property
     def spread(self) -> float:
         """(p90 - p10) / median: the relative width of the central 80% of repeats."""
-        return (self.p90_s - self.p10_s) / self.median_s if self.median_s > 0 else 0.0
+        return (self.p90_s - self.p10_s) / abs(self.median_s) if self.median_s else 0.0
 
     @property
     def rel_sigma(self) -> float:

@@ -8,6 +8,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from simddp.memory import MemoryBreakdown
+
 
 class _Result(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -73,7 +75,9 @@ class Bounds(_Result):
 
     no_overlap_s: float = Field(description="Compute, then every all-reduce, then the optimizer.")
     perfect_overlap_s: float = Field(description="Lower bound: communication hidden as far as causality allows.")
-    in_order_overlap_s: float = Field(description="Exact FIFO recurrence of one NCCL stream (equals the sim).")
+    in_order_overlap_s: float | None = Field(
+        description="Exact FIFO recurrence of one NCCL stream (equals the sim); null for ZeRO-3/FSDP."
+    )
 
 
 class StepResult(_Result):
@@ -110,6 +114,7 @@ class StepResult(_Result):
     buckets: list[BucketTiming]
     bounds: Bounds
     not_modelled: list[str] = Field(default_factory=list)
+    memory: MemoryBreakdown | None = Field(default=None, description="Peak memory of the most loaded GPU.")
     trace: Trace | None = None
 
     @property

@@ -71,6 +71,22 @@ class BucketCapPoint(PointMetrics):
     bucket_cap_mb: float = Field(description="Bucket cap, MiB (as torch reads it).")
 
 
+class StrategyPoint(PointMetrics):
+    """The scenario with one parallel strategy, on the same GPUs; memory by category (simddp.memory)."""
+
+    strategy: str = Field(description="Label, e.g. 'DDP', 'ZeRO-2', 'TP=8'.")
+    zero_stage: int = Field(description="ZeRO stage of the variant.")
+    tp: int = Field(description="Tensor-parallel degree of the variant.")
+    pp: int = Field(description="Pipeline-parallel degree of the variant.")
+    params_bytes: int | None = Field(default=None, description="Parameters, bytes per GPU.")
+    grads_bytes: int | None = Field(default=None, description="Gradients, bytes per GPU.")
+    optimizer_bytes: int | None = Field(default=None, description="Master weights + optimizer states, bytes.")
+    activations_bytes: int | None = Field(default=None, description="Activations, bytes per GPU.")
+    buffers_bytes: int | None = Field(default=None, description="Bucket, gather, pipeline and NCCL buffers.")
+    overhead_bytes: int | None = Field(default=None, description="CUDA context and fragmentation.")
+    capacity_bytes: int | None = Field(default=None, description="Device memory, bytes.")
+
+
 class GridPoint(PointMetrics):
     """The scenario with two keys set."""
 
@@ -108,6 +124,16 @@ class BucketCapSweep(_Sweep):
     scenario: str = Field(description="Name of the swept scenario.")
     reference_bucket_cap_mb: float | None = Field(description="The scenario's own cap (null = torch's default).")
     points: list[BucketCapPoint]
+
+    def to_dataframe(self) -> Any:
+        return _frame(self.points)
+
+
+class StrategySweep(_Sweep):
+    """One scenario under several parallel strategies on the same GPUs, side by side."""
+
+    scenario: str = Field(description="Name of the swept scenario.")
+    points: list[StrategyPoint]
 
     def to_dataframe(self) -> Any:
         return _frame(self.points)
@@ -248,6 +274,10 @@ def _metrics(data: dict[str, Any]) -> dict[str, Any]:
     return evaluate(data)[0].model_dump()
 
 
+_MEMORY_FIELDS = ("params_bytes", "grads_bytes", "optimizer_bytes", "activations_bytes", "buffers_bytes",
+                  "overhead_bytes", "capacity_bytes")
+
+
 # ---------------------------------------------------------------------------------------- sweeps
 def default_gpu_counts(gpus_per_node: int, max_gpus: int = 2048) -> list[int]:
     """1, 2, 4, ... up to one node, then whole nodes doubling up to ``max_gpus`` (always a node multiple)."""
@@ -304,6 +334,54 @@ def bucket_cap_sweep(
     return BucketCapSweep(scenario=ref.name, reference_bucket_cap_mb=ref.ddp.bucket_cap_mb, points=points)
 
 
+def default_strategies(scenario: Scenario, tp: int | None = None, pp: int | None = None) -> dict[str, dict[str, Any]]:
+    """DDP, ZeRO-1/2/3, tensor parallel (default: a whole node) and pipeline parallel (default: 4 stages).
+
+    Each is a ``parallelism`` section; the TP variant keeps sequence parallelism when the scenario uses it.
+    """
+    tp = tp or scenario.cluster.gpus_per_node
+    pp = pp or 4
+    base = {"dp": None, "tp": 1, "pp": 1, "zero_stage": 0, "sequence_parallel": False,
+            "pipeline_schedule": "1f1b", "virtual_stages": 1}
+    return {
+        "DDP": base,
+        "ZeRO-1": {**base, "zero_stage": 1},
+        "ZeRO-2": {**base, "zero_stage": 2},
+        "ZeRO-3 (FSDP)": {**base, "zero_stage": 3},
+        f"TP={tp}": {**base, "tp": tp, "sequence_parallel": scenario.parallelism.sequence_parallel and tp > 1},
+        f"PP={pp}": {**base, "pp": pp},
+    }
+
+
+def strategy_sweep(
+    scenario: Scenario | dict[str, Any], strategies: dict[str, dict[str, Any]] | None = None
+) -> StrategySweep:
+    """The scenario under each parallel strategy (a ``parallelism`` section), on the same GPUs and batch.
+
+    Default strategies: :func:`default_strategies`. dp follows the GPUs; a strategy the scenario's rules
+    forbid (heads, layers, batch) becomes a point with its error.
+    """
+    base = as_scenario_dict(scenario)
+    ref = scenario_from_dict(base)
+    strategies = strategies if strategies is not None else default_strategies(ref)
+    points = []
+    for label, parallelism in strategies.items():
+        variant = copy.deepcopy(base)
+        variant["parallelism"] = {**variant.get("parallelism", {}), **parallelism}
+        metrics, result = evaluate(variant)
+        memory = getattr(result, "memory", None)
+        extra = {f: getattr(memory, f) for f in _MEMORY_FIELDS} if memory is not None else {}
+        points.append(StrategyPoint(
+            strategy=label,
+            zero_stage=parallelism.get("zero_stage", 0),
+            tp=parallelism.get("tp", 1),
+            pp=parallelism.get("pp", 1),
+            **metrics.model_dump(),
+            **extra,
+        ))
+    return StrategySweep(scenario=ref.name, points=points)
+
+
 def grid_sweep(
     scenario: Scenario | dict[str, Any],
     x_path: str,
@@ -335,14 +413,18 @@ __all__ = [
     "PointMetrics",
     "ScalingPoint",
     "ScalingSweep",
+    "StrategyPoint",
+    "StrategySweep",
     "as_scenario_dict",
     "bucket_cap_sweep",
     "default_gpu_counts",
+    "default_strategies",
     "evaluate",
     "get_path",
     "grid_sweep",
     "scaling_sweep",
     "scenario_to_dict",
     "set_value",
+    "strategy_sweep",
     "with_values",
 ]

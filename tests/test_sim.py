@@ -178,3 +178,26 @@ def test_simulator_within_analytical_bounds(sizes, cap, nodes) -> None:
 
 def test_fifo_schedule() -> None:
     assert in_order_schedule([0, 1, 1.5], [2, 1, 1]) == [(0, 2), (2, 3), (3, 4)]
+
+
+def test_fsdp_gathers_twice_and_reduce_scatters_once_per_micro_batch() -> None:
+    data = deep_merge(base_scenario(), {"parallelism": {"zero_stage": 3},
+                                        "training": {"global_batch_size": 128}})
+    r = simulate(data)
+    assert r.num_micro_batches == 2
+    assert len(r.buckets) == 12 + 2  # one FSDP unit per block, plus embedding and head units
+    assert r.bounds.perfect_overlap_s <= r.step_time_s <= r.bounds.no_overlap_s * (1 + 1e-12)
+    spans = r.trace.spans if r.trace else []
+    gathers = [s for s in spans if s.name.startswith("all-gather")]
+    reduces = [s for s in spans if s.name.startswith("reduce-scatter")]
+    assert len(gathers) == 2 * 2 * 14 and len(reduces) == 2 * 14
+    assert r.comm_time_s == pytest.approx(sum(s.end_s - s.start_s for s in gathers + reduces))
+
+
+def test_fsdp_on_a_slow_network_exposes_communication() -> None:
+    fast = simulate(deep_merge(base_scenario(), {"parallelism": {"zero_stage": 3}}))
+    slow = simulate(deep_merge(base_scenario(), {"parallelism": {"zero_stage": 3},
+                                                 "cluster": {"inter_node": {"nic_bandwidth_bytes_per_s": 1e8}}}))
+    assert slow.exposed_comm_time_s > fast.exposed_comm_time_s
+    assert slow.step_time_s == pytest.approx(slow.compute_time_s + slow.optimizer_time_s
+                                             + slow.exposed_comm_time_s, rel=1e-9)

@@ -56,7 +56,7 @@ saved = state.saved_scenarios()
 if not saved:
     st.info("Nothing saved yet.", icon=":material/info:")
     st.button("Add the planner's scenario and four variations of it", on_click=_add_examples,
-              icon=":material/library_add:")
+              icon=":material/library_add:", key="compare_examples")
 else:
     results = {}
     memory: dict[str, float | None] = {}
@@ -74,8 +74,8 @@ else:
     with st.container(border=True):
         c1, c2, c3 = st.columns([2, 1, 1])
         pick = c1.selectbox("Scenario", list(saved), key="compare_pick", label_visibility="collapsed")
-        c2.button("Load into planner", on_click=_load, args=(pick,), icon=":material/upload:")
-        c3.button("Remove all", on_click=_clear, icon=":material/delete:")
+        c2.button("Load into planner", on_click=_load, args=(pick,), icon=":material/upload:", key="compare_load")
+        c3.button("Remove all", on_click=_clear, icon=":material/delete:", key="compare_clear")
         st.download_button("Download selected as YAML", data=lambda: state.to_yaml(saved[pick]),
                            file_name=f"{pick}.yaml", mime="application/x-yaml", on_click="ignore",
                            icon=":material/download:")

@@ -89,7 +89,7 @@ col_model, col_cluster, col_layout = st.columns(3, gap="medium", border=True)
 # ---------------------------------------------------------------------------------- model & batch
 with col_model:
     st.subheader("Model and batch")
-    model_options = list(MODEL_PRESETS) + [CUSTOM_TRANSFORMER]
+    model_options = [*MODEL_PRESETS, CUSTOM_TRANSFORMER]
     if "parameters" in data.get("model", {}) and data["model"].get("parameters"):
         model_options.append(CUSTOM_PARAMETERS)
     m = data.get("model", {})

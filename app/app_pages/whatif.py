@@ -55,24 +55,28 @@ def _apply(data: dict[str, Any]) -> None:
     state.forget_widgets(PREFIX)
 
 
-def _metric_row(base: StepResult, new: StepResult) -> None:
+def _metric_row(base: StepResult, new: StepResult, changed: bool) -> None:
+    """What-if numbers, with deltas against the planner once a slider moved."""
+
+    def delta(text: str) -> str | None:
+        return text if changed else None
+
     c = st.columns(5)
-    c[0].metric("Step time", units.fmt_time(new.step_time_s), border=True,
-                delta=f"{(new.step_time_s - base.step_time_s) / units.MS:+.2f} ms", delta_color="inverse")
-    c[1].metric("Exposed communication", f"{new.exposed_comm_fraction:.1%}", border=True,
-                delta=f"{100 * (new.exposed_comm_fraction - base.exposed_comm_fraction):+.2f} pt",
-                delta_color="inverse")
+    c[0].metric("Step time", units.fmt_time(new.step_time_s), border=True, delta_color="inverse",
+                delta=delta(f"{(new.step_time_s - base.step_time_s) / units.MS:+.2f} ms"))
+    c[1].metric("Exposed communication", f"{new.exposed_comm_fraction:.1%}", border=True, delta_color="inverse",
+                delta=delta(f"{100 * (new.exposed_comm_fraction - base.exposed_comm_fraction):+.2f} pt"))
     c[2].metric("Tokens / s", f"{new.tokens_per_s:,.0f}", border=True,
-                delta=f"{new.tokens_per_s - base.tokens_per_s:+,.0f}")
-    c[3].metric("MFU", f"{new.mfu:.1%}", delta=f"{100 * (new.mfu - base.mfu):+.2f} pt", border=True)
+                delta=delta(f"{new.tokens_per_s - base.tokens_per_s:+,.0f}"))
+    c[3].metric("MFU", f"{new.mfu:.1%}", border=True, delta=delta(f"{100 * (new.mfu - base.mfu):+.2f} pt"))
     mem_new, mem_base = getattr(new, "memory", None), getattr(base, "memory", None)
     if mem_new is not None and mem_base is not None:
-        c[4].metric("Memory / GPU", units.fmt_bytes(mem_new.total_bytes), border=True,
-                    delta=f"{(mem_new.total_bytes - mem_base.total_bytes) / units.GiB:+.2f} GiB"
-                    + ("" if mem_new.fits else " (does NOT fit)"), delta_color="inverse")
+        fits = "" if mem_new.fits else " (does NOT fit)"
+        c[4].metric("Memory / GPU", units.fmt_bytes(mem_new.total_bytes) + fits, border=True, delta_color="inverse",
+                    delta=delta(f"{(mem_new.total_bytes - mem_base.total_bytes) / units.GiB:+.2f} GiB"))
     else:
-        c[4].metric("Buckets", len(new.buckets), delta=len(new.buckets) - len(base.buckets), delta_color="off",
-                    border=True)
+        c[4].metric("Buckets", len(new.buckets), border=True, delta_color="off",
+                    delta=delta(f"{len(new.buckets) - len(base.buckets):+d}"))
 
 
 st.title("What-if")
@@ -124,11 +128,11 @@ if base_s is not None and base is not None:
 
     new = state.simulate(what_if)
     c1, c2, _ = st.columns([1, 1, 4])
-    c1.button("Reset sliders", on_click=_reset, icon=":material/restart_alt:")
+    c1.button("Reset sliders", on_click=_reset, icon=":material/restart_alt:", key="whatif_reset")
     c2.button("Apply to planner", on_click=_apply, args=(what_if,), icon=":material/check:",
-              disabled=new is None or not updates)
+              disabled=new is None or not updates, key="whatif_apply")
     if new is not None:
-        _metric_row(base, new)
+        _metric_row(base, new, bool(updates))
         st.plotly_chart(charts.compare({"planner": base, "what-if": new}), key="whatif_compare")
 
         view = st.segmented_control("Explore", ["Bucket-cap sweep", "Heatmap"], default="Bucket-cap sweep",

@@ -16,7 +16,7 @@ gradient send/recv between stages; each rank's gradients become ready during its
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 import simpy
 
@@ -25,7 +25,9 @@ from simddp.bucketing import Bucket, ddp_buckets
 from simddp.collectives import collective_cost
 from simddp.compute import LayerTiming, layer_timing, optimizer_step_s
 from simddp.config import ParameterSpec, Scenario
+from simddp.memory import memory_breakdown
 from simddp.results import BucketTiming, Bounds, Span, StepResult, Trace
+from simddp.sim.fsdp import FsdpUnit, fsdp_micro_step
 from simddp.sim.pipeline import PipeOp, PipelineClock, pipeline_rank, schedule
 from simddp.sim.processes import BucketPlan, StreamState, comm_stream, compute_stream
 from simddp.topology import dp_group, group, tp_group
@@ -36,10 +38,10 @@ from simddp.workload import Layer, Workload, build_workload
 def not_modelled(scenario: Scenario) -> list[str]:
     """What this scenario asks for that the step time does not include, said plainly."""
     par, notes = scenario.parallelism, []
-    if par.zero_stage == 3:
+    if par.zero_stage == 3 and par.pp > 1:
         notes.append(
-            "zero_stage=3: timed as ZeRO-2 (gradient reduce-scatter, parameter all-gather after the step); "
-            "per-layer parameter all-gathers in forward and backward are not timed"
+            "zero_stage=3 with pp > 1: timed as ZeRO-2 (gradient reduce-scatter, parameter all-gather after "
+            "the step); per-layer parameter all-gathers are only timed without pipeline parallelism"
         )
     if par.tp > 1 and scenario.model.transformer is None:
         notes.append(f"tp={par.tp}: tensor-parallel collectives are only timed for transformer models")
@@ -68,6 +70,7 @@ class _Rank:
     gather_s: float = 0.0
     compute_end_s: float = 0.0
     end_s: float = 0.0
+    fsdp_units: list[FsdpUnit] = field(default_factory=list)
 
     def grads_of(self, layer: Layer) -> list[int]:
         bucket_of = {p: b.index for b in self.buckets for p in b.param_indices}
@@ -131,7 +134,7 @@ def _make_rank(scenario: Scenario, workload: Workload, index: int, env: simpy.En
     stage_workload = replace(workload, parameters=tuple(params))
     opt_s = optimizer_step_s(stage_workload, gpu, tr, shard=shard) if params else 0.0
     gather_s = 0.0
-    if par.zero_stage >= 1 and params:
+    if par.zero_stage >= 1 and params and not (par.zero_stage == 3 and par.pp == 1):
         gather_s = collective_cost("all-gather", sum(p.numel * dtype_bytes(p.dtype) for p in working), dp).time_s
     return _Rank(
         index=index,
@@ -176,7 +179,10 @@ def simulate_step(scenario: Scenario, trace: bool = True) -> StepResult:
     ranks = [_make_rank(scenario, workload, r, env) for r in range(par.pp)]
     m = scenario.num_micro_batches
 
-    if par.pp == 1:
+    fsdp = par.zero_stage == 3 and par.pp == 1
+    if fsdp:
+        _run_fsdp(env, scenario, workload, ranks[0], spans)
+    elif par.pp == 1:
         rank = ranks[0]
 
         def record(plan: BucketPlan, start: float, end: float) -> None:
@@ -200,18 +206,33 @@ def simulate_step(scenario: Scenario, trace: bool = True) -> StepResult:
     tp_comm_s = m * sum(t.tp_comm_s for t in rank.timings)
     tail_s = rank.opt_s + rank.gather_s + cluster.host_overhead_s
     comm_s = sum(costs) + rank.gather_s
-    exposed_dp_s = max(0.0, rank.end_s - rank.opt_s - rank.gather_s - rank.compute_end_s) + rank.gather_s
-    bubble_s = max(0.0, rank.compute_end_s - compute_s - tp_comm_s)
-    bounds = Bounds(
-        no_overlap_s=no_overlap_step_s(rank.compute_end_s, costs, tail_s),
-        perfect_overlap_s=perfect_overlap_step_s(rank.compute_end_s, readies, costs, tail_s),
-        in_order_overlap_s=in_order_overlap_step_s(rank.compute_end_s, readies, costs, tail_s),
-    )
+    # Waiting on the reported rank: with a pipeline, idle time inside the schedule is the bubble (and
+    # send/recv); otherwise (DDP, FSDP) any wait inside or after the compute timeline is communication.
+    pre_tail_s = rank.end_s - rank.opt_s - rank.gather_s
+    if par.pp > 1:
+        bubble_s = max(0.0, rank.compute_end_s - compute_s - tp_comm_s)
+        exposed_dp_s = max(0.0, pre_tail_s - rank.compute_end_s) + rank.gather_s
+    else:
+        bubble_s = 0.0
+        exposed_dp_s = max(0.0, pre_tail_s - compute_s - tp_comm_s) + rank.gather_s
+    if fsdp:
+        # Every micro-batch gathers each unit twice and reduce-scatters it once.
+        comm_s = m * sum(u.gather_s * 2 + u.reduce_s for u in rank.fsdp_units)
+        bounds = Bounds(
+            no_overlap_s=compute_s + tp_comm_s + comm_s + tail_s,
+            perfect_overlap_s=max(compute_s + tp_comm_s, comm_s) + tail_s,
+            in_order_overlap_s=None,
+        )
+    else:
+        bounds = Bounds(
+            no_overlap_s=no_overlap_step_s(rank.compute_end_s, costs, tail_s),
+            perfect_overlap_s=perfect_overlap_step_s(rank.compute_end_s, readies, costs, tail_s),
+            in_order_overlap_s=in_order_overlap_step_s(rank.compute_end_s, readies, costs, tail_s),
+        )
     gbs = scenario.global_batch_size
     gpu = cluster.gpu
-    one_gpu_s = m * sum(t.compute_s for r in ranks for t in r.timings) / par.pp + rank.opt_s * (
-        scenario.dp if par.zero_stage >= 1 else 1
-    ) + cluster.host_overhead_s
+    # The same per-GPU work (including a sharded optimizer step) without communication or bubbles.
+    one_gpu_s = compute_s + rank.opt_s + cluster.host_overhead_s
     return StepResult(
         scenario=scenario.name,
         model=scenario.model.name,
@@ -251,6 +272,7 @@ def simulate_step(scenario: Scenario, trace: bool = True) -> StepResult:
         ],
         bounds=bounds,
         not_modelled=not_modelled(scenario) + workload.notes,
+        memory=memory_breakdown(scenario, workload),
         trace=Trace(spans=spans) if trace else None,
     )
 
@@ -298,3 +320,51 @@ def _run_pipeline(
         comm = env.process(comm_stream(env, rank.plans, rank.ready_events, None if ddp.overlap else compute,
                                        record, spans, rank.state, stream=f"comm{suffix}"))
         env.process(_finish(env, rank, compute, comm, spans, suffix))
+
+
+def _fsdp_units(scenario: Scenario, rank: _Rank) -> list[FsdpUnit]:
+    """One unit per transformer block (root unit: embeddings, head), or per layer of other models."""
+    groups: dict[str, list[int]] = {}
+    for i, layer in enumerate(rank.layers):
+        parts = layer.name.split(".")
+        key = ".".join(parts[:2]) if parts[0] == "layers" and len(parts) > 2 else layer.name
+        if scenario.model.transformer is not None and not layer.name.startswith("layers."):
+            key = "embed" if i == 0 else "head"
+        groups.setdefault(key, []).append(i)
+    dp = dp_group(scenario)
+    units = []
+    for k, (name, idx) in enumerate(groups.items()):
+        gids = sorted({g for i in idx for g in rank.layers[i].param_indices})
+        grad_bytes = sum(rank.params[rank.local[g]].numel * dtype_bytes(rank.params[rank.local[g]].dtype)
+                         for g in gids)
+        working = sum(p.numel * dtype_bytes(p.dtype) for p in (rank.params[rank.local[g]] for g in gids))
+        gather = collective_cost("all-gather", working, dp).time_s if gids else 0.0
+        reduce = collective_cost("reduce-scatter", grad_bytes, dp).time_s if gids else 0.0
+        units.append(FsdpUnit(k, name, tuple(idx), gather, reduce, grad_bytes))
+    return units
+
+
+def _run_fsdp(env: simpy.Environment, scenario: Scenario, workload: Workload, rank: _Rank,
+              spans: list[Span]) -> None:
+    """ZeRO-3 / FSDP: every micro-batch gathers and reduce-scatters unit by unit; then the sharded step."""
+    rank.fsdp_units = _fsdp_units(scenario, rank)
+    gather_lock, reduce_lock = simpy.Resource(env, 1), simpy.Resource(env, 1)
+    m = scenario.num_micro_batches
+    rank.buckets = [
+        Bucket(index=u.index, param_indices=[], size_bytes=u.grad_bytes, dtype="mixed", cap_bytes=0)
+        for u in rank.fsdp_units
+    ]
+    rank.plans = [BucketPlan(u.index, u.grad_bytes, 0, u.reduce_s, "reduce-scatter/unit") for u in rank.fsdp_units]
+
+    def record(unit: FsdpUnit, ready: float, start: float, end: float) -> None:
+        rank.ready_at[unit.index] = ready
+        rank.timing_of[unit.index] = (start, end)
+
+    def micro_steps() -> simpy.events.ProcessGenerator:
+        for k in range(m):
+            yield from fsdp_micro_step(env, rank.timings, rank.fsdp_units, gather_lock, reduce_lock, spans,
+                                       record if k == m - 1 else None, scenario.cluster.comm_compute_interference)
+
+    compute = env.process(micro_steps())
+    done = env.event().succeed()
+    env.process(_finish(env, rank, compute, done, spans, ""))

@@ -43,12 +43,11 @@ def server() -> Iterator[str]:
         pytest.skip("needs Debian's chromium at /usr/bin/chromium")
     pytest.importorskip("playwright")
     port = _free_port()
-    log = open(os.devnull, "w")  # noqa: SIM115 - closed below
     proc = subprocess.Popen(
         [sys.executable, "-m", "streamlit", "run", str(APP), "--server.headless", "true",
          "--server.address", "127.0.0.1", "--server.port", str(port), "--browser.gatherUsageStats", "false",
          "--server.fileWatcherType", "none"],
-        cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
+        cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )
     url = f"http://127.0.0.1:{port}"
     try:
@@ -71,7 +70,6 @@ def server() -> Iterator[str]:
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
-        log.close()
 
 
 def test_planner_number_changes_in_chromium(server: str, tmp_path: Path) -> None:
@@ -85,7 +83,7 @@ def test_planner_number_changes_in_chromium(server: str, tmp_path: Path) -> None
             step = page.get_by_test_id("stMetric").filter(has_text="Step time").get_by_test_id("stMetricValue")
             expect(step).to_have_text(re.compile(r"\d"), timeout=60_000)
             before = step.inner_text()
-            nodes = page.get_by_label("Number of nodes")
+            nodes = page.get_by_role("spinbutton", name="Number of nodes")
             expect(nodes).to_have_value("16")
             nodes.fill("2")
             nodes.press("Enter")

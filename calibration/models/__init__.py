@@ -1,0 +1,1 @@
+"""Example model factories for the collectors: each returns ``(model, example_inputs)``."""

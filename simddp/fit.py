@@ -1,0 +1,307 @@
+"""Fit a :class:`~simddp.profile.CalibrationProfile` from collector measurements (numpy least squares).
+
+Collectives (alpha-beta per op and link tier). The model is the one :func:`simddp.collectives.fitted_s`
+evaluates: time = steps(n) x alpha + data(n) x size / busbw, with ring step counts (all-reduce 2(n-1),
+the others n-1) and nccl-tests data factors (all-reduce 2(n-1)/n, reduce-scatter and all-gather
+(n-1)/n, broadcast 1). Fitting in those units is what lets a fit made on n ranks predict another world
+size. The least squares are weighted by 1/time, so that a 1 KiB and a 256 MiB message count alike
+(relative residuals); alpha >= 0 and 1/busbw >= 0 are enforced by dropping a term that comes out
+negative. Libraries change protocol or algorithm with the message size (NCCL LL -> LL128 -> Simple,
+gloo's ring vs. halving-doubling), so the sizes are split into up to three contiguous segments, each
+with its own fit; the split is the one with the lowest BIC (Schwarz 1978) over relative residuals, each
+segment holding at least ``MIN_POINTS`` sizes. Each segment reports R², the relative RMS residual and
+the standard errors of alpha and 1/busbw (from the weighted residual variance and (XᵀWX)⁻¹).
+
+Compute: per-layer medians of the measured forward and backward times (see ``calibration.compute``),
+the measured optimizer step, and a host overhead of the rest of the step plus the Reducer's own work.
+
+Interference: ``i = f / (1 - f)`` from the median share ``f`` of a collective's time that compute loses
+beside it (:class:`~simddp.profile.InterferenceCase`), clipped to ``f <= MAX_LOST_FRACTION``.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import itertools
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from simddp.collectives import BUSBW_FACTOR
+from simddp.config import CollectiveFit, ScenarioError
+from simddp.profile import (
+    PROFILE_VERSION,
+    CalibrationProfile,
+    CommCase,
+    CommMeasurements,
+    ComputeMeasurements,
+    FitReport,
+    InterferenceFit,
+    layer_specs,
+    parameter_specs,
+)
+from simddp.units import TFLOP
+
+MIN_POINTS = 3
+MAX_SEGMENTS = 3
+MAX_LOST_FRACTION = 0.95
+#: 1/busbw when a segment shows no bandwidth term at all (flat, latency-bound): 1e18 bytes/s.
+NO_BANDWIDTH_TERM = 1e-18
+
+
+def ring_steps(op: str, num_ranks: int) -> int:
+    """Latency steps of the ring (or chain) algorithm, as :func:`simddp.collectives.fitted_s` counts them."""
+    return 2 * (num_ranks - 1) if op == "all-reduce" else num_ranks - 1
+
+
+@dataclass(frozen=True)
+class Segment:
+    """One alpha-beta segment of a piecewise fit."""
+
+    lo: int  # index of the first point
+    hi: int  # index one past the last point
+    latency_per_step_s: float
+    inv_bandwidth_s_per_byte: float
+    latency_stderr_s: float
+    inv_bandwidth_stderr: float
+    rel_rms: float
+    r2: float
+    rel_sse: float
+
+
+def _fit_segment(x_steps: np.ndarray, x_bytes: np.ndarray, t: np.ndarray, lo: int, hi: int) -> Segment:
+    """Weighted (1/t) least squares of t = steps a + bytes g on points lo..hi-1, with a, g >= 0."""
+    a_col, g_col, y = x_steps[lo:hi], x_bytes[lo:hi], t[lo:hi]
+    w = 1.0 / y
+    design = np.column_stack([a_col * w, g_col * w])
+    target = np.ones_like(y)  # y * w
+    n = hi - lo
+    active = [0, 1]
+    coef = np.zeros(2)
+    for _ in range(2):
+        sol, *_ = np.linalg.lstsq(design[:, active], target, rcond=None)
+        coef = np.zeros(2)
+        coef[active] = sol
+        negative = [k for k in active if coef[k] < 0]
+        if not negative:
+            break
+        active = [k for k in active if k not in negative]
+        if not active:
+            break
+    fitted = a_col * coef[0] + g_col * coef[1]
+    rel = (fitted - y) / y
+    rel_sse = float(np.sum(rel**2))
+    dof = max(1, n - len(active))
+    sigma2 = rel_sse / dof
+    stderr = np.zeros(2)
+    if active:
+        xa = design[:, active]
+        try:
+            cov = sigma2 * np.linalg.inv(xa.T @ xa)
+            stderr[active] = np.sqrt(np.clip(np.diag(cov), 0, None))
+        except np.linalg.LinAlgError:
+            pass
+    ss_tot = float(np.sum((y - y.mean()) ** 2))
+    ss_res = float(np.sum((fitted - y) ** 2))
+    r2 = 1.0 - ss_res / ss_tot if ss_tot > 0 else 1.0
+    return Segment(lo, hi, float(coef[0]), float(coef[1]), float(stderr[0]), float(stderr[1]),
+                   float(math.sqrt(rel_sse / n)), r2, rel_sse)
+
+
+def fit_piecewise(op: str, num_ranks: int, sizes: Sequence[int], times_s: Sequence[float],
+                  max_segments: int = MAX_SEGMENTS) -> list[Segment]:
+    """Segments of the best piecewise alpha-beta fit (sizes ascending, one median time per size)."""
+    order = np.argsort(np.asarray(sizes))
+    s = np.asarray(sizes, dtype=float)[order]
+    t = np.asarray(times_s, dtype=float)[order]
+    if np.any(t <= 0):
+        raise ValueError(f"{op}: every time must be > 0 to fit (got {t.min()})")
+    x_steps = np.full_like(s, ring_steps(op, num_ranks))
+    x_bytes = s * BUSBW_FACTOR[op](num_ranks)
+    n = len(s)
+    if n < 2:
+        raise ValueError(f"{op}: at least 2 message sizes are needed to fit latency and bandwidth (got {n})")
+    best: tuple[float, list[Segment]] | None = None
+    for k in range(1, max_segments + 1):
+        if k > 1 and n < k * MIN_POINTS:
+            break
+        for cuts in itertools.combinations(range(MIN_POINTS, n - MIN_POINTS + 1), k - 1):
+            bounds = [0, *cuts, n]
+            if any(b - a < (MIN_POINTS if k > 1 else 2) for a, b in itertools.pairwise(bounds)):
+                continue
+            segs = [_fit_segment(x_steps, x_bytes, t, a, b) for a, b in itertools.pairwise(bounds)]
+            sse = max(sum(g.rel_sse for g in segs), 1e-12 * n)
+            bic = n * math.log(sse / n) + (3 * k - 1) * math.log(n)
+            if best is None or bic < best[0]:
+                best = (bic, segs)
+    assert best is not None
+    return best[1]
+
+
+def fit_collectives(cases: Sequence[CommCase]) -> list[FitReport]:
+    """Piecewise fits per (op, group) of the measured medians; one FitReport per segment."""
+    reports: list[FitReport] = []
+    keys = list(dict.fromkeys((c.op, c.group) for c in cases))
+    for op, group in keys:
+        pts = sorted((c for c in cases if c.op == op and c.group == group), key=lambda c: c.size_bytes)
+        if len(pts) < 2:
+            continue
+        n, tier = pts[0].num_ranks, pts[0].tier
+        sizes = [c.size_bytes for c in pts]
+        times = [c.stats.median_s for c in pts]
+        segments = fit_piecewise(op, n, sizes, times)
+        for k, seg in enumerate(segments):
+            lo_bytes = 0 if k == 0 else int(math.sqrt(sizes[seg.lo - 1] * sizes[seg.lo])) + 1
+            hi_bytes = sizes[-1] if k == len(segments) - 1 else int(math.sqrt(sizes[seg.hi - 1] * sizes[seg.hi]))
+            inv_bw = seg.inv_bandwidth_s_per_byte if seg.inv_bandwidth_s_per_byte > 0 else NO_BANDWIDTH_TERM
+            fit = CollectiveFit(op=op, tier=tier, min_bytes=lo_bytes, max_bytes=hi_bytes,
+                                latency_per_step_s=seg.latency_per_step_s, bus_bandwidth_bytes_per_s=1.0 / inv_bw,
+                                rel_residual=seg.rel_rms, measured_ranks=n)
+            points = [
+                (sizes[i], times[i],
+                 ring_steps(op, n) * seg.latency_per_step_s + sizes[i] * BUSBW_FACTOR[op](n) * inv_bw)
+                for i in range(seg.lo, seg.hi)
+            ]
+            reports.append(FitReport(fit=fit, group=group, num_points=seg.hi - seg.lo, r2=seg.r2,
+                                     latency_stderr_s=seg.latency_stderr_s,
+                                     inv_bandwidth_stderr_s_per_byte=seg.inv_bandwidth_stderr, points=points))
+    return reports
+
+
+def fit_interference(comm: CommMeasurements) -> InterferenceFit:
+    """``i = f / (1 - f)`` from the median lost share over the benchmark's message sizes."""
+    if not comm.interference:
+        return InterferenceFit(value=0.0, lost_fraction=0.0, lost_fraction_p10=0.0, lost_fraction_p90=0.0,
+                               note="not measured (no interference cases in comm.json): assumed 0")
+    f = np.array([c.lost_fraction for c in comm.interference])
+    med, p10, p90 = (float(v) for v in np.percentile(f, [50, 10, 90]))
+    clipped = min(max(med, 0.0), MAX_LOST_FRACTION)
+    note = f"median over {len(f)} all-reduce sizes of the share of the collective's time compute loses"
+    if clipped != med:
+        note += f"; clipped from {med:.3f} to {clipped:.3f}"
+    return InterferenceFit(value=clipped / (1 - clipped), lost_fraction=med, lost_fraction_p10=p10,
+                           lost_fraction_p90=p90, note=note)
+
+
+def _link_placeholders(fits: Sequence[FitReport], num_nodes: int) -> tuple[dict[str, object], dict[str, object]]:
+    """Link dicts filled with the large-message all-reduce fit, for ops the fits do not cover."""
+
+    def pick(tier: str) -> CollectiveFit | None:
+        cands = [r.fit for r in fits if r.fit.tier == tier and r.fit.op == "all-reduce"]
+        return max(cands, key=lambda f: f.max_bytes) if cands else None
+
+    intra = pick("intra") or pick("inter")
+    inter = pick("inter") or intra
+    intra_d: dict[str, object] = {"kind": "pcie", "latency_s": intra.latency_per_step_s if intra else 10e-6,
+                                  "bandwidth_bytes_per_s": intra.bus_bandwidth_bytes_per_s if intra else 1e9,
+                                  "efficiency": 1.0}
+    inter_d: dict[str, object] = {"kind": "ethernet", "nics_per_node": 1,
+                                  "nic_bandwidth_bytes_per_s": inter.bus_bandwidth_bytes_per_s if inter else 1e9,
+                                  "latency_s": inter.latency_per_step_s if inter else 10e-6, "efficiency": 1.0}
+    return intra_d, inter_d
+
+
+def _optimizer_name(name: str) -> str:
+    return {"sgd": "sgd", "adam": "adam", "adamw": "adamw"}[name]
+
+
+def fit_profile(comm: CommMeasurements, compute: ComputeMeasurements,
+                sources: dict[str, str] | None = None) -> CalibrationProfile:
+    """The calibration profile of a comm.json and a compute.json."""
+    if not comm.cases:
+        raise ScenarioError("comm measurements hold no collective timings; re-run calibration.collectives")
+    if not compute.layers:
+        raise ScenarioError("compute measurements hold no layer timings; re-run calibration.compute")
+    fits = fit_collectives(comm.cases)
+    # The simulator reads one set of segments per (op, tier): world for its tier, intra-node for intra.
+    used: list[FitReport] = []
+    for r in fits:
+        if r.group == "world" or (r.group == "intra-node" and r.fit.tier == "intra"):
+            used.append(r)
+    interference = fit_interference(comm)
+    run = comm.run
+    peak = compute.peak
+    matmul = peak.matmul_flop_per_s if peak else 1 * TFLOP
+    gpu = {
+        "name": (compute.run.device_names[0] if compute.run.device_names else "measured device"),
+        "peak_fp32_flop_per_s": matmul,
+        "peak_tf32_flop_per_s": matmul,
+        "peak_bf16_flop_per_s": matmul,
+        "peak_fp16_flop_per_s": matmul,
+        "hbm_bytes": peak.memory_bytes if peak else 16 * 1024**3,
+        "hbm_bandwidth_bytes_per_s": peak.copy_bytes_per_s if peak else 1e11,
+        "matmul_efficiency": 1.0,
+        "memory_efficiency": 1.0,
+    }
+    intra, inter = _link_placeholders(used, run.num_nodes)
+    ddp_overhead = compute.ddp_overhead.median_s if compute.ddp_overhead is not None else 0.0
+    host_overhead = max(0.0, compute.host.median_s) + max(0.0, ddp_overhead)
+    cluster = {
+        "num_nodes": run.num_nodes,
+        "gpus_per_node": run.ranks_per_node,
+        "gpu": gpu,
+        "intra_node": intra,
+        "inter_node": inter,
+        "host_overhead_s": host_overhead,
+        "comm_compute_interference": interference.value,
+        "collective_fits": [r.fit.model_dump() for r in used],
+    }
+    dtypes = {p.dtype for p in compute.parameters}
+    precision = "fp32" if dtypes <= {"float32"} else "bf16-mixed"
+    model = {
+        "parameters": [p.model_dump() for p in parameter_specs(compute.parameters)],
+        "grad_ready_order": list(compute.grad_ready_order),
+        "layers": [la.model_dump(exclude_none=True) for la in layer_specs(compute.layers)],
+    }
+    training = {
+        "precision": precision,
+        "optimizer": _optimizer_name(compute.optimizer),
+        "micro_batch_size": compute.micro_batch_size,
+        "seq_len": 1,
+        "optimizer_time_s": compute.optimizer_step.median_s,
+    }
+    notes = [
+        "measured: collective times (median of repeats, slowest rank), per-layer forward/backward times, "
+        "optimizer step, host time, DDP Reducer overhead without communication, interference benchmark",
+        "assumed: collectives extrapolate to other world sizes with ring step counts and nccl-tests data "
+        "factors at the fitted per-step latency and bus bandwidth",
+        "cluster.intra_node/inter_node are placeholders carrying the all-reduce fit; collective_fits replace "
+        "the link model for every op they cover",
+        f"host_overhead_s = rest of the step {compute.host.median_s * 1e3:.3f} ms + DDP Reducer overhead "
+        f"{ddp_overhead * 1e3:.3f} ms",
+        f"interference: {interference.note}",
+    ]
+    if not comm.complete or not compute.complete:
+        notes.append("fitted from partial measurements (a collector stopped early)")
+    if precision != "fp32":
+        notes.append(f"parameter dtypes {sorted(dtypes)}: precision set to bf16-mixed")
+    return CalibrationProfile(
+        kind="simddp-profile",
+        version=PROFILE_VERSION,
+        created_at=dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+        sources=sources or {},
+        comm_run=comm.run,
+        compute_run=compute.run,
+        model_name=compute.model,
+        fits=fits,
+        interference=interference,
+        compute_rel_sigma=compute.step.rel_sigma,
+        cluster=cluster,
+        model=model,
+        training=training,
+        notes=notes,
+    )
+
+
+__all__ = [
+    "MAX_LOST_FRACTION",
+    "MIN_POINTS",
+    "Segment",
+    "fit_collectives",
+    "fit_interference",
+    "fit_piecewise",
+    "fit_profile",
+    "ring_steps",
+]
