@@ -15,7 +15,7 @@ from plotly.subplots import make_subplots
 
 from simddp import units
 from simddp.results import StepResult, Trace
-from simddp.sweeps import BucketCapSweep, GridSweep, ScalingSweep
+from simddp.sweeps import BucketCapSweep, GridSweep, ScalingSweep, StrategySweep
 
 MS = units.MS
 COLORS = {
@@ -39,15 +39,20 @@ def _ms(seconds: float | None) -> float | None:
 
 
 # ------------------------------------------------------------------------------------------ planner
+#: The step as simddp splits it: compute + pipeline bubble + exposed communication + optimizer + host.
+_STEP_PARTS = [
+    ("compute (fwd+bwd)", "compute_time_s", "compute"),
+    ("pipeline bubble", "pipeline_bubble_time_s", "accumulation"),
+    ("exposed communication (incl. tensor-parallel)", "exposed_comm_time_s", "exposed"),
+    ("optimizer (+ ZeRO all-gather wait in comm)", "optimizer_time_s", "optimizer"),
+    ("host", "host_overhead_s", "host"),
+]
+
+
 def step_breakdown(result: StepResult, title: str = "Where the step goes") -> go.Figure:
     """The step as compute, optimizer, host and exposed communication; total communication beside it."""
     fig = go.Figure()
-    parts = [
-        ("compute (fwd+bwd)", result.compute_time_s, COLORS["compute"]),
-        ("optimizer", result.optimizer_time_s, COLORS["optimizer"]),
-        ("host", result.host_overhead_s, COLORS["host"]),
-        ("exposed communication", result.exposed_comm_time_s, COLORS["exposed"]),
-    ]
+    parts = [(label, getattr(result, field), COLORS[color]) for label, field, color in _STEP_PARTS]
     for name, seconds, color in parts:
         fig.add_bar(y=["step"], x=[_ms(seconds)], name=name, orientation="h", marker_color=color,
                     hovertemplate=f"{name}: %{{x:.2f}} ms<extra></extra>")
@@ -257,14 +262,9 @@ def compare(results: Mapping[str, StepResult]) -> go.Figure:
     """Stacked step breakdown of each saved scenario, side by side."""
     names = list(results)
     fig = go.Figure()
-    parts = [
-        ("compute (fwd+bwd)", "compute_time_s", COLORS["compute"]),
-        ("optimizer", "optimizer_time_s", COLORS["optimizer"]),
-        ("host", "host_overhead_s", COLORS["host"]),
-        ("exposed communication", "exposed_comm_time_s", COLORS["exposed"]),
-    ]
-    for label, field, color in parts:
-        fig.add_bar(x=names, y=[getattr(results[n], field) / MS for n in names], name=label, marker_color=color)
+    for label, field, color in _STEP_PARTS:
+        fig.add_bar(x=names, y=[getattr(results[n], field) / MS for n in names], name=label,
+                    marker_color=COLORS[color])
     fig.update_layout(barmode="stack", title="Step time by scenario", yaxis_title="ms", height=420, **_LAYOUT)
     return fig
 
@@ -291,3 +291,57 @@ def compare_table(results: Mapping[str, StepResult], memory_gib: Mapping[str, fl
             row["memory / GPU (GiB)"] = memory_gib.get(name)
         rows.append(row)
     return pd.DataFrame(rows)
+
+
+# ------------------------------------------------------------------------------------------ memory
+MEMORY_PARTS = [
+    ("parameters", "params_bytes", "#4C78A8"),
+    ("gradients", "grads_bytes", "#F58518"),
+    ("optimizer (master + states)", "optimizer_bytes", "#B279A2"),
+    ("activations", "activations_bytes", "#54A24B"),
+    ("buffers", "buffers_bytes", "#EECA3B"),
+    ("overhead", "overhead_bytes", "#BAB0AC"),
+]
+
+
+def memory_strategies(sweep: StrategySweep) -> go.Figure:
+    """Stacked memory per GPU of each strategy, side by side, with the device capacity as a line."""
+    pts = [p for p in sweep.points if p.ok and p.memory_bytes is not None]
+    names = [p.strategy for p in pts]
+    fig = go.Figure()
+    for label, field, color in MEMORY_PARTS:
+        fig.add_bar(x=names, y=[getattr(p, field) / units.GiB for p in pts], name=label, marker_color=color,
+                    hovertemplate=f"{label}: %{{y:.2f}} GiB<extra></extra>")
+    fig.add_scatter(x=names, y=[p.memory_bytes / units.GiB for p in pts], mode="text", showlegend=False,
+                    text=[f"{p.memory_bytes / units.GiB:.1f} GiB" + ("" if p.memory_fits else " ✗") for p in pts],
+                    textposition="top center", hoverinfo="skip")
+    capacity = next((p.capacity_bytes for p in pts if p.capacity_bytes), None)
+    if capacity:
+        fig.add_hline(y=capacity / units.GiB, line_dash="dash", line_color="#E45756",
+                      annotation_text=f"capacity {capacity / units.GiB:.1f} GiB", annotation_position="top left")
+    fig.update_layout(barmode="stack", title="Memory per GPU by strategy", yaxis_title="GiB", height=460,
+                      **_LAYOUT)
+    return fig
+
+
+def strategy_table(sweep: StrategySweep) -> Any:
+    df = sweep.to_dataframe()
+    out = df[["strategy", "dp", "tp", "pp", "zero_stage"]].copy()
+    out["memory / GPU (GiB)"] = df["memory_bytes"] / units.GiB
+    out["fits"] = df["memory_fits"]
+    out["step time (ms)"] = df["step_time_s"] / MS
+    out["exposed comm (%)"] = 100 * df["exposed_comm_fraction"]
+    out["tokens/s"] = df["tokens_per_s"]
+    out["note"] = df["error"].fillna("")
+    return out
+
+
+def memory_items(memory: Any) -> Any:
+    """A MemoryBreakdown's items in GiB."""
+    df = memory.to_dataframe()
+    if df.empty:
+        return df
+    out = df[["category", "name"]].copy()
+    out["GiB"] = df["size_bytes"] / units.GiB
+    out["note"] = df["note"]
+    return out

@@ -186,3 +186,35 @@ def save_scenario(name: str, data: dict[str, Any]) -> None:
 
 def remove_saved(name: str) -> None:
     saved_scenarios().pop(name, None)
+
+
+# ------------------------------------------------------------------------------------ memory
+@st.cache_data(max_entries=64, show_spinner=False)
+def _strategies(scenario_json: str, tp: int, pp: int) -> sweeps.StrategySweep:
+    data = json.loads(scenario_json)
+    strategies = sweeps.default_strategies(simddp.scenario_from_dict(data), tp=tp, pp=pp)
+    return sweeps.strategy_sweep(data, strategies)
+
+
+def strategy_sweep(data: dict[str, Any], tp: int, pp: int) -> sweeps.StrategySweep | None:
+    if validate(data) is None:
+        return None
+    return _strategies(to_json(data), tp, pp)
+
+
+@st.cache_data(max_entries=32, show_spinner=False)
+def _layout_search(scenario_json: str) -> Any:
+    from simddp.memory import smallest_layout_that_fits
+
+    return smallest_layout_that_fits(simddp.scenario_from_dict(json.loads(scenario_json)))
+
+
+def layout_search(data: dict[str, Any]) -> Any:
+    """simddp.memory's search for the smallest ZeRO stage / tp / pp that fits (a LayoutSearch)."""
+    if validate(data, show=False) is None:
+        return None
+    try:
+        return _layout_search(to_json(data))
+    except ValueError as err:
+        st.error(str(err), icon=":material/error:")
+        return None

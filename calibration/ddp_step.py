@@ -1,0 +1,168 @@
+"""Real DDP step times, for validation only: ``torchrun ... -m calibration.ddp_step --model FILE.py:factory
+--bucket-cap-mb 1 5 25 --out ddp.json``.
+
+One DistributedDataParallel copy of the model per bucket cap (DDP's hooks would clash on shared
+parameters). A step is what ``calibration.compute`` times: zero_grad, forward, the scalar loss, backward
+(with DDP's overlapped all-reduces) and ``optimizer.step()``, after a barrier; its time is the slowest
+rank's. The caps are measured in rounds, a few steps of each cap per round, so that a slow spell of a
+shared machine hits every cap alike; the median over all steps of a cap is its measured time.
+
+These numbers are never used to fit anything: ``simddp calibrate validate`` compares them with the
+simulator's prediction from the profile.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+from calibration.common import (
+    Collector,
+    CollectorError,
+    Dist,
+    Progress,
+    add_common_args,
+    build_model,
+    make_optimizer,
+    one_line,
+    run_info,
+    scalar_loss,
+    set_threads,
+    utc_now,
+)
+from simddp.profile import MEASUREMENT_VERSION, DDPCase, DDPMeasurements, timing_stats, write_json
+
+
+def parse_cap(text: str) -> float | None:
+    if text.lower() in ("default", "none"):
+        return None
+    try:
+        value = float(text)
+    except ValueError:
+        raise CollectorError(f"--bucket-cap-mb {text!r}: expected a number of MiB or 'default'") from None
+    if not value > 0:
+        raise CollectorError(f"--bucket-cap-mb {text!r}: must be > 0")
+    return value
+
+
+def bucket_sizes(ddp: DDP) -> list[int]:
+    """Bucket sizes DDP rebuilt, in reduction order (bytes), from its logging data when available."""
+    try:
+        data = ddp._get_ddp_logging_data()
+        sizes = data.get("rebuilt_bucket_sizes") or data.get("bucket_sizes")
+        if isinstance(sizes, str):
+            return [int(s) for s in sizes.split(",") if s.strip()]
+        return [int(s) for s in sizes or []]
+    except Exception:  # private API: best effort
+        return []
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="torchrun ... -m calibration.ddp_step",
+                                description="Time real DDP steps at one or more bucket caps (validation).")
+    p.add_argument("--model", required=True, help="FILE.py:factory returning (model, example_inputs)")
+    p.add_argument("--backend", choices=("gloo", "nccl"), default=None, help="default: nccl on GPUs, else gloo")
+    p.add_argument("--bucket-cap-mb", nargs="+", default=["default"],
+                   help="one or more caps in MiB ('default' = torch's 25 MiB with a 1 MiB first bucket)")
+    p.add_argument("--optimizer", choices=("sgd", "adam", "adamw"), default="sgd")
+    p.add_argument("--rounds", type=int, default=None, help="rounds over the caps (default 8)")
+    p.add_argument("--gradient-as-bucket-view", action="store_true", help="pass gradient_as_bucket_view=True")
+    add_common_args(p, default_timeout_s=600.0)
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        set_threads(args.threads)
+        caps = [parse_cap(c) for c in args.bucket_cap_mb]
+        backend = args.backend or ("nccl" if torch.cuda.is_available() else "gloo")
+        d = Dist(backend, args.timeout)
+        if d.world_size < 2:
+            raise CollectorError("needs at least 2 ranks; launch with torchrun --nproc_per_node N")
+        base, inputs = build_model(args.model, d.device)
+        base.train()
+    except CollectorError as err:
+        print(f"calibration.ddp_step: error: {err}", file=sys.stderr)
+        return 2
+    rounds = args.rounds or 8
+    per_round = args.repeats or 3
+    warmup = args.warmup if args.warmup is not None else 3
+    info = run_info(d, utc_now())
+    out: Path = args.out
+    times: dict[int, list[float]] = {k: [] for k in range(len(caps))}
+    sizes: dict[int, list[int]] = {k: [] for k in range(len(caps))}
+
+    def save(error: str | None, complete: bool) -> None:
+        cases = [DDPCase(bucket_cap_mb=cap, num_buckets=len(sizes[k]), bucket_sizes_bytes=sizes[k],
+                         stats=timing_stats(times[k])) for k, cap in enumerate(caps) if times[k]]
+        write_json(DDPMeasurements(kind="simddp-ddp", version=MEASUREMENT_VERSION, complete=complete, error=error,
+                                   run=info, model=args.model, optimizer=args.optimizer,
+                                   micro_batch_size=_batch(inputs), cases=cases), out)
+
+    collector = Collector(d, out, save, args.timeout)
+    progress = Progress(d.is_main, total=rounds)
+    progress.note(f"calibration.ddp_step: {args.model}, {d.world_size} ranks, {d.backend}, caps "
+                  f"{', '.join('default' if c is None else f'{c:g}' for c in caps)} MiB, {rounds} rounds of "
+                  f"{per_round} steps -> {out}")
+    try:
+        wrapped, optims = [], []
+        for cap in caps:
+            model = DDP(copy.deepcopy(base), bucket_cap_mb=cap,
+                        gradient_as_bucket_view=args.gradient_as_bucket_view)
+            opt = make_optimizer(args.optimizer, list(model.parameters()))
+            for _ in range(warmup):  # buckets are rebuilt after the first iteration
+                step(model, inputs, opt)
+            wrapped.append(model)
+            optims.append(opt)
+            collector.beat(f"warm-up cap {cap}")
+        for k, model in enumerate(wrapped):
+            sizes[k] = bucket_sizes(model)
+        for r in range(rounds):
+            for k, (model, opt) in enumerate(zip(wrapped, optims, strict=True)):
+                local = []
+                for _ in range(per_round):
+                    d.barrier()
+                    t0 = time.perf_counter()
+                    step(model, inputs, opt)
+                    d.sync()
+                    local.append(time.perf_counter() - t0)
+                times[k].extend(d.max_over_ranks(local))
+                collector.beat(f"round {r + 1}, cap {caps[k]}")
+            collector.save_partial()
+            medians = ", ".join(
+                f"{'default' if c is None else f'{c:g}'}: {sorted(times[k])[len(times[k]) // 2] * 1e3:.1f}"
+                for k, c in enumerate(caps))
+            progress(f"round {r + 1}: median step (ms) by cap {medians}")
+        d.barrier()
+        collector.finish()
+        progress.note(f"calibration.ddp_step: wrote {out}")
+        d.close()
+        return 0
+    except (RuntimeError, ValueError, CollectorError) as err:
+        return collector.fail(one_line(err))
+
+
+def step(model: torch.nn.Module, inputs: Sequence[Any], opt: torch.optim.Optimizer) -> None:
+    opt.zero_grad(set_to_none=False)
+    scalar_loss(model(*inputs)).backward()
+    opt.step()
+
+
+def _batch(inputs: Sequence[Any]) -> int:
+    for x in inputs:
+        if isinstance(x, torch.Tensor) and x.dim() > 0:
+            return int(x.shape[0])
+    return 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,522 @@
+"""Per-GPU memory model: model states, activations, buffers, verdicts, helpers, CLI and properties."""
+
+from __future__ import annotations
+
+import ast
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import simddp
+from simddp.cli import main
+from simddp.config import ParameterSpec, Scenario, ScenarioError, TransformerSpec, deep_merge, scenario_from_dict
+from simddp.memory import (
+    FSDP_SHARDING_ZERO_STAGE,
+    MemoryBreakdown,
+    in_flight_micro_batches,
+    max_micro_batch_that_fits,
+    memory_breakdown,
+    model_states_bytes,
+    smallest_layout_that_fits,
+    transformer_embedding_activation_bytes,
+    transformer_layer_activation_bytes,
+    transformer_output_activation_bytes,
+    zero_model_states_bytes,
+)
+from simddp.units import GiB, MiB
+from simddp.workload import build_workload
+
+GPT3 = TransformerSpec(num_layers=96, hidden_size=12288, num_heads=96, ffn_hidden_size=4 * 12288, vocab_size=50257)
+
+
+def make(overrides: dict[str, Any] | None = None) -> Scenario:
+    base = {
+        "cluster": {"preset": "dgx-h100-80gb", "num_nodes": 1},
+        "model": {"preset": "gpt2"},
+        "training": {"seq_len": 1024, "micro_batch_size": 4},
+    }
+    return scenario_from_dict(deep_merge(base, overrides or {}))
+
+
+def llama70b(**parallelism: Any) -> Scenario:
+    return make({
+        "cluster": {"num_nodes": 8},
+        "model": {"preset": "llama2-70b"},
+        "parallelism": {"zero_stage": 3, **parallelism},
+        "training": {"seq_len": 4096, "micro_batch_size": 1, "global_batch_size": 512, "recompute": "full"},
+    })
+
+
+def item(m: MemoryBreakdown, name: str) -> int:
+    return next(i.size_bytes for i in m.items if i.name == name)
+
+
+# ------------------------------------------------------------------------------------ model states
+@pytest.mark.parametrize(
+    ("precision", "optimizer", "expected"),
+    [
+        ("fp32", "adamw", (4, 4, 0, 8)),
+        ("fp32", "adam", (4, 4, 0, 8)),
+        ("bf16-mixed", "adamw", (2, 2, 4, 8)),  # K = 12 (ZeRO paper)
+        ("fp16-mixed", "adam", (2, 2, 4, 8)),
+        ("fp32", "sgd", (4, 4, 0, 0)),
+        ("bf16-mixed", "sgd", (2, 2, 4, 0)),
+        ("fp32", "sgd-momentum", (4, 4, 0, 4)),
+        ("bf16-mixed", "sgd-momentum", (2, 2, 4, 4)),
+    ],
+)
+def test_bytes_per_parameter_by_precision_and_optimizer(precision, optimizer, expected):
+    n = 1_000_000
+    states = zero_model_states_bytes(n, dp=1, zero_stage=0, precision=precision, optimizer=optimizer)
+    assert tuple(states)[:4] == tuple(e * n for e in expected)
+    assert states.optimizer_bytes == (expected[2] + expected[3]) * n
+
+
+def test_adafactor_keeps_factored_second_moments():
+    n = 4096 * 4096
+    states = zero_model_states_bytes(n, 1, 0, "fp32", "adafactor")
+    assert states.optimizer_state_bytes == 4 * (4096 + 4096)
+    tiny = zero_model_states_bytes(3, 1, 0, "fp32", "adafactor")
+    assert tiny.optimizer_state_bytes == 4 * 3  # a vector: its full second moment
+
+
+def test_fp32_parameters_under_autocast_keep_no_master_copy():
+    p = [ParameterSpec(name="w", numel=1000, dtype="float32")]
+    states = model_states_bytes(p, "bf16-mixed", "adamw")
+    assert (states.params_bytes, states.grads_bytes, states.master_bytes, states.optimizer_state_bytes) == (
+        4000, 4000, 0, 8000)
+    assert states.total_bytes == 16 * 1000  # the same 16 bytes per parameter as ZeRO's 2 + 2 + 12
+
+
+def test_reduce_in_fp32_makes_gradients_four_bytes():
+    p = [ParameterSpec(name="w", numel=1000, dtype="bfloat16")]
+    assert model_states_bytes(p, "bf16-mixed", "adamw", reduce_in_fp32=True).grads_bytes == 4000
+
+
+@given(
+    num_params=st.integers(1, 10**12),
+    dp=st.integers(1, 4096),
+)
+def test_zero_stages_follow_the_paper(num_params, dp):
+    psi = num_params
+
+    def total(stage: int) -> int:
+        return zero_model_states_bytes(psi, dp, stage).total_bytes
+
+    assert total(0) == 16 * psi
+    # ceil per sharded buffer: at most one byte over the exact formula per buffer.
+    assert 0 <= total(1) - (4 * psi + 12 * psi / dp) < 2
+    assert 0 <= total(2) - (2 * psi + 14 * psi / dp) < 3
+    assert 0 <= total(3) - 16 * psi / dp < 4
+
+
+@settings(max_examples=200)
+@given(num_params=st.integers(1, 10**11), dp=st.integers(1, 1024), extra=st.integers(1, 1024),
+       stage=st.sampled_from([1, 2, 3]),
+       precision=st.sampled_from(["fp32", "bf16-mixed"]),
+       optimizer=st.sampled_from(["adamw", "sgd", "sgd-momentum", "adafactor"]))
+def test_model_states_never_grow_with_dp_for_zero_stages(num_params, dp, extra, stage, precision, optimizer):
+    small = zero_model_states_bytes(num_params, dp, stage, precision, optimizer).total_bytes
+    large = zero_model_states_bytes(num_params, dp + extra, stage, precision, optimizer).total_bytes
+    assert large <= small
+
+
+def test_fsdp_strategies_map_to_zero_stages():
+    assert FSDP_SHARDING_ZERO_STAGE == {"NO_SHARD": 0, "SHARD_GRAD_OP": 2, "FULL_SHARD": 3}
+
+
+def test_model_states_are_divided_by_tp_and_per_stage():
+    full = memory_breakdown(make({"model": {"preset": "gpt2-medium"}}))
+    tp = memory_breakdown(make({"model": {"preset": "gpt2-medium"}, "parallelism": {"tp": 4}}))
+    pp = memory_breakdown(make({"model": {"preset": "gpt2-medium"}, "parallelism": {"pp": 4}}))
+    assert tp.num_params == pytest.approx(full.num_params / 4, rel=0.02)  # norms, biases, wpe replicated
+    assert pp.num_params < full.num_params / 2  # most loaded stage: 6 of 24 blocks + embeddings
+    assert full.model_states_bytes == 16 * full.num_params
+
+
+def test_tied_embedding_is_copied_to_the_last_stage():
+    s = make({"parallelism": {"pp": 2}})
+    workload = build_workload(s)
+    wte = workload.parameters[0]
+    assert wte.name == "transformer.wte.weight"
+    first = memory_breakdown(s, stage=0)
+    last = memory_breakdown(s, stage=1)
+    blocks = sum(p.numel for p in workload.parameters if ".h." in p.name) // 2
+    assert last.num_params >= blocks + wte.numel
+    assert first.num_params >= blocks + wte.numel
+
+
+# ------------------------------------------------------------------------------------ activations
+SBH = 2048 * 1 * 12288
+
+
+@pytest.mark.parametrize(
+    ("tp", "sp", "recompute", "per_sbh"),
+    [
+        (1, False, "none", 34 + 5 * 96 * 2048 / 12288),
+        (8, False, "none", 10 + 24 / 8 + 5 * 96 * 2048 / (12288 * 8)),
+        (8, True, "none", 34 / 8 + 5 * 96 * 2048 / (12288 * 8)),
+        (8, False, "selective", 10 + 24 / 8),
+        (8, True, "selective", 34 / 8),
+        (1, False, "full", 2),
+        (8, False, "full", 2),
+    ],
+)
+def test_korthikanti_table2_on_gpt3(tp, sp, recompute, per_sbh):
+    got = transformer_layer_activation_bytes(GPT3, 2048, 1, tp, sp, recompute)
+    assert got == pytest.approx(per_sbh * SBH, rel=1e-12)
+
+
+@given(
+    s=st.sampled_from([128, 512, 2048, 4096]),
+    b=st.integers(1, 8),
+    heads=st.sampled_from([8, 16, 32, 64]),
+    head_dim=st.sampled_from([64, 128]),
+    t=st.sampled_from([1, 2, 4, 8]),
+)
+def test_korthikanti_formulas_for_any_gpt_shape(s, b, heads, head_dim, t):
+    h = heads * head_dim
+    spec = TransformerSpec(num_layers=2, hidden_size=h, num_heads=heads, ffn_hidden_size=4 * h, vocab_size=1000)
+    sbh = s * b * h
+    attn = 5 * heads * s / (h * t)
+    f = transformer_layer_activation_bytes
+    assert f(spec, s, b, t, False, "none") == pytest.approx(sbh * (10 + 24 / t + attn), rel=1e-9)
+    assert f(spec, s, b, t, t > 1, "none") == pytest.approx(sbh * ((34 / t if t > 1 else 34) + attn), rel=1e-9)
+    assert f(spec, s, b, t, False, "selective") == pytest.approx(sbh * (10 + 24 / t), rel=1e-9)
+    assert f(spec, s, b, t, False, "full") == 2 * sbh
+
+
+def test_gqa_gated_mlp_and_no_dropout_change_the_saved_tensors():
+    h, s = 8192, 4096
+    llama = TransformerSpec(num_layers=80, hidden_size=h, num_heads=64, num_kv_heads=8, ffn_hidden_size=28672,
+                            vocab_size=32000, gated_mlp=True)
+    per_token = transformer_layer_activation_bytes(llama, s, 1, dropout=False) / s
+    # norm/GEMM inputs 4 x 2h; Q, out 2 x 2h; K, V 2 x 2 x 1024; SwiGLU 3 x 2 x ffn; scores 2 a s.
+    assert per_token == 8 * h + 4 * h + 4 * 1024 + 6 * 28672 + 2 * 64 * s
+
+
+def test_embedding_and_output_terms():
+    emb = transformer_embedding_activation_bytes(GPT3, 2048, 1, tp=8, sequence_parallel=True)
+    assert emb == 2048 * (8 + 12288 / 8)
+    out = transformer_output_activation_bytes(GPT3, 2048, 1, tp=8)
+    assert out == pytest.approx(2048 * (4 * 12288 + 6 * 50257 / 8), abs=1)
+
+
+@pytest.mark.parametrize(
+    ("schedule", "pp", "stage", "m", "v", "expected"),
+    [
+        ("1f1b", 1, 0, 8, 1, 1),
+        ("gpipe", 1, 0, 8, 1, 1),
+        ("1f1b", 4, 0, 8, 1, 4),
+        ("1f1b", 4, 3, 8, 1, 1),
+        ("1f1b", 4, 0, 2, 1, 2),
+        ("gpipe", 4, 2, 8, 1, 8),
+        ("interleaved-1f1b", 4, 0, 16, 2, 4 * (1 + 3 / 8)),  # Korthikanti et al. sec. 4.2.3
+        ("interleaved-1f1b", 8, 0, 64, 4, 8 * (1 + 7 / 32)),
+        ("interleaved-1f1b", 4, 0, 16, 1, 4),
+    ],
+)
+def test_in_flight_micro_batches(schedule, pp, stage, m, v, expected):
+    assert in_flight_micro_batches(schedule, pp, stage, m, v) == pytest.approx(expected)
+
+
+# -------------------------------------------------------------------------------- properties
+@st.composite
+def transformer_scenarios(draw: st.DrawFn) -> dict[str, Any]:
+    heads = draw(st.sampled_from([4, 8, 16]))
+    kv = draw(st.sampled_from([k for k in (1, 2, 4, 8, 16) if heads % k == 0]))
+    tp = draw(st.sampled_from([t for t in (1, 2, 4) if heads % t == 0 and (kv % t == 0 or t % kv == 0)]))
+    num_layers = draw(st.integers(2, 8))
+    pp = draw(st.sampled_from([p for p in (1, 2, 4) if p <= num_layers]))
+    dp = draw(st.sampled_from([1, 2, 4]))
+    schedule = draw(st.sampled_from(["1f1b", "gpipe", "interleaved-1f1b"]))
+    v = draw(st.sampled_from([v for v in (1, 2) if pp * v <= num_layers])) if schedule == "interleaved-1f1b" else 1
+    mbs = draw(st.integers(1, 4))
+    m = draw(st.integers(1, 6))
+    return {
+        "cluster": {"preset": "dgx-h100-80gb", "num_nodes": 1, "gpus_per_node": tp * pp * dp},
+        "model": {"transformer": {
+            "num_layers": num_layers, "hidden_size": heads * draw(st.sampled_from([16, 32, 64])),
+            "num_heads": heads, "num_kv_heads": kv, "ffn_hidden_size": draw(st.sampled_from([128, 256, 344])),
+            "vocab_size": draw(st.sampled_from([1000, 4096])), "gated_mlp": draw(st.booleans()),
+        }},
+        "parallelism": {"tp": tp, "pp": pp, "zero_stage": draw(st.sampled_from([0, 1, 2, 3])),
+                        "pipeline_schedule": schedule, "virtual_stages": v},
+        "training": {"micro_batch_size": mbs, "global_batch_size": mbs * dp * m,
+                     "seq_len": draw(st.sampled_from([16, 128, 512])),
+                     "precision": draw(st.sampled_from(["fp32", "bf16-mixed"]))},
+    }
+
+
+def with_keys(data: dict[str, Any], **sections: dict[str, Any]) -> Scenario:
+    return scenario_from_dict(deep_merge(data, sections))
+
+
+@settings(max_examples=60, deadline=None)
+@given(data=transformer_scenarios())
+def test_recompute_never_raises_activations(data):
+    by = {r: memory_breakdown(with_keys(data, training={"recompute": r})) for r in ("none", "selective", "full")}
+    for stage in range(data["parallelism"]["pp"]):
+        acts = {r: memory_breakdown(with_keys(data, training={"recompute": r}), stage=stage).activations_bytes
+                for r in by}
+        assert acts["none"] >= acts["selective"] >= acts["full"]
+    assert by["none"].activations_bytes >= by["selective"].activations_bytes >= by["full"].activations_bytes
+
+
+@settings(max_examples=60, deadline=None)
+@given(data=transformer_scenarios(), recompute=st.sampled_from(["none", "selective", "full"]))
+def test_sequence_parallel_never_raises_activations(data, recompute):
+    if data["parallelism"]["tp"] == 1:
+        data = deep_merge(data, {"parallelism": {"tp": 2}, "cluster": {
+            "gpus_per_node": data["cluster"]["gpus_per_node"] * 2}})
+        spec = data["model"]["transformer"]
+        if spec["num_heads"] % 2 or (spec["num_kv_heads"] % 2 and spec["num_kv_heads"] != 1):
+            return
+    plain = with_keys(data, training={"recompute": recompute}, parallelism={"sequence_parallel": False})
+    sp = with_keys(data, training={"recompute": recompute}, parallelism={"sequence_parallel": True})
+    for stage in range(data["parallelism"]["pp"]):
+        assert memory_breakdown(sp, stage=stage).activations_bytes <= memory_breakdown(plain, stage=stage).activations_bytes
+
+
+@settings(max_examples=60, deadline=None)
+@given(data=transformer_scenarios(), stage=st.sampled_from([1, 2, 3]), more=st.sampled_from([2, 4]))
+def test_scenario_model_states_never_grow_with_dp(data, stage, more):
+    par = data["parallelism"]
+    base = with_keys(data, parallelism={"zero_stage": stage})
+    gpus = data["cluster"]["gpus_per_node"] * more
+    bigger = with_keys(data, parallelism={"zero_stage": stage}, cluster={"gpus_per_node": gpus},
+                       training={"global_batch_size": None})
+    assert bigger.dp == base.dp * more
+    for s in range(par["pp"]):
+        assert memory_breakdown(bigger, stage=s).model_states_bytes <= memory_breakdown(base, stage=s).model_states_bytes
+
+
+@settings(max_examples=40, deadline=None)
+@given(data=transformer_scenarios())
+def test_breakdown_adds_up(data):
+    m = memory_breakdown(with_keys(data))
+    cats = m.params_bytes + m.grads_bytes + m.optimizer_bytes + m.activations_bytes + m.buffers_bytes
+    assert m.total_bytes == cats + m.overhead_bytes == sum(i.size_bytes for i in m.items)
+    assert m.total_bytes == max(m.stage_total_bytes)
+    assert m.fits == (m.total_bytes <= m.capacity_bytes)
+    assert m.headroom_bytes == m.capacity_bytes - m.total_bytes
+    assert all(i.size_bytes >= 0 for i in m.items)
+
+
+# ------------------------------------------------------------------------------------ buffers
+def test_ddp_bucket_copies_vanish_with_gradient_as_bucket_view():
+    s = make({"parallelism": {"dp": 8}})
+    m = memory_breakdown(s)
+    assert item(m, "DDP bucket copies") == m.grads_bytes
+    view = memory_breakdown(make({"parallelism": {"dp": 8}, "ddp": {"gradient_as_bucket_view": True}}))
+    assert not any(i.name == "DDP bucket copies" for i in view.items)
+    assert view.total_bytes < m.total_bytes
+
+
+def test_zero2_keeps_two_reduce_buckets():
+    m = memory_breakdown(make({"parallelism": {"dp": 8, "zero_stage": 2}, "ddp": {"bucket_cap_mb": 25}}))
+    assert 2 * 25 * MiB <= item(m, "ZeRO-2 reduce buckets") <= 2 * 25 * MiB + 2 * 50257 * 768 * 2
+
+
+def test_zero3_gathers_the_largest_unit_plus_prefetch_and_root():
+    s = llama70b()
+    m = memory_breakdown(s)
+    block = sum(p.numel for p in build_workload(s).parameters if p.name.startswith("model.layers.0."))
+    root = 2 * 32000 * 8192 + 8192
+    assert item(m, "ZeRO-3 gathered parameters") == 2 * (2 * block + root)
+    assert item(m, "ZeRO-3 unsharded gradients") == 2 * block
+    more = memory_breakdown(llama70b().model_copy(update={"memory": s.memory.model_copy(
+        update={"fsdp_prefetch_layers": 2})}))
+    assert item(more, "ZeRO-3 gathered parameters") - item(m, "ZeRO-3 gathered parameters") == 2 * block
+
+
+def test_nccl_buffers_per_communicator_and_overheads():
+    one = memory_breakdown(make({"cluster": {"gpus_per_node": 1}}))
+    assert not any(i.name == "NCCL" for i in one.items)
+    three = memory_breakdown(make({"parallelism": {"tp": 2, "pp": 2}}))
+    assert item(three, "NCCL") == 3 * 588 * MiB
+    assert item(one, "CUDA context") == 512 * MiB
+    transient = one.activations_bytes + one.buffers_bytes
+    assert item(one, "allocator fragmentation") == pytest.approx(0.1 * transient, abs=1)
+
+
+# ------------------------------------------------------------------------------- results & helpers
+def test_json_form_and_dataframe():
+    m = memory_breakdown(llama70b())
+    data = json.loads(json.dumps(m.to_json_dict()))["memory"]
+    for key in ("params_bytes", "grads_bytes", "optimizer_bytes", "activations_bytes", "buffers_bytes",
+                "overhead_bytes", "total_bytes", "capacity_bytes", "fits", "rank", "stage", "items"):
+        assert key in data
+    df = m.to_dataframe()
+    assert list(df.columns) == ["category", "name", "size_bytes", "note"]
+    assert df["size_bytes"].sum() == m.total_bytes
+
+
+def test_llama2_70b_zero3_on_64_h100s():
+    m = memory_breakdown(llama70b())
+    assert (m.dp, m.rank, m.stage) == (64, 0, 0)
+    assert m.model_states_bytes == pytest.approx(16 * m.num_params / 64, rel=1e-6)
+    assert m.fits and 20 * GiB < m.total_bytes < 60 * GiB
+    no_recompute = memory_breakdown(llama70b().model_copy(update={"training": llama70b().training.model_copy(
+        update={"recompute": "none"})}))
+    assert not no_recompute.fits
+
+
+def test_most_loaded_stage_is_reported():
+    s = make({"model": {"preset": "llama3-8b"}, "parallelism": {"pp": 4},
+              "training": {"global_batch_size": 64, "micro_batch_size": 1, "seq_len": 4096}})
+    m = memory_breakdown(s)
+    assert m.total_bytes == max(m.stage_total_bytes)
+    assert m.stage == m.stage_total_bytes.index(m.total_bytes)
+    assert m.rank == m.stage * s.parallelism.tp * s.dp
+
+
+def test_simulate_result_carries_the_breakdown(capsys):
+    r = simddp.simulate(make({"cluster": {"gpus_per_node": 2}}), trace=False)
+    assert isinstance(r.memory, MemoryBreakdown)
+    assert r.to_json_dict()["memory"]["total_bytes"] == r.memory.total_bytes
+
+
+def test_max_micro_batch_that_fits():
+    s = llama70b()
+    best = max_micro_batch_that_fits(s)
+    assert best >= 1
+    fits = lambda b: memory_breakdown(s.model_copy(update={"training": s.training.model_copy(  # noqa: E731
+        update={"micro_batch_size": b})})).fits
+    assert fits(best)
+    per_rank = 512 // s.dp
+    assert all(not fits(b) for b in range(best + 1, per_rank + 1) if per_rank % b == 0)
+    free = make({"training": {"seq_len": 1024, "global_batch_size": None}})
+    b = max_micro_batch_that_fits(free)
+    assert fits_free(free, b) and not fits_free(free, b + 1)
+
+
+def fits_free(s: Scenario, b: int) -> bool:
+    return memory_breakdown(s.model_copy(update={"training": s.training.model_copy(
+        update={"micro_batch_size": b})})).fits
+
+
+def test_nothing_fits_gives_zero():
+    s = make({"model": {"preset": "gpt3-175b"}, "cluster": {"gpus_per_node": 1},
+              "training": {"global_batch_size": None}})
+    assert max_micro_batch_that_fits(s) == 0
+
+
+def test_smallest_layout_that_fits_llama70b_on_64_h100s():
+    s = llama70b().model_copy(update={"training": llama70b().training.model_copy(update={"recompute": "none"})})
+    search = smallest_layout_that_fits(s)
+    assert search.num_gpus == 64
+    assert search.current is not None and not search.current.fits
+    assert search.smallest_zero_stage is None  # no ZeRO stage alone: activations are ~260 GiB
+    assert search.smallest_tp is not None and search.smallest_tp.fits
+    tp = search.smallest_tp.tp
+    smaller = [r for r in (1, 2, 4, 8) if r < tp]
+    for r in smaller:
+        v = s.model_copy(update={"parallelism": s.parallelism.model_copy(update={"tp": r, "dp": None})})
+        assert not memory_breakdown(v).fits
+    assert search.best is not None and search.best.fits
+    fitting = smallest_layout_that_fits(llama70b())
+    assert fitting.best == fitting.current == fitting.smallest_zero_stage
+
+
+def test_smallest_zero_stage_on_fewer_gpus():
+    s = make({"model": {"preset": "llama2-7b"}, "cluster": {"num_nodes": 2},
+              "training": {"recompute": "full", "seq_len": 4096, "micro_batch_size": 1}})
+    search = smallest_layout_that_fits(s, num_gpus=8)
+    assert search.num_gpus == 8
+    assert search.smallest_zero_stage is not None and search.smallest_zero_stage.zero_stage >= 1
+    assert search.current is not None and not search.current.fits  # 16 B/param x 6.7 B > 80 GB
+
+
+# ----------------------------------------------------------------------------------------- errors
+@pytest.mark.parametrize(
+    ("call", "message"),
+    [
+        (lambda: zero_model_states_bytes(0, 8, 3), "num_params(0) must be > 0"),
+        (lambda: zero_model_states_bytes(10, 0, 3), "dp(0) must be >= 1"),
+        (lambda: zero_model_states_bytes(10, 8, 4), "zero_stage(4) must be 0, 1, 2 or 3"),
+        (lambda: zero_model_states_bytes(10, 8, 1, "fp8"), "unknown precision 'fp8'"),
+        (lambda: transformer_layer_activation_bytes(GPT3, 0, 1), "seq_len(0) must be > 0"),
+        (lambda: transformer_layer_activation_bytes(GPT3, 2048, 1, tp=5), "tp(5) does not divide num_heads(96)"),
+        (lambda: transformer_layer_activation_bytes(GPT3, 2048, 1, recompute="some"), "unknown recompute 'some'"),
+        (lambda: in_flight_micro_batches("1f1b", 4, 4, 8), "stage(4) must be in 0..3 for pp(4)"),
+        (lambda: in_flight_micro_batches("zb", 4, 0, 8), "unknown pipeline schedule 'zb'"),
+        (lambda: memory_breakdown(make(), stage=1), "stage(1) must be in 0..0 for pp(1)"),
+        (lambda: smallest_layout_that_fits(make(), num_gpus=12), "num_gpus(12) is neither a multiple nor a divisor"),
+        (lambda: smallest_layout_that_fits(make(), num_gpus=0), "num_gpus(0) must be > 0"),
+    ],
+)
+def test_bad_input_gives_one_line_errors(call, message):
+    with pytest.raises(ValueError) as err:
+        call()
+    assert message in str(err.value)
+    assert "\n" not in str(err.value)
+
+
+def test_impossible_layout_is_a_scenario_error():
+    with pytest.raises(ScenarioError, match=r"tp\(3\) must divide gpus_per_node\(8\)"):
+        make({"parallelism": {"tp": 3}})
+
+
+# -------------------------------------------------------------------------------------------- CLI
+LLAMA70B_ARGS = ["--set", "model.preset=llama2-70b", "--set", "cluster.num_nodes=8", "--set", "parallelism.dp=64",
+                 "--set", "parallelism.zero_stage=3", "--set", "training.recompute=full"]
+
+
+def test_cli_memory_prints_a_readable_breakdown(capsys):
+    assert main(["memory", *LLAMA70B_ARGS]) == 0
+    out = capsys.readouterr().out
+    for text in ("parameters", "gradients", "optimizer states", "activations", "buffers", "overhead", "total",
+                 "rank 0 (pipeline stage 0 of 1)", "ZeRO-3 gathered parameters", "fits"):
+        assert text in out
+
+
+def test_cli_memory_json_and_helpers(capsys):
+    assert main(["memory", *LLAMA70B_ARGS, "--json", "--max-micro-batch", "--fit-layout"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["memory"]["fits"] is True
+    assert data["max_micro_batch"] >= 1
+    assert data["layout"]["best"]["fits"] is True
+
+
+def test_cli_memory_helpers_human(capsys):
+    assert main(["memory", *LLAMA70B_ARGS, "--max-micro-batch", "--fit-layout", "--num-gpus", "64"]) == 0
+    out = capsys.readouterr().out
+    assert "Largest micro-batch that fits:" in out
+    assert "Layouts on 64 GPUs" in out
+
+
+def test_cli_simulate_prints_memory_line(capsys):
+    assert main(["simulate", "--set", "cluster.num_nodes=1", "--set", "parallelism.dp=8",
+                 "--set", "model.preset=gpt2", "--set", "training.global_batch_size=8"]) == 0
+    assert "memory per GPU" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--set", "training.micro_batch_size=0"], "training.micro_batch_size"),
+        (["--stage", "3"], "stage(3) must be in 0..0 for pp(1)"),
+        (["--num-gpus", "8"], "--num-gpus needs --fit-layout"),
+        (["--fit-layout", "--num-gpus", "12"], "num_gpus(12)"),
+        (["--set", "parallelism.pp=3"], "does not divide 128 GPUs"),
+    ],
+)
+def test_cli_memory_errors_are_one_line(capsys, args, message):
+    assert main(["memory", *args]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("simddp: error:") and message in err
+    assert "\n" not in err
+
+
+# ---------------------------------------------------------------------------------- architecture
+def test_memory_module_imports_neither_results_nor_sim():
+    tree = ast.parse(Path(simddp.__file__).with_name("memory.py").read_text())
+    imported = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)} | {
+        a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+    assert not any(m and (m.startswith("simddp.results") or m.startswith("simddp.sim")) for m in imported)
+    assert not any(m and m.split(".")[0] in ("torch", "streamlit", "plotly", "pandas") for m in imported)
