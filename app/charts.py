@@ -7,6 +7,7 @@ from simddp.
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -21,6 +22,8 @@ MS = units.MS
 COLORS = {
     "compute": "#4C78A8",
     "forward": "#72B7B2",
+    "stage_forward": "#72B7B2",
+    "stage_backward": "#4C78A8",
     "backward": "#4C78A8",
     "accumulation": "#9ecae9",
     "optimizer": "#B279A2",
@@ -32,6 +35,19 @@ COLORS = {
 }
 _LAYOUT = {"margin": {"l": 10, "r": 10, "t": 40, "b": 10},
            "legend": {"orientation": "h", "yanchor": "top", "y": -0.25}}
+
+
+def _mark_x(fig: go.Figure, x: float, text: str, cols: Sequence[int] = (1,)) -> None:
+    """A dashed vertical line at ``x`` on a log x axis, labelled at the top.
+
+    The line is a shape (data coordinates) and the label an annotation, which on a log axis takes log10(x).
+    """
+    for col in cols:
+        ref = "x" if col == 1 else f"x{col}"
+        fig.add_shape(type="line", xref=ref, yref="paper", x0=x, x1=x, y0=0, y1=1,
+                      line={"dash": "dash", "color": "grey", "width": 1})
+        fig.add_annotation(xref=ref, yref="paper", x=math.log10(x), y=1.0, text=text, showarrow=False,
+                           xanchor="left", yanchor="bottom", font={"size": 11, "color": "grey"})
 
 
 def _ms(seconds: float | None) -> float | None:
@@ -64,9 +80,12 @@ def step_breakdown(result: StepResult, title: str = "Where the step goes") -> go
 
 
 # ------------------------------------------------------------------------------------------ timeline
+_PIPE_OP = re.compile(r"^[FB]\d")  # pipeline schedule operations: "F3", "B3 vs1"
+
+
 def _span_kind(name: str, stream: str) -> str:
-    if stream.startswith("stage"):  # pipeline schedule: "F3", "B3 vs1"
-        return {"F": "forward", "B": "backward"}.get(name[:1], "other")
+    if _PIPE_OP.match(name):
+        return "stage_forward" if name[0] == "F" else "stage_backward"
     if name.startswith("fwd"):
         return "forward"
     if name.startswith("bwd"):
@@ -85,6 +104,8 @@ def _span_kind(name: str, stream: str) -> str:
 _KIND_LABEL = {
     "forward": "forward per layer",
     "backward": "backward per layer",
+    "stage_forward": "forward of a micro-batch (pipeline)",
+    "stage_backward": "backward of a micro-batch (pipeline)",
     "accumulation": "earlier micro-batches (no_sync)",
     "optimizer": "optimizer step",
     "comm": "bucket all-reduce / reduce-scatter",
@@ -93,9 +114,15 @@ _KIND_LABEL = {
 }
 
 
+def _stream_order(name: str) -> tuple[int, int, str]:
+    """compute, comm; with a pipeline: compute 0, comm 0, compute 1, ... (stage by stage)."""
+    m = re.search(r"(\d+)$", name)
+    return (int(m.group(1)) if m else -1, 0 if name.startswith("compute") else 1, name)
+
+
 def timeline(trace: Trace, x_range_s: tuple[float, float] | None = None, title: str = "Timeline") -> go.Figure:
     """Gantt chart: one row per stream (compute, comm, pipeline stages when present), spans as bars."""
-    streams = sorted({s.stream for s in trace.spans}, key=lambda n: (n != "compute", n))
+    streams = sorted({s.stream for s in trace.spans}, key=_stream_order)
     by_kind: dict[str, list[Any]] = {}
     for s in trace.spans:
         by_kind.setdefault(_span_kind(s.name, s.stream), []).append(s)
@@ -116,7 +143,7 @@ def timeline(trace: Trace, x_range_s: tuple[float, float] | None = None, title: 
             marker={"color": COLORS.get(kind, COLORS["other"]), "line": {"width": 0.5, "color": "white"}},
             hovertext=detail,
             hoverinfo="text",
-            text=[s.name if s.stream.startswith("stage") else "" for s in spans],
+            text=[s.name if _PIPE_OP.match(s.name) else "" for s in spans],
             textposition="inside",
             insidetextanchor="middle",
         )
@@ -129,8 +156,8 @@ def timeline(trace: Trace, x_range_s: tuple[float, float] | None = None, title: 
 
 def last_backward_window(trace: Trace) -> tuple[float, float]:
     """From the start of the last micro-batch's forward to the end of the trace (the part DDP overlaps)."""
-    fwd = [s.start_s for s in trace.spans if s.name.startswith("fwd")]
-    start = min(fwd) if fwd else 0.0
+    fwd = [s.start_s for s in trace.spans if s.name.startswith("fwd ")]
+    start = min(fwd) if fwd else 0.0  # a pipeline schedule interleaves micro-batches: the whole step
     end = max(s.end_s for s in trace.spans)
     return start, end
 
@@ -141,11 +168,11 @@ def bucket_table(result: StepResult) -> Any:
     if df.empty:
         return df
     out = df[["index", "num_params", "algorithm", "protocol"]].copy()
-    out["size (MiB)"] = df["size_bytes"] / units.MiB
+    out["size (MiB)"] = (df["size_bytes"] / units.MiB).round(3)
     for col in ("ready_s", "start_s", "end_s"):
-        out[col.replace("_s", " (ms)")] = df[col] / MS
-    out["waited (ms)"] = (df["start_s"] - df["ready_s"]) / MS
-    out["duration (ms)"] = (df["end_s"] - df["start_s"]) / MS
+        out[col.replace("_s", " (ms)")] = (df[col] / MS).round(3)
+    out["waited (ms)"] = ((df["start_s"] - df["ready_s"]) / MS).round(3)
+    out["duration (ms)"] = ((df["end_s"] - df["start_s"]) / MS).round(3)
     return out
 
 
@@ -168,13 +195,12 @@ def scaling(sweep: ScalingSweep, mark_gpus: Sequence[int] = (128,)) -> go.Figure
         fig.update_xaxes(type="log", tickvals=gpus, ticktext=[str(g) for g in gpus], title_text="GPUs",
                          row=1, col=col)
     fig.update_yaxes(title_text="step time (ms)", rangemode="tozero", row=1, col=1, secondary_y=False)
-    fig.update_yaxes(title_text="tokens/s", type="log", row=1, col=1, secondary_y=True)
+    fig.update_yaxes(title_text="tokens/s", type="log", dtick=1, exponentformat="SI", row=1, col=1,
+                     secondary_y=True)
     fig.update_yaxes(title_text="%", range=[0, 105], row=1, col=2)
     for g in sorted({*mark_gpus, sweep.reference_num_gpus}):
         if any(p.num_gpus == g for p in pts):
-            # Shapes on a log axis take log10 coordinates.
-            fig.add_vline(x=math.log10(g), line_dash="dash", line_color="grey",
-                          annotation_text=f"{g} GPUs", annotation_position="top left")
+            _mark_x(fig, g, f"{g} GPUs", cols=(1, 2))
     fig.update_layout(height=420, **_LAYOUT)
     return fig
 
@@ -182,11 +208,11 @@ def scaling(sweep: ScalingSweep, mark_gpus: Sequence[int] = (128,)) -> go.Figure
 def scaling_table(sweep: ScalingSweep) -> Any:
     df = sweep.to_dataframe()
     out = df[["num_gpus", "num_nodes", "dp", "global_batch_size"]].copy()
-    out["step time (ms)"] = df["step_time_s"] / MS
-    out["exposed comm (%)"] = 100 * df["exposed_comm_fraction"]
-    out["tokens/s"] = df["tokens_per_s"]
-    out["MFU (%)"] = 100 * df["mfu"]
-    out["scaling efficiency (%)"] = 100 * df["scaling_efficiency"]
+    out["step time (ms)"] = (df["step_time_s"] / MS).round(2)
+    out["exposed comm (%)"] = (100 * df["exposed_comm_fraction"]).round(2)
+    out["tokens/s"] = df["tokens_per_s"].round(0)
+    out["MFU (%)"] = (100 * df["mfu"]).round(1)
+    out["scaling efficiency (%)"] = (100 * df["scaling_efficiency"]).round(1)
     out["note"] = df["error"].fillna("")
     return out
 
@@ -204,8 +230,7 @@ def bucket_sweep(sweep: BucketCapSweep, current_cap_mb: float | None = None) -> 
     fig.add_scatter(x=caps, y=[_ms(p.exposed_comm_time_s) for p in pts], name="exposed comm (ms)",
                     mode="lines+markers", line_color=COLORS["exposed"], secondary_y=True)
     if current_cap_mb is not None:
-        fig.add_vline(x=math.log10(current_cap_mb), line_dash="dash", line_color="grey",
-                      annotation_text=f"{current_cap_mb:g} MiB")
+        _mark_x(fig, current_cap_mb, f"{current_cap_mb:g} MiB")
     fig.update_xaxes(type="log", title_text="bucket_cap_mb (MiB)")
     fig.update_yaxes(title_text="step time (ms)", secondary_y=False)
     fig.update_yaxes(title_text="exposed comm (ms)", rangemode="tozero", secondary_y=True)
@@ -281,14 +306,15 @@ def compare_table(results: Mapping[str, StepResult], memory_gib: Mapping[str, fl
             "GPUs": r.num_gpus,
             "dp x tp x pp": f"{r.dp} x {r.tp} x {r.pp}",
             "global batch": r.global_batch_size,
-            "step time (ms)": r.step_time_s / MS,
-            "exposed comm (%)": 100 * r.exposed_comm_fraction,
-            "tokens/s": r.tokens_per_s,
-            "MFU (%)": 100 * r.mfu,
-            "scaling efficiency (%)": 100 * r.scaling_efficiency,
+            "step time (ms)": round(r.step_time_s / MS, 2),
+            "exposed comm (%)": round(100 * r.exposed_comm_fraction, 2),
+            "tokens/s": round(r.tokens_per_s),
+            "MFU (%)": round(100 * r.mfu, 1),
+            "scaling efficiency (%)": round(100 * r.scaling_efficiency, 1),
         }
         if memory_gib is not None:
-            row["memory / GPU (GiB)"] = memory_gib.get(name)
+            gib = memory_gib.get(name)
+            row["memory / GPU (GiB)"] = None if gib is None else round(gib, 2)
         rows.append(row)
     return pd.DataFrame(rows)
 
@@ -318,7 +344,7 @@ def memory_strategies(sweep: StrategySweep) -> go.Figure:
     capacity = next((p.capacity_bytes for p in pts if p.capacity_bytes), None)
     if capacity:
         fig.add_hline(y=capacity / units.GiB, line_dash="dash", line_color="#E45756",
-                      annotation_text=f"capacity {capacity / units.GiB:.1f} GiB", annotation_position="top left")
+                      annotation_text=f"capacity {capacity / units.GiB:.1f} GiB", annotation_position="top right")
     fig.update_layout(barmode="stack", title="Memory per GPU by strategy", yaxis_title="GiB", height=460,
                       **_LAYOUT)
     return fig
@@ -327,11 +353,11 @@ def memory_strategies(sweep: StrategySweep) -> go.Figure:
 def strategy_table(sweep: StrategySweep) -> Any:
     df = sweep.to_dataframe()
     out = df[["strategy", "dp", "tp", "pp", "zero_stage"]].copy()
-    out["memory / GPU (GiB)"] = df["memory_bytes"] / units.GiB
+    out["memory / GPU (GiB)"] = (df["memory_bytes"] / units.GiB).round(2)
     out["fits"] = df["memory_fits"]
-    out["step time (ms)"] = df["step_time_s"] / MS
-    out["exposed comm (%)"] = 100 * df["exposed_comm_fraction"]
-    out["tokens/s"] = df["tokens_per_s"]
+    out["step time (ms)"] = (df["step_time_s"] / MS).round(2)
+    out["exposed comm (%)"] = (100 * df["exposed_comm_fraction"]).round(2)
+    out["tokens/s"] = df["tokens_per_s"].round(0)
     out["note"] = df["error"].fillna("")
     return out
 
@@ -342,6 +368,114 @@ def memory_items(memory: Any) -> Any:
     if df.empty:
         return df
     out = df[["category", "name"]].copy()
-    out["GiB"] = df["size_bytes"] / units.GiB
+    out["GiB"] = (df["size_bytes"] / units.GiB).round(3)
     out["note"] = df["note"]
     return out
+
+
+# ------------------------------------------------------------------------------------------ calibration
+def collective_fits(profile: Any) -> go.Figure:
+    """Measured collective times against each fitted alpha-beta segment (log-log), per op and communicator."""
+    fig = go.Figure()
+    palette = ["#4C78A8", "#F58518", "#54A24B", "#E45756", "#B279A2", "#72B7B2", "#EECA3B", "#9D755D"]
+    groups = list(dict.fromkeys((r.fit.op, r.group) for r in profile.fits))
+    for k, (op, group) in enumerate(groups):
+        color = palette[k % len(palette)]
+        reports = [r for r in profile.fits if (r.fit.op, r.group) == (op, group)]
+        pts = sorted(p for r in reports for p in r.points)
+        label = f"{op}, {group} ({reports[0].fit.measured_ranks} ranks)"
+        fig.add_scatter(x=[p[0] for p in pts], y=[p[1] / units.US for p in pts], mode="markers", name=label,
+                        marker={"color": color, "size": 8}, legendgroup=label,
+                        hovertemplate="%{x} B: measured %{y:.1f} us<extra></extra>")
+        for r in reports:
+            seg = sorted(r.points)
+            fig.add_scatter(x=[p[0] for p in seg], y=[p[2] / units.US for p in seg], mode="lines",
+                            line={"color": color}, legendgroup=label, showlegend=False,
+                            hovertemplate=(f"fit: {r.fit.latency_per_step_s / units.US:.2f} us/step, "
+                                           f"{r.fit.bus_bandwidth_bytes_per_s / units.GB:.2f} GB/s busbw, "
+                                           f"R² {r.r2:.3f}<extra></extra>"))
+    fig.update_xaxes(type="log", title_text="message size (bytes)")
+    fig.update_yaxes(type="log", title_text="time (us)")
+    fig.update_layout(title="Collectives: measured (points) vs fitted model (lines)", height=460, **_LAYOUT)
+    return fig
+
+
+def fit_table(profile: Any) -> Any:
+    import pandas as pd
+
+    return pd.DataFrame([
+        {
+            "op": r.fit.op,
+            "group": r.group,
+            "tier": r.fit.tier,
+            "ranks": r.fit.measured_ranks,
+            "sizes": f"{units.fmt_bytes(r.fit.min_bytes)} .. {units.fmt_bytes(r.fit.max_bytes)}",
+            "points": r.num_points,
+            "latency / step (us)": round(r.fit.latency_per_step_s / units.US, 2),
+            "busbw (GB/s)": round(r.fit.bus_bandwidth_bytes_per_s / units.GB, 3),
+            "R²": round(r.r2, 4),
+            "rel. residual (%)": round(100 * r.fit.rel_residual, 2),
+        }
+        for r in profile.fits
+    ])
+
+
+def _cap_label(cap: float | None) -> str:
+    return "default" if cap is None else f"{cap:g} MiB"
+
+
+def validation(report: Any) -> go.Figure:
+    """Measured DDP step (median, p10..p90) against the simulator's prediction (with its band) per bucket cap."""
+    cases = report.cases
+    labels = [_cap_label(c.bucket_cap_mb) for c in cases]
+    measured = [c.measured_s / MS for c in cases]
+    predicted = [c.prediction.step_time_s / MS for c in cases]
+    fig = go.Figure()
+    fig.add_bar(x=labels, y=measured, name="measured (median, p10..p90)", marker_color=COLORS["compute"],
+                error_y={"type": "data", "symmetric": False,
+                         "array": [c.measured_p90_s / MS - m for c, m in zip(cases, measured, strict=True)],
+                         "arrayminus": [m - c.measured_p10_s / MS for c, m in zip(cases, measured, strict=True)]})
+    fig.add_bar(x=labels, y=predicted, name="simddp (band)", marker_color=COLORS["comm"],
+                text=[f"{c.error:+.1%}" for c in cases], textposition="outside",
+                error_y={"type": "data", "symmetric": False,
+                         "array": [c.prediction.high_s / MS - p for c, p in zip(cases, predicted, strict=True)],
+                         "arrayminus": [p - c.prediction.low_s / MS for c, p in zip(cases, predicted, strict=True)]})
+    fig.update_layout(barmode="group", title=f"DDP step: measured vs model (MAPE {report.mape:.1%})",
+                      xaxis_title="bucket_cap_mb", yaxis_title="step time (ms)", height=420, **_LAYOUT)
+    return fig
+
+
+def validation_table(report: Any) -> Any:
+    import pandas as pd
+
+    return pd.DataFrame([
+        {
+            "bucket cap": _cap_label(c.bucket_cap_mb),
+            "buckets (measured / model)": f"{c.measured_num_buckets} / {c.prediction.num_buckets}",
+            "measured (ms)": c.measured_s / MS,
+            "p10 .. p90 (ms)": f"{c.measured_p10_s / MS:.2f} .. {c.measured_p90_s / MS:.2f}",
+            "simddp (ms)": c.prediction.step_time_s / MS,
+            "band (ms)": f"{c.prediction.low_s / MS:.2f} .. {c.prediction.high_s / MS:.2f}",
+            "error (%)": 100 * c.error,
+        }
+        for c in report.cases
+    ])
+
+
+def extrapolation(predictions: Sequence[Any], measured_ranks: int | None = None) -> go.Figure:
+    """Predicted step time against data-parallel ranks, with the calibration's uncertainty band."""
+    xs = [p.world_size for p in predictions]
+    fig = go.Figure()
+    fig.add_scatter(x=xs, y=[p.high_s / MS for p in predictions], mode="lines", line={"width": 0},
+                    showlegend=False, hoverinfo="skip")
+    fig.add_scatter(x=xs, y=[p.low_s / MS for p in predictions], mode="lines", fill="tonexty", line={"width": 0},
+                    name="band", fillcolor="rgba(245,133,24,0.25)")
+    fig.add_scatter(x=xs, y=[p.step_time_s / MS for p in predictions], mode="lines+markers", name="predicted step",
+                    line_color=COLORS["comm"])
+    fig.add_scatter(x=xs, y=[p.exposed_comm_time_s / MS for p in predictions], mode="lines+markers",
+                    name="exposed comm", line={"color": COLORS["exposed"], "dash": "dot"})
+    if measured_ranks in xs:
+        _mark_x(fig, measured_ranks, f"measured on {measured_ranks}")
+    fig.update_xaxes(type="log", tickvals=xs, ticktext=[str(x) for x in xs], title_text="data-parallel ranks")
+    fig.update_layout(title="Extrapolation from the calibration", yaxis_title="ms", height=400, **_LAYOUT)
+    return fig

@@ -9,7 +9,10 @@ here, keyed by the scenario's JSON, and never in simddp.
 from __future__ import annotations
 
 import copy
+import hashlib
 import json
+import tempfile
+from pathlib import Path
 from typing import Any
 
 import streamlit as st
@@ -218,3 +221,68 @@ def layout_search(data: dict[str, Any]) -> Any:
     except ValueError as err:
         st.error(str(err), icon=":material/error:")
         return None
+
+
+# ------------------------------------------------------------------------------------ calibration
+def _materialise(name: str, content: bytes) -> Path:
+    """An uploaded file on disk (simddp's readers take paths), named by its content."""
+    folder = Path(tempfile.gettempdir()) / "simddp-app"
+    folder.mkdir(exist_ok=True)
+    path = folder / f"{hashlib.sha256(content).hexdigest()[:16]}-{Path(name).name}"
+    if not path.exists():
+        path.write_bytes(content)
+    return path
+
+
+def _named(err: Exception, path: Path, name: str) -> simddp.ScenarioError:
+    return simddp.ScenarioError(str(err).replace(str(path), name))
+
+
+@st.cache_data(max_entries=16, show_spinner=False)
+def load_profile(name: str, content: bytes) -> Any:
+    """A CalibrationProfile from an uploaded profile.json (raises ScenarioError naming the file)."""
+    from simddp.profile import load_profile as load
+
+    path = _materialise(name, content)
+    try:
+        return load(path)
+    except simddp.ScenarioError as err:
+        raise _named(err, path, name) from None
+
+
+@st.cache_data(max_entries=16, show_spinner=False)
+def fit_profile(comm_name: str, comm: bytes, compute_name: str, compute: bytes) -> Any:
+    """simddp.fit.fit_profile of an uploaded comm.json and compute.json."""
+    from simddp.fit import fit_profile as fit
+    from simddp.profile import CommMeasurements, ComputeMeasurements, read_calibration_file
+
+    comm_path, compute_path = _materialise(comm_name, comm), _materialise(compute_name, compute)
+    try:
+        measured_comm = read_calibration_file(comm_path, CommMeasurements)
+        measured_compute = read_calibration_file(compute_path, ComputeMeasurements)
+    except simddp.ScenarioError as err:
+        raise _named(_named(err, comm_path, comm_name), compute_path, compute_name) from None
+    return fit(measured_comm, measured_compute, sources={"comm": comm_name, "compute": compute_name})
+
+
+@st.cache_data(max_entries=16, show_spinner=False)
+def validate_profile(profile_name: str, profile: bytes, ddp_name: str, ddp: bytes, z: float) -> Any:
+    """simddp.report.validate: the simulator's prediction of every measured DDP step."""
+    from simddp.profile import DDPMeasurements, read_calibration_file
+    from simddp.report import validate as run_validation
+
+    profile_path, ddp_path = _materialise(profile_name, profile), _materialise(ddp_name, ddp)
+    try:
+        measured = read_calibration_file(ddp_path, DDPMeasurements)
+        return run_validation(profile_path, measured, ddp_name, z=z).model_copy(update={"profile": profile_name})
+    except simddp.ScenarioError as err:
+        raise _named(_named(err, ddp_path, ddp_name), profile_path, profile_name) from None
+
+
+@st.cache_data(max_entries=16, show_spinner=False)
+def extrapolate_profile(profile_name: str, profile: bytes, world_sizes: tuple[int, ...], gpus_per_node: int,
+                        z: float) -> Any:
+    """simddp.report.extrapolate: predicted steps (with their band) at other data-parallel world sizes."""
+    from simddp.report import extrapolate
+
+    return extrapolate(_materialise(profile_name, profile), world_sizes, gpus_per_node=gpus_per_node, z=z)

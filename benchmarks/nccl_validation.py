@@ -10,12 +10,12 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "validation"))
 
-from test_nccl_tests import PUBLISHED_BUSBW  # noqa: E402
+from test_nccl_tests import PUBLISHED_BUSBW
 
-from simddp.collectives import collective_cost  # noqa: E402
-from simddp.config import Cluster  # noqa: E402
-from simddp.topology import world_group  # noqa: E402
-from simddp.units import GB  # noqa: E402
+from simddp.collectives import collective_cost
+from simddp.config import Cluster
+from simddp.topology import world_group
+from simddp.units import GB
 
 # Mid-size points that are reported but not asserted (see docs/collectives.md).
 EXTRA = [

@@ -32,7 +32,6 @@ import os
 import statistics
 import sys
 import tempfile
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -393,21 +392,26 @@ def hooked_layers(model: torch.nn.Module, inputs: Sequence[Any], opt: torch.opti
     n = len(g.groups)
     cols = [list(c) for c in zip(*rows, strict=True)]
     fwd_cols, bwd_cols = cols[: n + 1], cols[n + 1 : 2 * n + 2]
-    hooked_fwd, hooked_bwd = statistics.median(cols[-2]), statistics.median(cols[-1])
-    # Hooks cost Python time; scale each layer so the layers add up to the clean forward/backward.
-    f_scale = clean["forward"].median_s / hooked_fwd if hooked_fwd > 0 else 1.0
-    b_scale = clean["backward"].median_s / hooked_bwd if hooked_bwd > 0 else 1.0
-    layers = [MeasuredLayer(name=REST, param_indices=[],
-                            fwd=timing_stats([v * f_scale for v in fwd_cols[n]]),
-                            bwd=timing_stats([v * b_scale for v in bwd_cols[n]]))]
+    # Hooks cost Python time, and a shared machine drifts between the hooked and the clean iterations:
+    # each layer gets its median share of the hooked forward (backward), renormalised, times the clean
+    # median, so the layers add up to the clean forward (backward) exactly.
+    fwd_s = _scaled(fwd_cols, cols[-2], clean["forward"].median_s)
+    bwd_s = _scaled(bwd_cols, cols[-1], clean["backward"].median_s)
+    layers = [MeasuredLayer(name=REST, param_indices=[], fwd=fwd_s[n], bwd=bwd_s[n])]
     # Forward order is the reverse of the ready order: the first layer ready in backward ran last.
     for k in reversed(range(n)):
-        layers.append(MeasuredLayer(
-            name=g.group_owner[k] or "(root)", param_indices=sorted(g.groups[k]),
-            fwd=timing_stats([v * f_scale for v in fwd_cols[k]]),
-            bwd=timing_stats([v * b_scale for v in bwd_cols[k]]),
-        ))
+        layers.append(MeasuredLayer(name=g.group_owner[k] or "(root)", param_indices=sorted(g.groups[k]),
+                                    fwd=fwd_s[k], bwd=bwd_s[k]))
     return layers
+
+
+def _scaled(layer_cols: list[list[float]], totals: list[float], clean_total_s: float) -> list[TimingStats]:
+    """Per-layer times whose medians are the layer's median share of ``totals`` times ``clean_total_s``."""
+    shares = [[v / t if t > 0 else 0.0 for v, t in zip(col, totals, strict=True)] for col in layer_cols]
+    med = [statistics.median(s) for s in shares]
+    norm = sum(med) or 1.0
+    factor = clean_total_s / norm
+    return [timing_stats([v * factor for v in s]) for s in shares]
 
 
 def _batch(inputs: Sequence[Any]) -> int:
@@ -415,10 +419,6 @@ def _batch(inputs: Sequence[Any]) -> int:
         if isinstance(x, torch.Tensor) and x.dim() > 0:
             return int(x.shape[0])
     return 1
-
-
-def _elapsed(t0: float) -> float:
-    return time.perf_counter() - t0
 
 
 if __name__ == "__main__":

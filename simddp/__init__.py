@@ -37,7 +37,8 @@ from typing import Any
 from simddp.bucketing import Bucket, ddp_buckets
 from simddp.collectives import CollectiveCost, collective_cost
 from simddp.config import Scenario, ScenarioError, load_scenario, scenario_from_dict
-from simddp.results import BucketTiming, Bounds, StepResult, Trace
+from simddp.memory import MemoryBreakdown, max_micro_batch_that_fits, memory_breakdown, smallest_layout_that_fits
+from simddp.results import Bounds, BucketTiming, StepResult, Trace
 
 __version__ = "0.1.0"
 
@@ -63,6 +64,7 @@ __all__ = [
     "Bucket",
     "BucketTiming",
     "CollectiveCost",
+    "MemoryBreakdown",
     "Scenario",
     "ScenarioError",
     "StepResult",
@@ -71,6 +73,9 @@ __all__ = [
     "collective_cost",
     "ddp_buckets",
     "load_scenario",
+    "max_micro_batch_that_fits",
+    "memory_breakdown",
     "scenario_from_dict",
     "simulate",
+    "smallest_layout_that_fits",
 ]

@@ -275,6 +275,102 @@ def cmd_app(args: argparse.Namespace) -> int:
     return subprocess.call(cmd)
 
 
+def cmd_calibrate_fit(args: argparse.Namespace) -> int:
+    from simddp.fit import fit_profile
+    from simddp.profile import CommMeasurements, ComputeMeasurements, read_calibration_file, write_json
+
+    comm = read_calibration_file(args.comm, CommMeasurements)
+    compute = read_calibration_file(args.compute, ComputeMeasurements)
+    profile = fit_profile(comm, compute, sources={"comm": str(args.comm), "compute": str(args.compute)})
+    write_json(profile, args.out)
+    if args.json:
+        print(profile.model_dump_json(indent=1))
+        return 0
+    run = profile.comm_run
+    print(f"Collectives measured on {run.world_size} ranks ({run.num_nodes} host(s), {run.backend}, "
+          f"{run.device_names[0] if run.device_names else run.device})")
+    print(f"{'op':<15}{'group':<11}{'tier':<6}{'sizes':>23} {'alpha/step':>11} {'busbw':>11} {'R2':>7} "
+          f"{'rel.resid':>9}")
+    for r in profile.fits:
+        f = r.fit
+        sizes = f"{units.fmt_bytes(f.min_bytes)}..{units.fmt_bytes(f.max_bytes)}"
+        print(f"{f.op:<15}{r.group:<11}{f.tier:<6}{sizes:>23} {units.fmt_time(f.latency_per_step_s):>11} "
+              f"{units.fmt_bandwidth(f.bus_bandwidth_bytes_per_s):>11} {r.r2:>7.3f} {f.rel_residual:>9.1%}")
+    layers = profile.model["layers"]
+    fwd = sum(la.get("fwd_time_s") or 0.0 for la in layers)
+    bwd = sum(la.get("bwd_time_s") or 0.0 for la in layers)
+    print(f"Compute    {len(layers)} layers: forward {units.fmt_time(fwd)}, backward {units.fmt_time(bwd)}, "
+          f"optimizer {units.fmt_time(profile.training['optimizer_time_s'])}, host "
+          f"{units.fmt_time(profile.cluster['host_overhead_s'])} (step noise {profile.compute_rel_sigma:.1%})")
+    print(f"Interference {profile.interference.value:.3f} ({profile.interference.note})")
+    for note in profile.notes:
+        if note.startswith(("fitted from partial", "parameter dtypes", "overlap")):
+            print(f"note: {note}")
+    print(f"wrote {args.out}")
+    return 0
+
+
+def cmd_calibrate_validate(args: argparse.Namespace) -> int:
+    from simddp.profile import DDPMeasurements, read_calibration_file
+    from simddp.report import extrapolate, validate, write_html
+
+    ddp = read_calibration_file(args.ddp, DDPMeasurements)
+    if not ddp.cases:
+        raise ScenarioError(f"{args.ddp}: no DDP step measured")
+    report = validate(args.profile, ddp, args.ddp, z=args.z)
+    sizes = _world_sizes(args.extrapolate) if args.extrapolate else []
+    cap = ddp.cases[-1].bucket_cap_mb
+    extra = extrapolate(args.profile, sizes, args.gpus_per_node, cap, z=args.z) if sizes else []
+    html = Path(args.html) if args.html else Path(args.ddp).with_name(Path(args.ddp).stem + "_report.html")
+    if args.json:
+        print(json.dumps(report.to_json_dict(), indent=2))
+    else:
+        print(report.to_text())
+    write_html(report, html, extra)
+    if not args.json:
+        print(f"report written to {html}")
+    return 0
+
+
+def cmd_calibrate_predict(args: argparse.Namespace) -> int:
+    from simddp.report import extrapolate
+
+    overrides: dict[str, Any] = {}
+    for item in args.set:
+        if "=" not in item:
+            raise UsageError(f"--set {item!r}: expected key.path=value")
+        key, value = item.split("=", 1)
+        from simddp.config import set_path
+
+        overrides = set_path(overrides, key.strip(), value)
+    preds = extrapolate(args.profile, _world_sizes(args.ranks), args.gpus_per_node, args.bucket_cap_mb,
+                        overrides, z=args.z)
+    if args.json:
+        print(json.dumps([p.model_dump() for p in preds], indent=2))
+        return 0
+    print(f"{'ranks':>6} {'nodes':>6} {'buckets':>8} {'step':>11} {'band (z=' + format(args.z, 'g') + ')':>25} "
+          f"{'comm':>11} {'exposed':>11}")
+    notes: list[str] = []
+    for p in preds:
+        band = f"{units.fmt_time(p.low_s)} .. {units.fmt_time(p.high_s)}"
+        print(f"{p.world_size:>6} {p.num_nodes:>6} {p.num_buckets:>8} {units.fmt_time(p.step_time_s):>11} "
+              f"{band:>25} {units.fmt_time(p.comm_time_s):>11} {units.fmt_time(p.exposed_comm_time_s):>11}")
+        notes += [n for n in p.notes if n not in notes]
+    for n in notes:
+        print(f"note: {n}")
+    return 0
+
+
+def _world_sizes(text: str) -> list[int]:
+    try:
+        sizes = [int(t) for t in text.replace(",", " ").split()]
+    except ValueError:
+        raise UsageError(f"world sizes {text!r}: expected integers such as 2,8,128") from None
+    if not sizes or any(n < 1 for n in sizes):
+        raise UsageError(f"world sizes {text!r}: expected integers >= 1")
+    return sizes
+
+
 # ------------------------------------------------------------------------------------- parser
 EXTRA_COMMANDS: list[Callable[[argparse._SubParsersAction], None]] = []  # type: ignore[type-arg]
 
@@ -325,6 +421,34 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("presets", help="list cluster and model presets")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_presets)
+
+    p = sub.add_parser("calibrate", help="fit a calibration profile from torch measurements; validate it")
+    cal = p.add_subparsers(dest="calibrate_command", required=True)
+    q = cal.add_parser("fit", help="fit comm.json + compute.json into profile.json")
+    q.add_argument("comm", help="comm.json from `torchrun ... -m calibration.collectives`")
+    q.add_argument("compute", help="compute.json from `python -m calibration.compute`")
+    q.add_argument("--out", default="profile.json", help="profile to write (default profile.json)")
+    q.add_argument("--json", action="store_true", help="print the profile as JSON")
+    q.set_defaults(func=cmd_calibrate_fit)
+    q = cal.add_parser("validate", help="predicted vs measured DDP steps (ddp.json), MAPE, HTML report")
+    q.add_argument("profile", help="profile.json from `simddp calibrate fit`")
+    q.add_argument("ddp", help="ddp.json from `torchrun ... -m calibration.ddp_step`")
+    q.add_argument("--html", help="report to write (default: <ddp>_report.html beside ddp.json)")
+    q.add_argument("--z", type=float, default=2.0, help="band width in standard errors (default 2)")
+    q.add_argument("--extrapolate", metavar="RANKS", help="also plot predictions for these world sizes, e.g. 2,8,128")
+    q.add_argument("--gpus-per-node", type=int, help="ranks per node when extrapolating (default: one node)")
+    q.add_argument("--json", action="store_true")
+    q.set_defaults(func=cmd_calibrate_validate)
+    q = cal.add_parser("predict", help="calibrated step time at other world sizes, with its uncertainty band")
+    q.add_argument("profile", help="profile.json from `simddp calibrate fit`")
+    q.add_argument("--ranks", default="2,8,32,128", help="data-parallel world sizes (default 2,8,32,128)")
+    q.add_argument("--gpus-per-node", type=int, help="ranks per node (default: all on one node)")
+    q.add_argument("--bucket-cap-mb", type=float, help="DDP bucket cap, MiB (default: torch's)")
+    q.add_argument("--z", type=float, default=2.0, help="band width in standard errors (default 2)")
+    q.add_argument("--set", action="append", default=[], metavar="KEY.PATH=VALUE",
+                   help="override a scenario key, e.g. --set cluster.inter_node.kind=infiniband (repeatable)")
+    q.add_argument("--json", action="store_true")
+    q.set_defaults(func=cmd_calibrate_predict)
 
     p = sub.add_parser("app", help="start the Streamlit what-if dashboard")
     p.add_argument("--port", type=int, default=8501)

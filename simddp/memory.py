@@ -513,8 +513,12 @@ def _activation_items(scenario: Scenario, workload: Workload, stage: int, in_fli
         per_mb = sum(layer.activation_bytes for layer in layers)
         return [MemoryItem(category="activations", name="layer activations", size_bytes=round(per_mb * in_flight),
                            note=f"{len(layers)} layers' activation_numel_per_sample {k}")]
-    shape = {"seq_len": tr.seq_len, "micro_batch_size": tr.micro_batch_size, "tp": par.tp,
-             "sequence_parallel": par.sequence_parallel}
+    shape: dict[str, Any] = {
+        "seq_len": tr.seq_len,
+        "micro_batch_size": tr.micro_batch_size,
+        "tp": par.tp,
+        "sequence_parallel": par.sequence_parallel,
+    }
     act = PRECISION_ACT_BYTES[tr.precision]
     dropout = _dropout(scenario, spec)
     blocks = {int(layer.name.split(".")[1]) for layer in layers if layer.is_block}
@@ -633,7 +637,11 @@ def max_micro_batch_that_fits(scenario: Scenario, limit: int = 1 << 16) -> int:
         raise ValueError(f"limit({limit}) must be >= 1")
 
     def fits(b: int) -> bool:
-        return memory_breakdown(_variant(scenario, training={"micro_batch_size": b})).fits
+        try:
+            variant = _variant(scenario, training={"micro_batch_size": b})
+        except ScenarioError:  # e.g. an interleaved schedule needs the micro-batch count to divide by pp
+            return False
+        return memory_breakdown(variant).fits
 
     gbs = scenario.training.global_batch_size
     if gbs is not None:

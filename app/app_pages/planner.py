@@ -13,6 +13,7 @@ from simddp.results import StepResult
 
 CUSTOM_TRANSFORMER = "custom transformer"
 CUSTOM_PARAMETERS = "custom parameter list"
+CUSTOM_CLUSTER = "custom cluster (from the scenario)"
 MODEL_KEY = "w:model"
 CLUSTER_KEY = "w:cluster_preset"
 GBS_AUTO_KEY = "w:gbs_auto"
@@ -33,6 +34,8 @@ def _on_model() -> None:
 
 
 def _on_cluster() -> None:
+    if st.session_state[CLUSTER_KEY] == CUSTOM_CLUSTER:
+        return
     data = state.scenario_dict()
     nodes = state.last_valid_scenario().cluster.num_nodes
     data["cluster"] = {"preset": st.session_state[CLUSTER_KEY], "num_nodes": nodes}
@@ -140,10 +143,12 @@ with col_cluster:
     st.subheader("Cluster")
     cl = shown.cluster
     presets = list(CLUSTER_PRESETS)
+    if not data.get("cluster", {}).get("preset"):
+        presets.append(CUSTOM_CLUSTER)
     if CLUSTER_KEY not in st.session_state:
-        st.session_state[CLUSTER_KEY] = data.get("cluster", {}).get("preset") or presets[0]
+        st.session_state[CLUSTER_KEY] = data.get("cluster", {}).get("preset") or CUSTOM_CLUSTER
     st.selectbox("Cluster preset", presets, key=CLUSTER_KEY, on_change=_on_cluster,
-                 format_func=lambda n: f"{n}: {CLUSTER_PRESETS[n].description}",
+                 format_func=lambda n: f"{n}: {CLUSTER_PRESETS[n].description}" if n in CLUSTER_PRESETS else n,
                  help="Node type; its values are filled from spec sheets and nccl-tests (override below).")
     c1, c2 = st.columns(2)
     widgets.number("Number of nodes", "cluster.num_nodes", cl.num_nodes, model=Cluster, field="num_nodes",

@@ -25,9 +25,11 @@ if result is not None and result.trace is not None:
     c[1].metric("All communication", units.fmt_time(result.comm_time_s), border=True)
     c[2].metric("Exposed communication", units.fmt_time(result.exposed_comm_time_s), border=True)
     c[3].metric("Backward + forward", units.fmt_time(result.compute_time_s), border=True)
-    if result.pp > 1 and not any(s.stream.startswith("stage") for s in result.trace.spans):
-        st.info("This simddp times the most loaded pipeline stage only; no pipeline schedule in the trace.",
-                icon=":material/info:")
+    if result.pp > 1:
+        schedule = data.get("parallelism", {}).get("pipeline_schedule", "1f1b")
+        st.caption(f"Pipeline ({schedule}): one compute and one comm row per stage; Fi / Bi = forward "
+                   "/ backward of micro-batch i (vs = virtual stage). Figures above are for "
+                   f"{result.reported_rank}; bubble {units.fmt_time(result.pipeline_bubble_time_s)}.")
     st.subheader("Buckets")
     table = charts.bucket_table(result)
     st.dataframe(table, hide_index=True, height=320)

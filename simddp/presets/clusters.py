@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from simddp.presets import Preset
-from simddp.units import GB, GBIT, MiB, TFLOP, US
+from simddp.units import GB, GBIT, TFLOP, US, MiB
 
 NCCL_HWLAT_NVLINK_S = 3.4 * US
 NCCL_HWLAT_PCI_S = 5.7 * US

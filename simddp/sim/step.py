@@ -26,9 +26,9 @@ from simddp.collectives import collective_cost
 from simddp.compute import LayerTiming, layer_timing, optimizer_step_s
 from simddp.config import ParameterSpec, Scenario
 from simddp.memory import memory_breakdown
-from simddp.results import BucketTiming, Bounds, Span, StepResult, Trace
+from simddp.results import Bounds, BucketTiming, Span, StepResult, Trace
 from simddp.sim.fsdp import FsdpUnit, fsdp_micro_step
-from simddp.sim.pipeline import PipeOp, PipelineClock, pipeline_rank, schedule
+from simddp.sim.pipeline import PipelineClock, PipeOp, pipeline_rank, schedule
 from simddp.sim.processes import BucketPlan, StreamState, comm_stream, compute_stream
 from simddp.topology import dp_group, group, tp_group
 from simddp.units import dtype_bytes

@@ -99,26 +99,47 @@ def test_planner_number_changes_in_chromium(server: str, tmp_path: Path) -> None
             browser.close()
 
 
+def _settle(page) -> None:  # type: ignore[no-untyped-def]
+    """Wait for the script run to finish (the status widget shows while it runs) and plotly to draw."""
+    from playwright.sync_api import expect
+
+    page.wait_for_timeout(500)
+    expect(page.get_by_test_id("stStatusWidget")).to_have_count(0, timeout=60_000)
+    page.wait_for_timeout(800)
+
+
 def test_every_page_renders_in_chromium(server: str, tmp_path: Path) -> None:
-    """Each page loads without an exception; with SIMDDP_SCREENSHOT_DIR set, screenshots go there."""
+    """Each page loads with its charts and no exception; the calibration page takes real uploads.
+
+    With SIMDDP_SCREENSHOT_DIR set, one screenshot per page goes there (docs/img).
+    """
+    from calibration_data import write_all
     from playwright.sync_api import expect, sync_playwright
 
     out = Path(os.environ.get("SIMDDP_SCREENSHOT_DIR") or tmp_path)
     out.mkdir(parents=True, exist_ok=True)
+    files = write_all(tmp_path)
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
         try:
-            page = browser.new_page(viewport={"width": 1600, "height": 1100})
+            page = browser.new_page(viewport={"width": 1440, "height": 1800})
             for name in PAGES:
                 page.goto(f"{server}/{name}" if name != "planner" else server)
                 expect(page.get_by_test_id("stMainBlockContainer").locator("h1").first).to_be_visible(timeout=60_000)
-                # Wait for the run to finish: the status widget shows while a script runs.
-                page.wait_for_timeout(500)
-                expect(page.get_by_test_id("stStatusWidget")).to_have_count(0, timeout=60_000)
-                if name in ("planner", "timeline", "scaling", "whatif"):
-                    expect(page.locator(".js-plotly-plot").first).to_be_visible(timeout=60_000)
+                _settle(page)
+                if name == "calibration":
+                    uploads = page.get_by_test_id("stFileUploaderDropzoneInput")
+                    uploads.nth(0).set_input_files(str(files["profile"]))
+                    _settle(page)
+                    uploads.nth(1).set_input_files(str(files["ddp"]))
+                    expect(page.get_by_test_id("stMetric").filter(has_text="MAPE")).to_be_visible(timeout=60_000)
+                    _settle(page)
+                if name == "compare":
+                    page.get_by_role("button", name="Add the planner's scenario").click()
+                    expect(page.get_by_test_id("stDataFrame").first).to_be_visible(timeout=60_000)
+                    _settle(page)
+                expect(page.locator(".js-plotly-plot").first).to_be_visible(timeout=60_000)
                 assert page.get_by_test_id("stException").count() == 0, f"{name}: exception shown"
-                page.wait_for_timeout(800)  # let plotly finish drawing
-                page.screenshot(path=str(out / f"{name}.png"), full_page=True)
+                page.screenshot(path=str(out / f"{name}.png"))
         finally:
             browser.close()

@@ -12,7 +12,7 @@ import pytest
 from simddp.collectives import collective_cost
 from simddp.config import Cluster
 from simddp.topology import world_group
-from simddp.units import GB, GiB, MiB, US
+from simddp.units import GB, US, GiB, MiB
 
 PUBLISHED_BUSBW = [
     # (preset, nodes, size, algorithm, measured busbw GB/s, source)

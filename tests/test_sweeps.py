@@ -1,0 +1,168 @@
+"""Sweeps: variant scenarios built at dotted paths, every number from simddp.simulate."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+from conftest import base_scenario
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import simddp
+from simddp import sweeps
+from simddp.config import ScenarioError
+from simddp.units import GBIT
+
+
+def test_default_gpu_counts() -> None:
+    assert sweeps.default_gpu_counts(8) == [1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048]
+    assert sweeps.default_gpu_counts(4, max_gpus=32) == [1, 2, 4, 8, 16, 32]
+    assert sweeps.default_gpu_counts(1, max_gpus=4) == [1, 2, 4]
+
+
+def test_scaling_points_are_simulations_of_resized_scenarios() -> None:
+    base = base_scenario()
+    sweep = sweeps.scaling_sweep(base, [1, 4, 8, 16, 64])
+    assert [p.num_gpus for p in sweep.points] == [1, 4, 8, 16, 64]
+    assert all(p.ok for p in sweep.points)
+    assert [(p.num_nodes, p.gpus_per_node) for p in sweep.points] == [(1, 1), (1, 4), (1, 8), (2, 8), (8, 8)]
+    assert [p.dp for p in sweep.points] == [1, 4, 8, 16, 64]
+    # Weak scaling: micro-batch 4, one micro-batch per GPU.
+    assert [p.global_batch_size for p in sweep.points] == [4, 16, 32, 64, 256]
+    at_16 = next(p for p in sweep.points if p.num_gpus == 16)
+    ref = simddp.simulate(base, trace=False)
+    assert at_16.step_time_s == ref.step_time_s
+    assert at_16.exposed_comm_fraction == ref.exposed_comm_fraction
+    assert at_16.memory_bytes == ref.memory.total_bytes  # type: ignore[union-attr]
+    one = sweep.points[0]
+    assert one.comm_time_s == 0.0 and one.exposed_comm_time_s == pytest.approx(0.0, abs=1e-12)
+    assert sweep.reference_num_gpus == 16 and sweep.batch == "weak"
+
+
+def test_weak_scaling_keeps_gradient_accumulation() -> None:
+    base = base_scenario(training={"micro_batch_size": 2, "global_batch_size": 128, "seq_len": 1024})
+    sweep = sweeps.scaling_sweep(base, [8, 16, 32])
+    assert [p.global_batch_size for p in sweep.points] == [64, 128, 256]  # 4 micro-batches of 2 per GPU
+
+
+def test_strong_scaling_reports_what_the_batch_does_not_divide() -> None:
+    base = base_scenario(training={"micro_batch_size": 4, "global_batch_size": 64, "seq_len": 1024})
+    sweep = sweeps.scaling_sweep(base, [8, 16, 32], batch="strong")
+    assert [p.ok for p in sweep.points] == [True, True, False]
+    assert "global_batch_size(64)" in (sweep.points[2].error or "")
+    assert sweep.points[2].step_time_s is None
+    assert {p.global_batch_size for p in sweep.points if p.ok} == {64}
+
+
+def test_scaling_keeps_tp_and_drops_an_explicit_dp() -> None:
+    base = base_scenario(parallelism={"dp": 8, "tp": 2})
+    sweep = sweeps.scaling_sweep(base, [1, 2, 8, 32])
+    assert not sweep.points[0].ok and "tp(2)" in (sweep.points[0].error or "")
+    assert [p.dp for p in sweep.points[1:]] == [1, 4, 16]
+
+
+def test_scaling_rejects_partial_nodes_above_one_node() -> None:
+    sweep = sweeps.scaling_sweep(base_scenario(), [12])
+    assert not sweep.points[0].ok and "whole number" in (sweep.points[0].error or "")
+    with pytest.raises(ScenarioError):
+        sweeps.scaling_sweep(base_scenario(), [0])
+
+
+def test_bucket_cap_sweep() -> None:
+    base = base_scenario()
+    sweep = sweeps.bucket_cap_sweep(base, (1, 5, 25, 100, 1000))
+    counts = [p.num_buckets for p in sweep.points]
+    assert counts == sorted(counts, reverse=True) and counts[0] > counts[-1]
+    at_25 = sweep.points[2]
+    ref = simddp.simulate(sweeps.set_value(base, "ddp.bucket_cap_mb", 25), trace=False)
+    assert at_25.step_time_s == ref.step_time_s and at_25.num_buckets == len(ref.buckets)
+    assert sweep.reference_bucket_cap_mb is None
+    df = sweep.to_dataframe()
+    assert list(df["bucket_cap_mb"]) == [1, 5, 25, 100, 1000]
+    assert {"step_time_s", "exposed_comm_fraction", "ok", "error"} <= set(df.columns)
+
+
+def test_grid_sweep_order_values_and_errors() -> None:
+    base = base_scenario()
+    grid = sweeps.grid_sweep(base, "parallelism.tp", [1, 2, 3], "cluster.num_nodes", [1, 2])
+    assert [(p.x, p.y) for p in grid.points] == [(1, 1), (2, 1), (3, 1), (1, 2), (2, 2), (3, 2)]
+    assert [p.ok for p in grid.points] == [True, True, False, True, True, False]
+    assert "tp(3)" in (grid.points[2].error or "")
+    ref = simddp.simulate(sweeps.with_values(base, {"parallelism.tp": 2, "cluster.num_nodes": 2}), trace=False)
+    assert grid.points[4].step_time_s == ref.step_time_s
+    df = grid.to_dataframe()
+    assert df.pivot(index="y", columns="x", values="step_time_s").shape == (2, 3)
+
+
+def test_grid_sweep_needs_two_keys() -> None:
+    with pytest.raises(ScenarioError):
+        sweeps.grid_sweep(base_scenario(), "ddp.bucket_cap_mb", [1], "ddp.bucket_cap_mb", [2])
+
+
+def test_faster_network_never_slows_a_step() -> None:
+    rates = [25 * GBIT, 100 * GBIT, 400 * GBIT]
+    grid = sweeps.grid_sweep(base_scenario(), "cluster.inter_node.nic_bandwidth_bytes_per_s", rates,
+                             "ddp.bucket_cap_mb", [5.0, 25.0])
+    for y in (5.0, 25.0):
+        steps = [p.step_time_s for p in grid.points if p.y == y]
+        assert steps == sorted(steps, reverse=True)
+
+
+def test_strategy_sweep_memory_goes_down_with_zero() -> None:
+    base = base_scenario(model={"preset": "gpt2-medium"}, training={"micro_batch_size": 1, "seq_len": 1024})
+    sweep = sweeps.strategy_sweep(base)
+    names = [p.strategy for p in sweep.points]
+    assert names == ["DDP", "ZeRO-1", "ZeRO-2", "ZeRO-3 (FSDP)", "TP=8", "PP=4"]
+    assert all(p.ok for p in sweep.points)
+    mem = [p.memory_bytes for p in sweep.points[:4]]
+    assert mem == sorted(mem, reverse=True) and len(set(mem)) == 4
+    ddp, tp = sweep.points[0], sweep.points[4]
+    assert (tp.tp, tp.dp) == (8, 2) and tp.params_bytes < ddp.params_bytes  # type: ignore[operator]
+    for p in sweep.points:
+        parts = (p.params_bytes, p.grads_bytes, p.optimizer_bytes, p.activations_bytes, p.buffers_bytes,
+                 p.overhead_bytes)
+        assert sum(parts) == p.memory_bytes  # type: ignore[arg-type]
+    ref = simddp.simulate(sweeps.set_value(base, "parallelism.zero_stage", 2), trace=False)
+    assert sweep.points[2].memory_bytes == ref.memory.total_bytes  # type: ignore[union-attr]
+
+
+def test_strategy_that_the_model_forbids_is_an_error_point() -> None:
+    sweep = sweeps.strategy_sweep(base_scenario(), {"DDP": {"tp": 1}, "TP=5": {"tp": 5}})
+    assert sweep.points[0].ok and not sweep.points[1].ok
+
+
+def test_scenario_objects_round_trip_through_dicts() -> None:
+    for data in (base_scenario(), base_scenario(model={"preset": "resnet50"}, training={"seq_len": 1}),
+                 base_scenario(model={"transformer": {"num_layers": 2, "hidden_size": 64, "num_heads": 4,
+                                                      "ffn_hidden_size": 256, "vocab_size": 1000}})):
+        s = simddp.scenario_from_dict(data)
+        assert simddp.scenario_from_dict(sweeps.scenario_to_dict(s)) == s
+    s = simddp.scenario_from_dict(base_scenario())
+    assert sweeps.scenario_to_dict(s)["model"] == {"preset": "gpt2"}
+    by_object = sweeps.bucket_cap_sweep(s, (10, 50))
+    by_dict = sweeps.bucket_cap_sweep(base_scenario(), (10, 50))
+    assert by_object.points == by_dict.points
+
+
+def test_a_bad_base_scenario_raises_one_error() -> None:
+    with pytest.raises(ScenarioError, match="tp"):
+        sweeps.bucket_cap_sweep(base_scenario(parallelism={"tp": 3}))
+
+
+def test_inputs_are_not_modified() -> None:
+    base = base_scenario(parallelism={"dp": 16})
+    before = copy.deepcopy(base)
+    sweeps.scaling_sweep(base, [8, 32])
+    sweeps.grid_sweep(base, "ddp.bucket_cap_mb", [5], "cluster.num_nodes", [1])
+    assert base == before
+
+
+@settings(max_examples=50, deadline=None)
+@given(path=st.lists(st.sampled_from(["a", "b", "c"]), min_size=1, max_size=4).map(".".join),
+       value=st.one_of(st.integers(), st.floats(allow_nan=False), st.none(), st.text(max_size=5)))
+def test_set_value_then_get_path(path: str, value: object) -> None:
+    data = {"a": {"b": 1}, "c": 2}
+    out = sweeps.set_value(data, path, value)
+    assert sweeps.get_path(out, path) == value
+    assert data == {"a": {"b": 1}, "c": 2}
