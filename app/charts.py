@@ -46,8 +46,8 @@ def _mark_x(fig: go.Figure, x: float, text: str, cols: Sequence[int] = (1,)) -> 
         ref = "x" if col == 1 else f"x{col}"
         fig.add_shape(type="line", xref=ref, yref="paper", x0=x, x1=x, y0=0, y1=1,
                       line={"dash": "dash", "color": "grey", "width": 1})
-        fig.add_annotation(xref=ref, yref="paper", x=math.log10(x), y=1.0, text=text, showarrow=False,
-                           xanchor="left", yanchor="bottom", font={"size": 11, "color": "grey"})
+        fig.add_annotation(xref=ref, yref="paper", x=math.log10(x), y=0.99, text=text, showarrow=False,
+                           xanchor="left", yanchor="top", font={"size": 11, "color": "grey"})
 
 
 def _ms(seconds: float | None) -> float | None:
@@ -65,17 +65,26 @@ _STEP_PARTS = [
 ]
 
 
-def step_breakdown(result: StepResult, title: str = "Where the step goes") -> go.Figure:
-    """The step as compute, optimizer, host and exposed communication; total communication beside it."""
+def step_breakdown(result: StepResult, title: str = "Where the step goes", compact: bool = False) -> go.Figure:
+    """The step as compute, bubble, exposed communication, optimizer and host; all communication beside it.
+
+    ``compact``: no legend, the parts labelled inside their bars (for a narrow column).
+    """
     fig = go.Figure()
-    parts = [(label, getattr(result, field), COLORS[color]) for label, field, color in _STEP_PARTS]
-    for name, seconds, color in parts:
-        fig.add_bar(y=["step"], x=[_ms(seconds)], name=name, orientation="h", marker_color=color,
-                    hovertemplate=f"{name}: %{{x:.2f}} ms<extra></extra>")
-    fig.add_bar(y=["gradient comm"], x=[_ms(result.comm_time_s)], name="all communication (mostly overlapped)",
-                orientation="h", marker_color=COLORS["comm"],
-                hovertemplate="communication: %{x:.2f} ms<extra></extra>")
-    fig.update_layout(barmode="stack", title=title, xaxis_title="ms", height=230, **_LAYOUT)
+    for label, field, color in _STEP_PARTS:
+        ms = getattr(result, field) / MS
+        fig.add_bar(y=["step"], x=[ms], name=label, orientation="h", marker_color=COLORS[color],
+                    text=[f"{label.split(' (')[0]} {ms:,.0f} ms"] if compact else None, textposition="inside",
+                    insidetextanchor="middle", hovertemplate=f"{label}: %{{x:.2f}} ms<extra></extra>")
+    comm_ms = result.comm_time_s / MS
+    fig.add_bar(y=["all comm"], x=[comm_ms], name="all communication (mostly overlapped)", orientation="h",
+                marker_color=COLORS["comm"], text=[f"{comm_ms:,.1f} ms"] if compact else None,
+                textposition="auto", hovertemplate="all communication: %{x:.2f} ms<extra></extra>")
+    layout = dict(_LAYOUT)
+    if compact:
+        layout["showlegend"] = False
+    fig.update_layout(barmode="stack", title=title, xaxis_title="ms", height=220 if compact else 260,
+                      uniformtext={"minsize": 10, "mode": "hide"}, **layout)
     return fig
 
 
@@ -147,8 +156,9 @@ def timeline(trace: Trace, x_range_s: tuple[float, float] | None = None, title: 
             textposition="inside",
             insidetextanchor="middle",
         )
-    fig.update_layout(barmode="overlay", title=title, xaxis_title="time (ms)", height=170 + 60 * len(streams),
+    fig.update_layout(barmode="overlay", title=title, xaxis_title="time (ms)", height=190 + 60 * len(streams),
                       yaxis={"categoryorder": "array", "categoryarray": streams[::-1]}, **_LAYOUT)
+    fig.update_layout(legend={"y": -0.5 if len(streams) <= 2 else -0.15})
     if x_range_s is not None:
         fig.update_xaxes(range=[x_range_s[0] / MS, x_range_s[1] / MS])
     return fig
@@ -168,11 +178,11 @@ def bucket_table(result: StepResult) -> Any:
     if df.empty:
         return df
     out = df[["index", "num_params", "algorithm", "protocol"]].copy()
-    out["size (MiB)"] = (df["size_bytes"] / units.MiB).round(3)
+    out["size (MiB)"] = df["size_bytes"] / units.MiB
     for col in ("ready_s", "start_s", "end_s"):
-        out[col.replace("_s", " (ms)")] = (df[col] / MS).round(3)
-    out["waited (ms)"] = ((df["start_s"] - df["ready_s"]) / MS).round(3)
-    out["duration (ms)"] = ((df["end_s"] - df["start_s"]) / MS).round(3)
+        out[col.replace("_s", " (ms)")] = df[col] / MS
+    out["waited (ms)"] = (df["start_s"] - df["ready_s"]) / MS
+    out["duration (ms)"] = (df["end_s"] - df["start_s"]) / MS
     return out
 
 
@@ -208,11 +218,11 @@ def scaling(sweep: ScalingSweep, mark_gpus: Sequence[int] = (128,)) -> go.Figure
 def scaling_table(sweep: ScalingSweep) -> Any:
     df = sweep.to_dataframe()
     out = df[["num_gpus", "num_nodes", "dp", "global_batch_size"]].copy()
-    out["step time (ms)"] = (df["step_time_s"] / MS).round(2)
-    out["exposed comm (%)"] = (100 * df["exposed_comm_fraction"]).round(2)
-    out["tokens/s"] = df["tokens_per_s"].round(0)
-    out["MFU (%)"] = (100 * df["mfu"]).round(1)
-    out["scaling efficiency (%)"] = (100 * df["scaling_efficiency"]).round(1)
+    out["step time (ms)"] = df["step_time_s"] / MS
+    out["exposed comm (%)"] = 100 * df["exposed_comm_fraction"]
+    out["tokens/s"] = df["tokens_per_s"]
+    out["MFU (%)"] = 100 * df["mfu"]
+    out["scaling efficiency (%)"] = 100 * df["scaling_efficiency"]
     out["note"] = df["error"].fillna("")
     return out
 
@@ -306,15 +316,14 @@ def compare_table(results: Mapping[str, StepResult], memory_gib: Mapping[str, fl
             "GPUs": r.num_gpus,
             "dp x tp x pp": f"{r.dp} x {r.tp} x {r.pp}",
             "global batch": r.global_batch_size,
-            "step time (ms)": round(r.step_time_s / MS, 2),
-            "exposed comm (%)": round(100 * r.exposed_comm_fraction, 2),
-            "tokens/s": round(r.tokens_per_s),
-            "MFU (%)": round(100 * r.mfu, 1),
-            "scaling efficiency (%)": round(100 * r.scaling_efficiency, 1),
+            "step time (ms)": r.step_time_s / MS,
+            "exposed comm (%)": 100 * r.exposed_comm_fraction,
+            "tokens/s": r.tokens_per_s,
+            "MFU (%)": 100 * r.mfu,
+            "scaling efficiency (%)": 100 * r.scaling_efficiency,
         }
         if memory_gib is not None:
-            gib = memory_gib.get(name)
-            row["memory / GPU (GiB)"] = None if gib is None else round(gib, 2)
+            row["memory / GPU (GiB)"] = memory_gib.get(name)
         rows.append(row)
     return pd.DataFrame(rows)
 
@@ -338,8 +347,9 @@ def memory_strategies(sweep: StrategySweep) -> go.Figure:
     for label, field, color in MEMORY_PARTS:
         fig.add_bar(x=names, y=[getattr(p, field) / units.GiB for p in pts], name=label, marker_color=color,
                     hovertemplate=f"{label}: %{{y:.2f}} GiB<extra></extra>")
-    fig.add_scatter(x=names, y=[p.memory_bytes / units.GiB for p in pts], mode="text", showlegend=False,
-                    text=[f"{p.memory_bytes / units.GiB:.1f} GiB" + ("" if p.memory_fits else " ✗") for p in pts],
+    totals = [(p.memory_bytes or 0) / units.GiB for p in pts]
+    fig.add_scatter(x=names, y=totals, mode="text", showlegend=False,
+                    text=[f"{t:.1f} GiB" + ("" if p.memory_fits else " ✗") for t, p in zip(totals, pts, strict=True)],
                     textposition="top center", hoverinfo="skip")
     capacity = next((p.capacity_bytes for p in pts if p.capacity_bytes), None)
     if capacity:
@@ -353,11 +363,11 @@ def memory_strategies(sweep: StrategySweep) -> go.Figure:
 def strategy_table(sweep: StrategySweep) -> Any:
     df = sweep.to_dataframe()
     out = df[["strategy", "dp", "tp", "pp", "zero_stage"]].copy()
-    out["memory / GPU (GiB)"] = (df["memory_bytes"] / units.GiB).round(2)
+    out["memory / GPU (GiB)"] = df["memory_bytes"] / units.GiB
     out["fits"] = df["memory_fits"]
-    out["step time (ms)"] = (df["step_time_s"] / MS).round(2)
-    out["exposed comm (%)"] = (100 * df["exposed_comm_fraction"]).round(2)
-    out["tokens/s"] = df["tokens_per_s"].round(0)
+    out["step time (ms)"] = df["step_time_s"] / MS
+    out["exposed comm (%)"] = 100 * df["exposed_comm_fraction"]
+    out["tokens/s"] = df["tokens_per_s"]
     out["note"] = df["error"].fillna("")
     return out
 
@@ -368,7 +378,7 @@ def memory_items(memory: Any) -> Any:
     if df.empty:
         return df
     out = df[["category", "name"]].copy()
-    out["GiB"] = (df["size_bytes"] / units.GiB).round(3)
+    out["GiB"] = df["size_bytes"] / units.GiB
     out["note"] = df["note"]
     return out
 
@@ -411,10 +421,10 @@ def fit_table(profile: Any) -> Any:
             "ranks": r.fit.measured_ranks,
             "sizes": f"{units.fmt_bytes(r.fit.min_bytes)} .. {units.fmt_bytes(r.fit.max_bytes)}",
             "points": r.num_points,
-            "latency / step (us)": round(r.fit.latency_per_step_s / units.US, 2),
-            "busbw (GB/s)": round(r.fit.bus_bandwidth_bytes_per_s / units.GB, 3),
-            "R²": round(r.r2, 4),
-            "rel. residual (%)": round(100 * r.fit.rel_residual, 2),
+            "latency / step (us)": r.fit.latency_per_step_s / units.US,
+            "busbw (GB/s)": r.fit.bus_bandwidth_bytes_per_s / units.GB,
+            "R²": r.r2,
+            "rel. residual (%)": 100 * r.fit.rel_residual,
         }
         for r in profile.fits
     ])
@@ -474,7 +484,7 @@ def extrapolation(predictions: Sequence[Any], measured_ranks: int | None = None)
                     line_color=COLORS["comm"])
     fig.add_scatter(x=xs, y=[p.exposed_comm_time_s / MS for p in predictions], mode="lines+markers",
                     name="exposed comm", line={"color": COLORS["exposed"], "dash": "dot"})
-    if measured_ranks in xs:
+    if measured_ranks is not None and measured_ranks in xs:
         _mark_x(fig, measured_ranks, f"measured on {measured_ranks}")
     fig.update_xaxes(type="log", tickvals=xs, ticktext=[str(x) for x in xs], title_text="data-parallel ranks")
     fig.update_layout(title="Extrapolation from the calibration", yaxis_title="ms", height=400, **_LAYOUT)

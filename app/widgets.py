@@ -8,7 +8,7 @@ what the exported YAML holds. Help texts are the config fields' descriptions.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, Literal
 
 import streamlit as st
 from pydantic import BaseModel
@@ -90,3 +90,18 @@ def flag(label: str, path: str, value: bool, *, model: type[BaseModel], field: s
     return (where or st).toggle(
         label, key=key, help=field_help(model, field), on_change=_write, args=(key, path, bool)
     )
+
+
+#: Display formats of table columns by the unit in their name (the data keep full precision for export).
+_FORMATS = (("tokens/s", "%d"), ("(ms)", "%.3f"), ("(%)", "%.2f"), ("(GiB)", "%.2f"), ("(MiB)", "%.2f"),
+            ("(us)", "%.2f"), ("(GB/s)", "%.3f"), ("R²", "%.4f"))
+
+
+def table(df: Any, height: int | Literal["auto"] = "auto", key: str | None = None) -> Any:
+    """``st.dataframe`` with numbers formatted by their unit and no index."""
+    config = {}
+    for col in df.columns:
+        if str(df[col].dtype).startswith("float"):
+            fmt = next((f for unit, f in _FORMATS if unit in str(col)), "%.4g")
+            config[col] = st.column_config.NumberColumn(format=fmt)
+    return st.dataframe(df, hide_index=True, column_config=config, height=height, key=key)

@@ -35,6 +35,7 @@ from calibration.common import (
     Dist,
     Progress,
     add_common_args,
+    finished,
     one_line,
     run_info,
     set_threads,
@@ -219,9 +220,9 @@ def interference_case(d: Dist, size_bytes: int, repeats: int, matmul_n: int, bea
         both.append(end)
         comm_in_both.append(done if done is not None else end)
         beat(f"interference {size_bytes} B, repeat {i + 1}/{repeats}")
-    med = [
-        statistics.median(d.max_over_ranks(x)) for x in (alone_compute, alone_comm, both, comm_in_both)
-    ]
+    slowest = [d.max_over_ranks(x) for x in (alone_compute, alone_comm, both, comm_in_both)]
+    med = [statistics.median(x) for x in slowest]
+    lost = [(b - x) / c for x, c, b in zip(slowest[0], slowest[1], slowest[2], strict=True) if c > 0]
     return InterferenceCase(
         size_bytes=size_bytes,
         compute_alone_s=med[0],
@@ -229,6 +230,7 @@ def interference_case(d: Dist, size_bytes: int, repeats: int, matmul_n: int, bea
         both_s=med[2],
         comm_in_both_s=med[3],
         repeats=repeats,
+        lost_fractions=lost,
     )
 
 
@@ -280,7 +282,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     def save(error: str | None, complete: bool) -> None:
         write_json(CommMeasurements(kind="simddp-comm", version=MEASUREMENT_VERSION, complete=complete,
-                                    error=error, run=info, cases=cases, interference=interference), out)
+                                    error=error, run=finished(info), cases=cases, interference=interference), out)
 
     collector = Collector(d, out, save, args.timeout)
     comms = communicators(d)
@@ -308,7 +310,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         matmul_n = args.matmul_n or (4096 if d.device.type == "cuda" else 256)
         for size in isizes:
             collector.beat(f"interference {size} B")
-            case = interference_case(d, size, args.repeats or 7, matmul_n, collector.beat)
+            case = interference_case(d, size, args.repeats or 15, matmul_n, collector.beat)
             interference.append(case)
             collector.save_partial()
             progress(f"interference {case.size_bytes:>11} B  compute {case.compute_alone_s * 1e3:.2f} ms, "

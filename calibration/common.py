@@ -34,6 +34,8 @@ from simddp.profile import RunInfo
 
 #: Exit status of a collector that stopped early (partial results written).
 EXIT_PARTIAL = 3
+#: Environment variable of the fault-injection test hook (see :meth:`Collector.save_partial`).
+FAULT_ENV = "SIMDDP_CALIBRATION_FAULT"
 
 
 class CollectorError(RuntimeError):
@@ -243,7 +245,20 @@ def run_info(d: Dist, started_at: str) -> RunInfo:
         num_threads=torch.get_num_threads(),
         started_at=started_at,
         argv=list(sys.argv),
+        load_average_1m=[_load_average()],
     )
+
+
+def _load_average() -> float:
+    try:
+        return round(os.getloadavg()[0], 2)
+    except OSError:
+        return -1.0
+
+
+def finished(info: RunInfo) -> RunInfo:
+    """``info`` with the load average at the end of the run appended."""
+    return info.model_copy(update={"load_average_1m": [*info.load_average_1m[:1], _load_average()]})
 
 
 def utc_now() -> str:
@@ -325,13 +340,32 @@ class Collector:
         self.d, self.out, self._save = d, out, save
         self._lock = threading.Lock()
         self._finished = False
+        self._measurements = 0
         self.watchdog = Watchdog(timeout_s, self._fail_hard)
         signal.signal(signal.SIGTERM, self._on_signal)
 
     def save_partial(self) -> None:
+        """Called after every measurement, on every rank; rank 0 rewrites the file."""
         with self._lock:
             if self.d.is_main and not self._finished:
                 self._save(None, False)
+        self._measurements += 1
+        self._maybe_inject_fault()
+
+    def _maybe_inject_fault(self) -> None:
+        """Test hook: ``SIMDDP_CALIBRATION_FAULT=exit:RANK:N`` (or ``hang:RANK:N``) kills (or hangs) RANK
+        after its N-th measurement, to check that the others stop with partial results in time."""
+        spec = os.environ.get(FAULT_ENV)
+        if not spec:
+            return
+        kind, rank, after = spec.split(":")
+        if int(rank) == self.d.rank and int(after) == self._measurements:
+            print(f"calibration: injected fault {kind!r} on rank {rank} ({FAULT_ENV})", file=sys.stderr, flush=True)
+            if kind == "exit":
+                os._exit(17)
+            self.watchdog.stop()
+            while True:
+                time.sleep(3600)
 
     def beat(self, what: str) -> None:
         self.watchdog.beat(what)
@@ -392,6 +426,7 @@ __all__ = [
     "build_model",
     "device_name",
     "dtype_name",
+    "finished",
     "load_factory",
     "make_optimizer",
     "one_line",

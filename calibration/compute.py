@@ -49,6 +49,7 @@ from calibration.common import (
     add_common_args,
     build_model,
     dtype_name,
+    finished,
     make_optimizer,
     one_line,
     run_info,
@@ -299,7 +300,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     def save(error: str | None, complete: bool) -> None:
         empty = timing_stats([0.0])
         write_json(ComputeMeasurements(
-            kind="simddp-compute", version=MEASUREMENT_VERSION, complete=complete, error=error, run=info,
+            kind="simddp-compute", version=MEASUREMENT_VERSION, complete=complete, error=error, run=finished(info),
             model=args.model, optimizer=args.optimizer, micro_batch_size=_batch(inputs),
             input_shapes=[list(x.shape) for x in inputs if isinstance(x, torch.Tensor)],
             parameters=[MeasuredParameter(name=n, numel=p.numel(), dtype=dtype_name(p.dtype), module=o)

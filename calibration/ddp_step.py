@@ -31,6 +31,7 @@ from calibration.common import (
     Progress,
     add_common_args,
     build_model,
+    finished,
     make_optimizer,
     one_line,
     run_info,
@@ -57,7 +58,7 @@ def bucket_sizes(ddp: DDP) -> list[int]:
     """Bucket sizes DDP rebuilt, in reduction order (bytes), from its logging data when available."""
     try:
         data = ddp._get_ddp_logging_data()
-        sizes = data.get("rebuilt_bucket_sizes") or data.get("bucket_sizes")
+        sizes = data.get("rebuilt_bucket_sizes")
         if isinstance(sizes, str):
             return [int(s) for s in sizes.split(",") if s.strip()]
         return [int(s) for s in sizes or []]
@@ -105,7 +106,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         cases = [DDPCase(bucket_cap_mb=cap, num_buckets=len(sizes[k]), bucket_sizes_bytes=sizes[k],
                          stats=timing_stats(times[k])) for k, cap in enumerate(caps) if times[k]]
         write_json(DDPMeasurements(kind="simddp-ddp", version=MEASUREMENT_VERSION, complete=complete, error=error,
-                                   run=info, model=args.model, optimizer=args.optimizer,
+                                   run=finished(info), model=args.model, optimizer=args.optimizer,
                                    micro_batch_size=_batch(inputs), cases=cases), out)
 
     collector = Collector(d, out, save, args.timeout)
@@ -124,8 +125,6 @@ def main(argv: Sequence[str] | None = None) -> int:
             wrapped.append(model)
             optims.append(opt)
             collector.beat(f"warm-up cap {cap}")
-        for k, model in enumerate(wrapped):
-            sizes[k] = bucket_sizes(model)
         for r in range(rounds):
             for k, (model, opt) in enumerate(zip(wrapped, optims, strict=True)):
                 local = []
@@ -136,6 +135,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                     d.sync()
                     local.append(time.perf_counter() - t0)
                 times[k].extend(d.max_over_ranks(local))
+                # DDP logs its rebuilt buckets at sampled iterations: refresh until they show up.
+                sizes[k] = bucket_sizes(model)
                 collector.beat(f"round {r + 1}, cap {caps[k]}")
             collector.save_partial()
             medians = ", ".join(

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 import sys
 from collections.abc import Callable, Sequence
@@ -264,15 +265,15 @@ def cmd_presets(args: argparse.Namespace) -> int:
 
 
 def cmd_app(args: argparse.Namespace) -> int:
-    import subprocess
-
     app = Path(__file__).resolve().parent.parent / "app" / "streamlit_app.py"
     if not app.exists():
         raise UsageError(f"dashboard not found at {app}; install simddp from its source tree")
     cmd = [sys.executable, "-m", "streamlit", "run", str(app), "--server.port", str(args.port)]
     if args.headless:
         cmd += ["--server.headless", "true"]
-    return subprocess.call(cmd)
+    # Replace this process, so that stopping `simddp app` stops the server too.
+    os.execv(sys.executable, cmd)
+    return 0  # not reached
 
 
 def cmd_calibrate_fit(args: argparse.Namespace) -> int:

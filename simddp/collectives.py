@@ -108,6 +108,7 @@ def _hop_latency_s(group: CommGroup, tier: str, algo: str, proto: Protocol) -> f
     Simple-protocol latencies scale with the link's ``latency_s`` (its ring/Simple hop latency, which a
     calibration can fit) keeping NCCL's ratios between algorithms; LL and LL128 use NCCL's table as is.
     """
+    kind: str
     if tier == "intra":
         kind, base = group.intra.kind, group.intra.latency_s
         if algo == "nvls":

@@ -47,6 +47,8 @@ from simddp.units import TFLOP
 MIN_POINTS = 3
 MAX_SEGMENTS = 3
 MAX_LOST_FRACTION = 0.95
+#: At or above this lost share the profile turns DDP overlap off (see :func:`fit_interference`).
+NO_OVERLAP_LOST_FRACTION = 0.75
 #: 1/busbw when a segment shows no bandwidth term at all (flat, latency-bound): 1e18 bytes/s.
 NO_BANDWIDTH_TERM = 1e-18
 
@@ -170,19 +172,40 @@ def fit_collectives(cases: Sequence[CommCase]) -> list[FitReport]:
     return reports
 
 
+def interference_settings(lost_fraction: float) -> tuple[float, bool]:
+    """(cluster.comm_compute_interference, ddp.overlap) for a lost share (see :func:`fit_interference`)."""
+    clipped = min(max(lost_fraction, 0.0), MAX_LOST_FRACTION)
+    return clipped / (1 - clipped), lost_fraction < NO_OVERLAP_LOST_FRACTION
+
+
 def fit_interference(comm: CommMeasurements) -> InterferenceFit:
-    """``i = f / (1 - f)`` from the median lost share over the benchmark's message sizes."""
+    """The simulator's interference factor from the median lost share ``f`` over the benchmark's sizes.
+
+    The simulator slows a backward layer that starts while a collective is in flight by ``1 + i``; over a
+    collective much longer than a layer, compute then loses ``i / (1 + i)`` of the collective's time, so
+    ``i = f / (1 - f)``. That rule keeps a layer slow after the collective ends (an error of about
+    ``i / 2`` layer times per collective), harmless for small ``i`` but divergent as ``f -> 1``. When
+    ``f >= NO_OVERLAP_LOST_FRACTION`` compute and communication effectively take turns (on a CPU whose
+    cores gloo's threads share with compute, ``f`` is about 1): the step is then compute + every
+    collective + the tail whatever the schedule, which is exactly the simulator with ``ddp.overlap``
+    off, so the profile says so instead of passing a huge ``i``.
+    """
     if not comm.interference:
         return InterferenceFit(value=0.0, lost_fraction=0.0, lost_fraction_p10=0.0, lost_fraction_p90=0.0,
                                note="not measured (no interference cases in comm.json): assumed 0")
     f = np.array([c.lost_fraction for c in comm.interference])
     med, p10, p90 = (float(v) for v in np.percentile(f, [50, 10, 90]))
+    value, overlap = interference_settings(med)
     clipped = min(max(med, 0.0), MAX_LOST_FRACTION)
-    note = f"median over {len(f)} all-reduce sizes of the share of the collective's time compute loses"
-    if clipped != med:
-        note += f"; clipped from {med:.3f} to {clipped:.3f}"
-    return InterferenceFit(value=clipped / (1 - clipped), lost_fraction=med, lost_fraction_p10=p10,
-                           lost_fraction_p90=p90, note=note)
+    note = (f"compute loses {med:.0%} of a collective's time beside it (median over {len(f)} all-reduce sizes, "
+            f"p10..p90 {p10:.0%}..{p90:.0%})")
+    if not overlap:
+        note += (f"; >= {NO_OVERLAP_LOST_FRACTION:.0%}: compute and communication take turns, so the profile "
+                 "sets ddp.overlap false")
+    elif clipped != med:
+        note += f"; clipped to {clipped:.2f}"
+    return InterferenceFit(value=value, lost_fraction=med, lost_fraction_p10=p10,
+                           lost_fraction_p90=p90, overlap=overlap, note=note)
 
 
 def _link_placeholders(fits: Sequence[FitReport], num_nodes: int) -> tuple[dict[str, object], dict[str, object]]:
@@ -291,6 +314,7 @@ def fit_profile(comm: CommMeasurements, compute: ComputeMeasurements,
         cluster=cluster,
         model=model,
         training=training,
+        ddp={} if interference.overlap else {"overlap": False},
         notes=notes,
     )
 
@@ -298,10 +322,12 @@ def fit_profile(comm: CommMeasurements, compute: ComputeMeasurements,
 __all__ = [
     "MAX_LOST_FRACTION",
     "MIN_POINTS",
+    "NO_OVERLAP_LOST_FRACTION",
     "Segment",
     "fit_collectives",
     "fit_interference",
     "fit_piecewise",
     "fit_profile",
+    "interference_settings",
     "ring_steps",
 ]

@@ -25,7 +25,6 @@ Timings are summarised by the median of repeats (robust to the outliers of share
 from __future__ import annotations
 
 import json
-import math
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Literal, TypeVar
@@ -107,6 +106,11 @@ class RunInfo(_Frozen):
     num_threads: int = Field(gt=0, description="torch intra-op threads per rank (torch.get_num_threads()).")
     started_at: str = Field(description="UTC start time, ISO 8601.")
     argv: list[str] = Field(default_factory=list, description="Command line of the collector.")
+    load_average_1m: list[float] = Field(
+        default_factory=list,
+        description="Rank 0 host's 1-minute load average at the start and at the end of the run (other work on "
+        "the machine makes timings noisy).",
+    )
 
 
 class CommCase(_Frozen):
@@ -135,9 +139,16 @@ class InterferenceCase(_Frozen):
     both_s: float = Field(gt=0, description="Median time until both finish when started together, s.")
     comm_in_both_s: float = Field(ge=0, description="Median time until the all-reduce finished, side by side, s.")
     repeats: int = Field(gt=0, description="Repeats of each of the three measurements.")
+    lost_fractions: list[float] = Field(
+        default_factory=list,
+        description="(both - compute alone) / comm alone of each repeat, the three measured back to back.",
+    )
 
     @property
     def lost_fraction(self) -> float:
+        """Median over repeats of the paired lost share (robust to a machine that drifts between repeats)."""
+        if self.lost_fractions:
+            return float(np.median(self.lost_fractions))
         return (self.both_s - self.compute_alone_s) / self.comm_alone_s
 
 
@@ -258,6 +269,12 @@ class InterferenceFit(_Frozen):
     lost_fraction: float = Field(description="Median share of a collective's time that compute loses.")
     lost_fraction_p10: float = Field(description="10th percentile over message sizes.")
     lost_fraction_p90: float = Field(description="90th percentile over message sizes.")
+    overlap: bool = Field(
+        default=True,
+        description="False when compute loses most of every collective's time (lost share >= "
+        "simddp.fit.NO_OVERLAP_LOST_FRACTION): compute and communication take turns, and the profile sets "
+        "ddp.overlap false, the simulator's exact form of that limit.",
+    )
     note: str = Field(default="", description="How it was derived, and any clipping.")
 
 
@@ -282,6 +299,7 @@ class CalibrationProfile(_Frozen):
     cluster: dict[str, Any] = Field(description="Scenario `cluster` keys.")
     model: dict[str, Any] = Field(description="Scenario `model` keys: parameters, grad_ready_order, layers.")
     training: dict[str, Any] = Field(description="Scenario `training` keys.")
+    ddp: dict[str, Any] = Field(default_factory=dict, description="Scenario `ddp` keys (overlap, if measured off).")
     notes: list[str] = Field(default_factory=list, description="What is measured and what is assumed.")
 
     def scenario_defaults(self) -> dict[str, Any]:
@@ -291,6 +309,7 @@ class CalibrationProfile(_Frozen):
             "cluster": json.loads(json.dumps(self.cluster)),
             "model": json.loads(json.dumps(self.model)),
             "training": dict(self.training),
+            **({"ddp": dict(self.ddp)} if self.ddp else {}),
         }
 
 
@@ -371,10 +390,6 @@ def layer_specs(layers: Sequence[MeasuredLayer]) -> list[LayerSpec]:
 
 def parameter_specs(params: Sequence[MeasuredParameter]) -> list[ParameterSpec]:
     return [ParameterSpec(name=p.name, numel=p.numel, dtype=p.dtype) for p in params]
-
-
-def finite(value: float) -> bool:
-    return math.isfinite(value)
 
 
 __all__ = [

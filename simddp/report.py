@@ -12,7 +12,8 @@ moved by ``z`` standard errors towards a slower (high) or faster (low) step:
 * per-layer forward/backward times, the optimizer and host times by ``z`` times the robust relative
   standard deviation of the measured step (p10..p90 / 2.56), which on a shared machine covers drift
   between runs as well as step-to-step noise;
-* the interference factor between the 10th and 90th percentile of the benchmark's lost share.
+* the interference between the 10th and 90th percentile of the benchmark's lost share (mapped to the
+  simulator's factor, or to overlap off, as :func:`simddp.fit.interference_settings` does).
 
 ``z = 2`` by default (about 95% if the errors were normal and independent, which they need not be). The
 band says how far the measurements themselves let the prediction move; it does not cover the model
@@ -29,7 +30,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from simddp.config import Scenario, deep_merge, scenario_from_dict
-from simddp.fit import MAX_LOST_FRACTION
+from simddp.fit import interference_settings
 from simddp.profile import CalibrationProfile, DDPMeasurements, load_profile
 from simddp.results import StepResult
 
@@ -161,8 +162,9 @@ def _scaled_profile_keys(profile: CalibrationProfile, direction: int, z: float) 
         keys["training"]["optimizer_time_s"] *= scale
     keys["cluster"]["host_overhead_s"] *= scale
     f = profile.interference.lost_fraction_p90 if direction > 0 else profile.interference.lost_fraction_p10
-    f = min(max(f, 0.0), MAX_LOST_FRACTION)
-    keys["cluster"]["comm_compute_interference"] = f / (1 - f)
+    value, overlap = interference_settings(f)
+    keys["cluster"]["comm_compute_interference"] = value
+    keys.setdefault("ddp", {})["overlap"] = overlap
     return keys
 
 

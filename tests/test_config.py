@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from conftest import base_scenario
+from scenarios import base_scenario
 
 from simddp.config import Scenario, ScenarioError, deep_merge, load_scenario, scenario_from_dict, set_path
 from simddp.units import GB, GBIT, MiB

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import simpy
-from conftest import base_scenario
+from scenarios import base_scenario
 
 from simddp import ScenarioError, simulate
 from simddp.config import deep_merge

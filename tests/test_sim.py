@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import pytest
-from conftest import base_scenario
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from scenarios import base_scenario
 
 from simddp import simulate
 from simddp.analytical import in_order_schedule

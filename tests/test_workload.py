@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from conftest import base_scenario
+from scenarios import base_scenario
 
 from simddp.config import ModelConfig, deep_merge, scenario_from_dict
 from simddp.workload import build_workload, total_params

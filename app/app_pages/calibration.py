@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import streamlit as st
 
-from app import charts, state
+from app import charts, state, widgets
 from simddp import ScenarioError
 
 HOW = """Measure on the machines you want to model, then upload the files here:
@@ -55,13 +55,13 @@ if profile is None:
 else:
     run = profile.comm_run
     c = st.columns(4)
-    c[0].metric("Model", profile.model_name.split(":")[-1], help=profile.model_name, border=True)
+    c[0].metric("Model", profile.model_name.rsplit("/", 1)[-1], help=profile.model_name, border=True)
     c[1].metric("Measured on", f"{run.world_size} ranks", help=f"{run.num_nodes} node(s), {run.backend} on "
                 f"{run.device}, torch {run.torch_version}", border=True)
     c[2].metric("Interference", f"{profile.interference.value:.3f}", help=profile.interference.note, border=True)
     c[3].metric("Step noise (rel. sigma)", f"{profile.compute_rel_sigma:.1%}", border=True)
     st.plotly_chart(charts.collective_fits(profile), key="cal_fits_chart")
-    st.dataframe(charts.fit_table(profile), hide_index=True)
+    widgets.table(charts.fit_table(profile))
     st.download_button("Download profile.json", data=profile_bytes, file_name="profile.json",
                        mime="application/json", on_click="ignore", icon=":material/download:")
     st.button("Use this calibration in the planner", on_click=_use_in_planner, args=(profile,),
@@ -83,7 +83,7 @@ else:
             st.metric("MAPE", f"{report.mape:.1%}", help=f"Mean absolute percentage error over {len(report.cases)} "
                       "bucket caps (simddp.report.ValidationReport.mape)", border=True, width="content")
             st.plotly_chart(charts.validation(report), key="cal_validation_chart")
-            st.dataframe(charts.validation_table(report), hide_index=True)
+            widgets.table(charts.validation_table(report))
             for note in report.notes:
                 st.info(note, icon=":material/info:")
             st.download_button("Validation CSV", data=lambda: report.to_dataframe().to_csv(index=False),

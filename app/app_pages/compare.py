@@ -6,7 +6,7 @@ from typing import Any
 
 import streamlit as st
 
-from app import charts, state
+from app import charts, state, widgets
 from simddp import ScenarioError, sweeps, units
 
 #: Variations of the planner's scenario offered when nothing is saved yet.
@@ -69,7 +69,7 @@ else:
         mem = getattr(r, "memory", None)
         memory[name] = None if mem is None else mem.total_bytes / units.GiB
     if results:
-        st.dataframe(charts.compare_table(results, memory), hide_index=True)
+        widgets.table(charts.compare_table(results, memory))
         st.plotly_chart(charts.compare(results), key="compare_chart")
     with st.container(border=True):
         c1, c2, c3 = st.columns([2, 1, 1])

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import streamlit as st
 
-from app import charts, state
+from app import charts, state, widgets
 from simddp import units
 
 st.title("Memory")
@@ -27,7 +27,7 @@ if scenario is not None:
     sweep = state.strategy_sweep(data, int(tp), int(pp))
     if sweep is not None:
         st.plotly_chart(charts.memory_strategies(sweep), key="memory_chart")
-        st.dataframe(charts.strategy_table(sweep), hide_index=True)
+        widgets.table(charts.strategy_table(sweep))
         for p in sweep.points:
             if not p.ok:
                 st.warning(f"{p.strategy}: {p.error}", icon=":material/warning:")
@@ -38,7 +38,7 @@ if scenario is not None:
         st.subheader(f"This scenario: {units.fmt_bytes(memory.total_bytes)} per GPU, {memory.verdict()}")
         st.caption(f"Pipeline stage {memory.stage} (rank {memory.rank}); {memory.num_params:,} parameters before "
                    f"ZeRO sharding; {memory.in_flight_micro_batches:g} micro-batch(es) of activations in flight.")
-        st.dataframe(charts.memory_items(memory), hide_index=True)
+        widgets.table(charts.memory_items(memory))
         for note in memory.notes:
             st.info(note, icon=":material/info:")
     if st.toggle("Search the smallest layout that fits on these GPUs", key="mem_search",

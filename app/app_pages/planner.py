@@ -50,8 +50,9 @@ def _on_gbs_auto() -> None:
 
 
 def headline(result: StepResult) -> None:
-    """The headline metrics of the planner's scenario."""
-    c = st.columns(6)
+    """The headline metrics of the planner's scenario, in two rows of three."""
+    rows = st.columns(3), st.columns(3)
+    c = [*rows[0], *rows[1]]
     c[0].metric("Step time", units.fmt_time(result.step_time_s), help=StepResult.__doc__, border=True)
     c[1].metric("Exposed communication", f"{result.exposed_comm_fraction:.1%}",
                 help=StepResult.model_fields["exposed_comm_time_s"].description, border=True)
@@ -63,10 +64,11 @@ def headline(result: StepResult) -> None:
     memory = getattr(result, "memory", None)
     if memory is not None:
         fits = "fits" if memory.fits else "does NOT fit"
-        c[5].metric("Memory / GPU", units.fmt_bytes(memory.total_bytes),
-                    delta=f"{fits} in {units.fmt_bytes(memory.capacity_bytes)}",
+        c[5].metric("Memory / GPU", f"{memory.total_bytes / units.GiB:.1f} GiB",
+                    delta=f"{fits} ({memory.capacity_bytes / units.GiB:.0f} GiB)",
                     delta_color="green" if memory.fits else "red", delta_arrow="off", border=True,
-                    help="Parameters, gradients, optimizer state, activations, buffers and overhead (Memory page)")
+                    help=f"{memory.verdict()}. Parameters, gradients, optimizer state, activations, buffers and "
+                         "overhead: see the Memory page.")
     else:
         c[5].metric("Memory / GPU", "n/a", help="The memory model is not available in this simddp.", border=True)
 
@@ -79,7 +81,11 @@ scenario = state.current_scenario()
 shown = scenario or state.last_valid_scenario()
 result = state.simulate(data) if scenario is not None else None
 if result is not None:
-    headline(result)
+    left, right = st.columns([3, 2], gap="medium", vertical_alignment="center")
+    with left:
+        headline(result)
+    with right:
+        st.plotly_chart(charts.step_breakdown(result, compact=True), key="breakdown")
     st.caption(
         f"**{result.scenario}**: {result.model} on {shown.cluster.num_nodes} x {result.cluster} "
         f"({result.num_gpus} GPUs), dp={result.dp} tp={result.tp} pp={result.pp}, global batch "
@@ -192,7 +198,7 @@ with col_cluster:
 with col_layout:
     st.subheader("Parallel layout and DDP")
     par = shown.parallelism
-    c1, c2, c3 = st.columns(3)
+    c1, c2, c3 = st.columns([1, 1, 1.5])
     widgets.number("tp", "parallelism.tp", par.tp, model=Parallelism, field="tp", integer=True, min_value=1,
                    step=1, where=c1)
     widgets.number("pp", "parallelism.pp", par.pp, model=Parallelism, field="pp", integer=True, min_value=1,
@@ -223,7 +229,6 @@ with col_layout:
 
 # ---------------------------------------------------------------------------------- details
 if result is not None:
-    st.plotly_chart(charts.step_breakdown(result), key="breakdown")
     b = result.bounds
     st.caption(f"Bounds: no overlap {units.fmt_time(b.no_overlap_s)}, perfect overlap "
                f"{units.fmt_time(b.perfect_overlap_s)}; optimizer {units.fmt_time(result.optimizer_time_s)}, "

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import streamlit as st
 
-from app import charts, state
+from app import charts, state, widgets
 
 st.title("Scaling")
 st.caption("The planner's scenario on 1, 2, 4, ... GPUs (one partial node below a node, then whole nodes), with "
@@ -14,7 +14,7 @@ data = state.scenario_dict()
 c1, c2 = st.columns([2, 1])
 batch = c1.segmented_control(
     "Batch as GPUs grow", ["weak", "strong"], default="weak", key="scaling_batch", required=True,
-    format_func={"weak": "weak: micro-batches per GPU kept", "strong": "strong: global batch kept"}.get,
+    format_func=lambda b: {"weak": "weak: micro-batches per GPU kept", "strong": "strong: global batch kept"}[b],
     help="Weak scaling grows the global batch with dp (the usual data-parallel scaling); strong scaling keeps "
          "it, so GPU counts it does not divide into are reported as invalid.",
 )
@@ -23,8 +23,9 @@ sweep = state.scaling_sweep(data, batch or "weak", int(max_gpus))
 if sweep is not None:
     st.plotly_chart(charts.scaling(sweep, mark_gpus=(128,)), key="scaling_chart")
     table = charts.scaling_table(sweep)
-    st.dataframe(table, hide_index=True)
-    st.download_button("Scaling CSV", data=lambda: sweep.to_dataframe().to_csv(index=False),
+    widgets.table(table)
+    frame = sweep.to_dataframe()
+    st.download_button("Scaling CSV", data=lambda: frame.to_csv(index=False),
                        file_name="scaling.csv", mime="text/csv", on_click="ignore", icon=":material/download:")
     bad = [p for p in sweep.points if not p.ok]
     if bad:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import streamlit as st
 
-from app import charts, state
+from app import charts, state, widgets
 from simddp import units
 
 st.title("Timeline")
@@ -32,6 +32,6 @@ if result is not None and result.trace is not None:
                    f"{result.reported_rank}; bubble {units.fmt_time(result.pipeline_bubble_time_s)}.")
     st.subheader("Buckets")
     table = charts.bucket_table(result)
-    st.dataframe(table, hide_index=True, height=320)
+    widgets.table(table, height=320)
     st.download_button("Buckets CSV", data=lambda: table.to_csv(index=False), file_name="buckets.csv",
                        mime="text/csv", on_click="ignore", icon=":material/download:")

@@ -71,8 +71,9 @@ def _metric_row(base: StepResult, new: StepResult, changed: bool) -> None:
     c[3].metric("MFU", f"{new.mfu:.1%}", border=True, delta=delta(f"{100 * (new.mfu - base.mfu):+.2f} pt"))
     mem_new, mem_base = getattr(new, "memory", None), getattr(base, "memory", None)
     if mem_new is not None and mem_base is not None:
-        fits = "" if mem_new.fits else " (does NOT fit)"
-        c[4].metric("Memory / GPU", units.fmt_bytes(mem_new.total_bytes) + fits, border=True, delta_color="inverse",
+        fits = "" if mem_new.fits else " ✗"
+        c[4].metric("Memory / GPU", f"{mem_new.total_bytes / units.GiB:.3g} GiB{fits}", border=True,
+                    delta_color="inverse", help=mem_new.verdict(),
                     delta=delta(f"{(mem_new.total_bytes - mem_base.total_bytes) / units.GiB:+.2f} GiB"))
     else:
         c[4].metric("Buckets", len(new.buckets), border=True, delta_color="off",
@@ -146,9 +147,10 @@ if base_s is not None and base is not None:
         else:
             names = list(GRID_PARAMS)
             c1, c2, c3 = st.columns(3)
-            x_name = c1.selectbox("x", names, index=0, key="grid_x")
-            y_name = c2.selectbox("y", names, index=1, key="grid_y")
-            metric = c3.selectbox("Metric", list(charts.GRID_METRICS), key="grid_metric")
+            x_name = c1.selectbox("x", names, index=names.index("bucket cap (MiB)"), key="grid_x")
+            y_name = c2.selectbox("y", names, index=names.index("NIC line rate (Gbit/s)"), key="grid_y")
+            metrics = list(charts.GRID_METRICS)
+            metric = c3.selectbox("Metric", metrics, index=metrics.index("exposed comm (%)"), key="grid_metric")
             if x_name == y_name:
                 st.warning("Pick two different parameters.", icon=":material/warning:")
             else:

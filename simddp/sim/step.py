@@ -22,7 +22,7 @@ import simpy
 
 from simddp.analytical import in_order_overlap_step_s, no_overlap_step_s, perfect_overlap_step_s
 from simddp.bucketing import Bucket, ddp_buckets
-from simddp.collectives import collective_cost
+from simddp.collectives import Op, collective_cost
 from simddp.compute import LayerTiming, layer_timing, optimizer_step_s
 from simddp.config import ParameterSpec, Scenario
 from simddp.memory import memory_breakdown
@@ -71,10 +71,13 @@ class _Rank:
     compute_end_s: float = 0.0
     end_s: float = 0.0
     fsdp_units: list[FsdpUnit] = field(default_factory=list)
+    _bucket_of: dict[int, int] | None = None
 
     def grads_of(self, layer: Layer) -> list[int]:
-        bucket_of = {p: b.index for b in self.buckets for p in b.param_indices}
-        return [bucket_of[self.local[g]] for g in layer.param_indices]
+        """The bucket of each of the layer's gradients (one entry per gradient)."""
+        if self._bucket_of is None:
+            self._bucket_of = {p: b.index for b in self.buckets for p in b.param_indices}
+        return [self._bucket_of[self.local[g]] for g in layer.param_indices]
 
     def grad_ready(self, env: simpy.Environment) -> Callable[[int], None]:
         def ready(bucket_index: int) -> None:
@@ -123,7 +126,7 @@ def _make_rank(scenario: Scenario, workload: Workload, index: int, env: simpy.En
     buckets = ddp_buckets(params, ready_order, ddp.bucket_cap_mb) if params else []
 
     dp = dp_group(scenario)
-    op = "reduce-scatter" if par.zero_stage >= 1 else "all-reduce"
+    op: Op = "reduce-scatter" if par.zero_stage >= 1 else "all-reduce"
     algorithm = ddp.algorithm if op == "all-reduce" else "auto"
     plans = []
     for b in buckets:
@@ -154,7 +157,7 @@ def _make_rank(scenario: Scenario, workload: Workload, index: int, env: simpy.En
     )
 
 
-def _finish(env: simpy.Environment, rank: _Rank, compute: simpy.Process, comm: simpy.Process, spans: list[Span],
+def _finish(env: simpy.Environment, rank: _Rank, compute: simpy.Event, comm: simpy.Event, spans: list[Span],
             suffix: str) -> simpy.events.ProcessGenerator:
     """After this rank's compute and gradient communication: optimizer step, then the ZeRO all-gather."""
     yield compute

@@ -20,9 +20,10 @@ def test_opens_on_the_default_scenario_with_simddp_numbers() -> None:
     assert metric(at, "Tokens / s") == f"{ref.tokens_per_s:,.0f}"
     assert metric(at, "MFU") == f"{ref.mfu:.1%}"
     assert ref.memory is not None
-    assert metric(at, "Memory / GPU") == units.fmt_bytes(ref.memory.total_bytes)
+    assert metric(at, "Memory / GPU") == f"{ref.memory.total_bytes / units.GiB:.1f} GiB"
     fig = figure(at, "Where the step goes")
     compute_ms = next(t["x"][0] for t in fig["data"] if t["name"].startswith("compute"))
+    assert any(t["name"].startswith("exposed communication") for t in fig["data"])
     assert compute_ms * units.MS == pytest.approx(ref.compute_time_s, rel=1e-9)
     assert any("128 GPUs" in c.value for c in at.main.caption)
 
@@ -53,7 +54,7 @@ def test_zero_stage_changes_memory_and_fit() -> None:
     assert_clean(at)
     expected = simddp.simulate(at.session_state["scenario"], trace=False)
     assert expected.memory is not None and expected.memory.fits
-    assert metric(at, "Memory / GPU") == units.fmt_bytes(expected.memory.total_bytes)
+    assert metric(at, "Memory / GPU") == f"{expected.memory.total_bytes / units.GiB:.1f} GiB"
     assert next(m.delta for m in at.main.metric if m.label == "Memory / GPU").startswith("fits")
 
 

@@ -43,7 +43,7 @@ def test_latency_bucket_cap_nodes_zero_and_apply() -> None:
     expected = simddp.simulate(what_if, trace=False)
     assert metric(at, "Step time") == units.fmt_time(expected.step_time_s)
     assert expected.memory is not None
-    assert metric(at, "Memory / GPU").startswith(units.fmt_bytes(expected.memory.total_bytes))
+    assert metric(at, "Memory / GPU").startswith(f"{expected.memory.total_bytes / units.GiB:.3g} GiB")
     at.button(key="whatif_apply").click().run()
     assert_clean(at)
     assert at.session_state["scenario"]["cluster"]["num_nodes"] == 4
@@ -63,15 +63,18 @@ def test_heatmap_over_two_parameters() -> None:
     at = open_page(start(), "whatif")
     at.segmented_control(key="whatif_view").set_value("Heatmap").run()
     assert_clean(at)
-    fig = figure(at, "over bucket cap (MiB) x nodes")
-    heat = fig["data"][0]
-    assert heat["type"] == "heatmap"
-    assert len(heat["z"]) == 6 and len(heat["z"][0]) == 6
-    at.selectbox(key="grid_y").set_value("NIC line rate (Gbit/s)").run()
-    at.selectbox(key="grid_metric").set_value("exposed comm (%)").run()
-    assert_clean(at)
     heat = figure(at, "exposed comm (%) over bucket cap (MiB) x NIC line rate")["data"][0]
+    assert heat["type"] == "heatmap"
+    assert len(heat["z"]) == 5 and len(heat["z"][0]) == 6
     column = [row[2] for row in heat["z"]]  # 25 MiB buckets, NIC 50 .. 800 Gbit/s
     assert column == sorted(column, reverse=True) and column[0] > column[-1]
+    at.selectbox(key="grid_y").set_value("nodes").run()
+    at.selectbox(key="grid_metric").set_value("step time (ms)").run()
+    assert_clean(at)
+    heat = figure(at, "step time (ms) over bucket cap (MiB) x nodes")["data"][0]
+    assert len(heat["z"]) == 6
+    grid = sweeps.grid_sweep(at.session_state["scenario"], "ddp.bucket_cap_mb", (5.0, 10.0, 25.0, 50.0, 100.0, 250.0),
+                             "cluster.num_nodes", (1, 2, 4, 8, 16, 32))
+    assert heat["z"][3][2] == grid.points[3 * 6 + 2].step_time_s / units.MS  # 8 nodes, 25 MiB
     at.selectbox(key="grid_y").set_value("bucket cap (MiB)").run()
     assert at.main.warning  # two different parameters needed, said inline

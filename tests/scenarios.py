@@ -1,8 +1,8 @@
+"""Shared scenario dicts for tests (a plain module: conftest names clash across test folders)."""
+
 from __future__ import annotations
 
 from typing import Any
-
-import pytest
 
 
 def base_scenario(**overrides: Any) -> dict[str, Any]:
@@ -17,6 +17,3 @@ def base_scenario(**overrides: Any) -> dict[str, Any]:
     return data
 
 
-@pytest.fixture
-def scenario_dict() -> dict[str, Any]:
-    return base_scenario()

@@ -1,0 +1,118 @@
+"""The collectors for real: 2 gloo ranks under torchrun, tiny sizes and the tiny model (CI's short run).
+
+Checks the files, the fit and that the simulator's prediction of the DDP steps is sane; the accuracy
+itself is the acceptance run's job (docs/calibration.md), not CI's (shared runners are noisy).
+Also: a rank that hangs or dies ends the collector within its timeout, keeping partial results.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+dist = pytest.importorskip("torch.distributed")
+if not dist.is_available() or not dist.is_gloo_available():
+    pytest.skip("torch.distributed with gloo is not available", allow_module_level=True)
+
+pytestmark = pytest.mark.torch
+
+ROOT = Path(__file__).resolve().parents[2]
+TINY = f"{ROOT / 'calibration' / 'models' / 'small_transformer.py'}:tiny"
+
+
+def torchrun(*args: str, timeout: float = 120.0, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", *args]
+    full_env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT), **(env or {}))
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=ROOT, env=full_env, check=False)
+
+
+def simddp_cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "simddp.cli", *args], capture_output=True, text=True, cwd=ROOT,
+                          env=dict(os.environ, PYTHONPATH=str(ROOT)), timeout=120, check=False)
+
+
+def test_short_collection_fit_and_prediction(tmp_path: Path) -> None:
+    comm, compute, ddp = tmp_path / "comm.json", tmp_path / "compute.json", tmp_path / "ddp.json"
+    r = torchrun("-m", "calibration.collectives", "--backend", "gloo", "--threads", "1", "--out", str(comm),
+                 "--sizes", "4K,64K,1M", "--repeats", "3", "--warmup", "1", "--interference-sizes", "256K")
+    assert r.returncode == 0, r.stderr[-3000:]
+    data = json.loads(comm.read_text())
+    assert data["complete"] and data["run"]["world_size"] == 2 and data["run"]["backend"] == "gloo"
+    assert {c["op"] for c in data["cases"]} == {"all-reduce", "reduce-scatter", "all-gather", "broadcast"}
+    assert all(len(c["stats"]["times_s"]) == 3 for c in data["cases"])
+    assert len(data["interference"]) == 1
+    assert "[12/13" in r.stderr  # rank 0's progress
+
+    r = torchrun("-m", "calibration.compute", "--model", TINY, "--device", "cpu", "--threads", "1",
+                 "--out", str(compute), "--repeats", "5", "--warmup", "1")
+    assert r.returncode == 0, r.stderr[-3000:]
+    data = json.loads(compute.read_text())
+    assert data["complete"] and data["micro_batch_size"] == 2
+    assert sorted(data["grad_ready_order"]) == list(range(len(data["parameters"])))
+    covered = sorted(i for la in data["layers"] for i in la["param_indices"])
+    assert covered == list(range(len(data["parameters"])))
+    assert sum(la["bwd"]["median_s"] for la in data["layers"]) == pytest.approx(data["backward"]["median_s"],
+                                                                                  rel=1e-6)
+    assert data["ddp_overhead"] is not None and data["peak"]["matmul_flop_per_s"] > 0
+
+    r = torchrun("-m", "calibration.ddp_step", "--model", TINY, "--backend", "gloo", "--threads", "1",
+                 "--bucket-cap-mb", "0.01", "1", "--rounds", "2", "--repeats", "2", "--warmup", "2", "--out", str(ddp))
+    assert r.returncode == 0, r.stderr[-3000:]
+    data = json.loads(ddp.read_text())
+    assert [c["bucket_cap_mb"] for c in data["cases"]] == [0.01, 1.0]
+    assert all(len(c["stats"]["times_s"]) == 4 for c in data["cases"])
+    assert data["cases"][0]["num_buckets"] > data["cases"][1]["num_buckets"] >= 1
+
+    r = simddp_cli("calibrate", "fit", str(comm), str(compute), "--out", str(tmp_path / "profile.json"))
+    assert r.returncode == 0, r.stderr
+    r = simddp_cli("calibrate", "validate", str(tmp_path / "profile.json"), str(ddp), "--json",
+                   "--html", str(tmp_path / "report.html"))
+    assert r.returncode == 0, r.stderr
+    report = json.loads(r.stdout)
+    for case in report["cases"]:
+        predicted, measured = case["prediction"]["step_time_s"], case["measured_s"]
+        assert 0 < predicted < 10 * measured and measured < 10 * predicted
+        assert case["prediction"]["num_buckets"] == case["measured_num_buckets"]  # simddp's buckets = torch's
+    assert (tmp_path / "report.html").stat().st_size > 10_000
+
+
+@pytest.mark.parametrize("fault", ["hang", "exit"])
+def test_failed_rank_ends_the_collector_with_partial_results(tmp_path: Path, fault: str) -> None:
+    out = tmp_path / "comm.json"
+    start = time.monotonic()
+    r = torchrun("-m", "calibration.collectives", "--out", str(out), "--sizes", "1K:64K", "--repeats", "2",
+                 "--timeout", "6", "--interference-sizes", "none", env={"SIMDDP_CALIBRATION_FAULT": f"{fault}:1:3"},
+                 timeout=90)
+    elapsed = time.monotonic() - start
+    assert r.returncode != 0
+    assert elapsed < 60
+    data = json.loads(out.read_text())
+    assert data["complete"] is False and data["error"]
+    assert len(data["cases"]) >= 3
+    assert "partial results in" in r.stderr
+
+
+def test_import_model_writes_a_scenario_simddp_reads(tmp_path: Path) -> None:
+    out = tmp_path / "model.yaml"
+    r = subprocess.run([sys.executable, "-m", "calibration.import_model", TINY, "--out", str(out)], cwd=ROOT,
+                       capture_output=True, text=True, timeout=60, env=dict(os.environ, PYTHONPATH=str(ROOT)),
+                       check=False)
+    assert r.returncode == 0, r.stderr
+    r = simddp_cli("buckets", str(out), "--set", "ddp.bucket_cap_mb=0.01", "--json")
+    assert r.returncode == 0, r.stderr
+    assert len(json.loads(r.stdout)["buckets"]) > 1
+
+
+def test_bad_model_spec_is_a_clear_error(tmp_path: Path) -> None:
+    r = subprocess.run([sys.executable, "-m", "calibration.compute", "--model", "nope.py:f", "--out",
+                        str(tmp_path / "c.json")], cwd=ROOT, capture_output=True, text=True, timeout=60,
+                       env=dict(os.environ, PYTHONPATH=str(ROOT)), check=False)
+    assert r.returncode == 2
+    assert "nope.py does not exist" in r.stderr and "Traceback" not in r.stderr
