@@ -23,7 +23,7 @@ def test_strategies_side_by_side_with_capacity() -> None:
     assert {t["name"] for t in fig["data"] if t.get("type") == "bar"} >= {"parameters", "gradients", "activations"}
     capacity = [s for s in fig["layout"]["shapes"] if s.get("type") == "line"]
     assert capacity and capacity[0]["y0"] == pytest.approx(ref.points[0].capacity_bytes / units.GiB)
-    assert "does not fit" in at.main.subheader[0].value
+    assert "fits" in at.main.subheader[0].value and "does not fit" not in at.main.subheader[0].value
 
 
 def test_tp_degree_and_layout_search() -> None:

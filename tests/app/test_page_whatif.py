@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 from apptest_helpers import assert_clean, figure, metric, metric_delta, open_page, start
 
 import simddp
@@ -75,6 +76,6 @@ def test_heatmap_over_two_parameters() -> None:
     assert len(heat["z"]) == 6
     grid = sweeps.grid_sweep(at.session_state["scenario"], "ddp.bucket_cap_mb", (5.0, 10.0, 25.0, 50.0, 100.0, 250.0),
                              "cluster.num_nodes", (1, 2, 4, 8, 16, 32))
-    assert heat["z"][3][2] == grid.points[3 * 6 + 2].step_time_s / units.MS  # 8 nodes, 25 MiB
+    assert heat["z"][3][2] == pytest.approx(grid.points[3 * 6 + 2].step_time_s / units.MS)  # 8 nodes, 25 MiB
     at.selectbox(key="grid_y").set_value("bucket cap (MiB)").run()
     assert at.main.warning  # two different parameters needed, said inline
