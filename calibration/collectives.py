@@ -266,7 +266,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         else:
             isizes = parse_sizes(args.interference_sizes) if args.interference_sizes else [
                 s for s in DEFAULT_INTERFERENCE_SIZES if s <= max(sizes)] or [max(sizes)]
-        d = Dist(args.backend, args.timeout)
+        d = Dist(args.backend, args.timeout, pin=args.pin)
     except CollectorError as err:
         print(f"calibration.collectives: error: {err}", file=sys.stderr)
         return 2

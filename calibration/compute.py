@@ -20,8 +20,9 @@ What is recorded:
 * measured matmul and copy rates and the device memory, which stand in for a spec sheet.
 
 Under ``torchrun`` every rank measures at the same time (on a CPU the ranks share cores and memory
-bandwidth as in training) and each value is the mean over ranks of that iteration. Medians over
-iterations are what the profile uses.
+bandwidth as in training). The totals of an iteration are those of its slowest rank, which gates every
+all-reduce of a DDP step; the per-layer split is the mean over ranks. Medians over iterations are what
+the profile uses.
 """
 
 from __future__ import annotations
@@ -220,7 +221,7 @@ def measure_peak(device: torch.device, ranks_per_node: int, d: Dist) -> PeakRate
 
 def ddp_overhead_s(model: torch.nn.Module, inputs: Sequence[Any], optimizer: str, iterations: int,
                    d: Dist) -> list[float] | None:
-    """Per-iteration (DDP step on a one-rank gloo group) - (plain step), interleaved; CPU only.
+    """Per-iteration slowest rank's (DDP step on a one-rank gloo group) - (plain step), interleaved; CPU only.
 
     A one-rank all-reduce moves no data, so the difference is the Reducer's own work: copying gradients
     into buckets and back, its hooks and its bookkeeping. Needs gloo (no second GPU is needed on CPU).
@@ -254,7 +255,8 @@ def ddp_overhead_s(model: torch.nn.Module, inputs: Sequence[Any], optimizer: str
             d.barrier()
             m = one_step(wrapped, inputs, opt_ddp, timer)
             t_ddp = timer.elapsed_s(m[0], m[-1])
-            diffs.append(t_ddp - t_plain)
+            slowest = d.max_over_ranks([t_plain, t_ddp])  # as for the clean steps: the slowest rank's
+            diffs.append(slowest[1] - slowest[0])
         del wrapped
         if not d.active:
             dist.destroy_process_group()
@@ -282,7 +284,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         want_cuda = args.device == "cuda" or (args.device is None and torch.cuda.is_available())
         if want_cuda and not torch.cuda.is_available():
             raise CollectorError("--device cuda: no CUDA device visible")
-        d = Dist("nccl" if want_cuda else "gloo", args.timeout)
+        d = Dist("nccl" if want_cuda else "gloo", args.timeout, pin=args.pin)
         model, inputs = build_model(args.model, d.device)
         model.train()
     except CollectorError as err:
@@ -325,7 +327,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             t0, t1, t2, t3, t4 = one_step(model, inputs, opt, timer)
             fwd, bwd, opt_s = timer.elapsed_s(t1, t2), timer.elapsed_s(t2, t3), timer.elapsed_s(t3, t4)
             step = timer.elapsed_s(t0, t4)
-            clean.append(d.mean_over_ranks([fwd, bwd, opt_s, step - fwd - bwd - opt_s, step]))
+            # The slowest rank gates every all-reduce of a DDP step: keep its iteration.
+            clean.append(d.row_of_slowest_rank([fwd, bwd, opt_s, step - fwd - bwd - opt_s, step]))
             collector.beat(f"clean iteration {i + 1}")
         cols = list(zip(*clean, strict=True))
         for key, col in zip(("forward", "backward", "optimizer", "host", "step"), cols, strict=True):
@@ -342,7 +345,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if not args.no_ddp_overhead:
             diffs = ddp_overhead_s(model, inputs, args.optimizer, repeats, d)
             if diffs is not None:
-                result["ddp_overhead"] = timing_stats(d.mean_over_ranks(diffs))
+                result["ddp_overhead"] = timing_stats(diffs)
                 progress(f"DDP overhead without communication {result['ddp_overhead'].median_s * 1e3:.2f} ms")
             else:
                 progress("DDP overhead: not measured on this device")

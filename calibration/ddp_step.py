@@ -86,7 +86,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         set_threads(args.threads)
         caps = [parse_cap(c) for c in args.bucket_cap_mb]
         backend = args.backend or ("nccl" if torch.cuda.is_available() else "gloo")
-        d = Dist(backend, args.timeout)
+        d = Dist(backend, args.timeout, pin=args.pin)
         if d.world_size < 2:
             raise CollectorError("needs at least 2 ranks; launch with torchrun --nproc_per_node N")
         base, inputs = build_model(args.model, d.device)

@@ -48,7 +48,7 @@ MIN_POINTS = 3
 MAX_SEGMENTS = 3
 MAX_LOST_FRACTION = 0.95
 #: At or above this lost share the profile turns DDP overlap off (see :func:`fit_interference`).
-NO_OVERLAP_LOST_FRACTION = 0.75
+NO_OVERLAP_LOST_FRACTION = 0.5
 #: 1/busbw when a segment shows no bandwidth term at all (flat, latency-bound): 1e18 bytes/s.
 NO_BANDWIDTH_TERM = 1e-18
 
@@ -181,14 +181,15 @@ def interference_settings(lost_fraction: float) -> tuple[float, bool]:
 def fit_interference(comm: CommMeasurements) -> InterferenceFit:
     """The simulator's interference factor from the median lost share ``f`` over the benchmark's sizes.
 
-    The simulator slows a backward layer that starts while a collective is in flight by ``1 + i``; over a
+    The simulator slows a backward layer that starts while a collective is in flight by ``1 + i``. Over a
     collective much longer than a layer, compute then loses ``i / (1 + i)`` of the collective's time, so
-    ``i = f / (1 - f)``. That rule keeps a layer slow after the collective ends (an error of about
-    ``i / 2`` layer times per collective), harmless for small ``i`` but divergent as ``f -> 1``. When
-    ``f >= NO_OVERLAP_LOST_FRACTION`` compute and communication effectively take turns (on a CPU whose
-    cores gloo's threads share with compute, ``f`` is about 1): the step is then compute + every
-    collective + the tail whatever the schedule, which is exactly the simulator with ``ddp.overlap``
-    off, so the profile says so instead of passing a huge ``i``.
+    ``i = f / (1 - f)``. But the rule keeps a layer slow after the collective ends: when collectives are
+    shorter than layers (small buckets) each one costs up to ``i`` layer-times, so from ``i = 1``
+    (``f = 0.5``) on the rule predicts more lost time than running the collectives after backward, which
+    is the physical bound while ``f <= 1``. So for ``f >= NO_OVERLAP_LOST_FRACTION`` (on a CPU whose cores
+    gloo's threads share with compute, ``f`` is close to 1) the profile turns ``ddp.overlap`` off: the
+    step is then compute + every collective + the tail, the simulator's exact form of "compute and
+    communication take turns".
     """
     if not comm.interference:
         return InterferenceFit(value=0.0, lost_fraction=0.0, lost_fraction_p10=0.0, lost_fraction_p90=0.0,

@@ -104,6 +104,9 @@ class RunInfo(_Frozen):
     torch_version: str = Field(description="torch.__version__.")
     nccl_version: str | None = Field(default=None, description="NCCL version torch was built with (CUDA only).")
     num_threads: int = Field(gt=0, description="torch intra-op threads per rank (torch.get_num_threads()).")
+    pinned_cores: list[list[int]] = Field(
+        default_factory=list, description="CPU cores each rank was pinned to, by rank ([] = not pinned)."
+    )
     started_at: str = Field(description="UTC start time, ISO 8601.")
     argv: list[str] = Field(default_factory=list, description="Command line of the collector.")
     load_average_1m: list[float] = Field(
