@@ -50,110 +50,71 @@ def _h100() -> dict[str, Any]:
     }
 
 
+def _node(gpu: dict[str, Any], intra: dict[str, Any], inter: dict[str, Any]) -> dict[str, Any]:
+    """One 8-GPU node of a preset (users set num_nodes)."""
+    return {"num_nodes": 1, "gpus_per_node": 8, "gpu": gpu, "intra_node": intra, "inter_node": inter}
+
+
+def _link(kind: str, latency_s: float, gb_per_s: float, efficiency: float, **extra: float) -> dict[str, Any]:
+    return {"kind": kind, "latency_s": latency_s, "bandwidth_bytes_per_s": gb_per_s * GB,
+            "efficiency": efficiency, **extra}
+
+
+def _network(kind: str, nics: int, gbit_per_s: float, efficiency: float) -> dict[str, Any]:
+    return {"kind": kind, "nics_per_node": nics, "nic_bandwidth_bytes_per_s": gbit_per_s * GBIT,
+            "latency_s": NCCL_HWLAT_NET_S, "efficiency": efficiency}
+
+
 def dgx_a100_80gb() -> dict[str, Any]:
-    return {
-        "num_nodes": 1,
-        "gpus_per_node": 8,
-        "gpu": _a100("A100-SXM4-80GB", 81920, 2039),
-        # NVLink 3: 12 links x 25 GB/s = 300 GB/s per direction per GPU. nccl-tests all_reduce_perf on
-        # 8x A100-80GB reaches 231.6 GB/s busbw at 8 GB (Azure/AI-benchmarking-guide,
-        # Azure_Results/ND_A100_v4_results.md; NCCL 2.18.5) -> 0.77; NCCL itself caps SM80 at 235.
-        "intra_node": {
-            "kind": "nvlink",
-            "latency_s": NCCL_HWLAT_NVLINK_S,
-            "bandwidth_bytes_per_s": 300 * GB,
-            "efficiency": 0.77,
-        },
-        # 8x ConnectX-6 HDR 200 Gb/s. ~24 GB/s per NIC "on perfect setups" (S. Jeaugey,
-        # NVIDIA/nccl-tests#160); multi-node DGX A100 all_reduce busbw 192 GB/s (NVIDIA/nccl#812).
-        "inter_node": {
-            "kind": "infiniband",
-            "nics_per_node": 8,
-            "nic_bandwidth_bytes_per_s": 200 * GBIT,
-            "latency_s": NCCL_HWLAT_NET_S,
-            "efficiency": 0.96,
-        },
-    }
+    # NVLink 3: 12 links x 25 GB/s = 300 GB/s per direction per GPU. nccl-tests all_reduce_perf on
+    # 8x A100-80GB reaches 231.6 GB/s busbw at 8 GB (Azure/AI-benchmarking-guide,
+    # Azure_Results/ND_A100_v4_results.md; NCCL 2.18.5) -> 0.77; NCCL itself caps SM80 at 235.
+    # 8x ConnectX-6 HDR 200 Gb/s. ~24 GB/s per NIC "on perfect setups" (S. Jeaugey,
+    # NVIDIA/nccl-tests#160); multi-node DGX A100 all_reduce busbw 192 GB/s (NVIDIA/nccl#812).
+    return _node(
+        _a100("A100-SXM4-80GB", 81920, 2039),
+        _link("nvlink", NCCL_HWLAT_NVLINK_S, 300, 0.77),
+        _network("infiniband", 8, 200, 0.96),
+    )
 
 
 def dgx_h100_80gb() -> dict[str, Any]:
-    return {
-        "num_nodes": 1,
-        "gpus_per_node": 8,
-        "gpu": _h100(),
-        # NVLink 4: 18 links x 25 GB/s = 450 GB/s per direction per GPU. Ring all_reduce on 8x H100 peaks
-        # at ~370 GB/s busbw and NVLS at ~480 GB/s busbw = ~275 GB/s algbw (S. Jeaugey,
-        # NVIDIA/nccl-tests#212; NVIDIA/nccl#1455).
-        "intra_node": {
-            "kind": "nvlink",
-            "latency_s": NCCL_HWLAT_NVLINK_S,
-            "bandwidth_bytes_per_s": 450 * GB,
-            "efficiency": 0.82,
-            "nvls_algbw_bytes_per_s": 275 * GB,
-            # NCCL's table says 23 us; 60 us fits the measured 1 MiB..8 GiB NVLS curve of 8x H200 on the
-            # same NVSwitch (Azure ND H200 v5: 240 GB/s at 16 MiB, 432 at 256 MiB; MAPE 17% -> 1.6%).
-            "nvls_latency_s": 60 * US,
-        },
-        # 8x ConnectX-7 NDR 400 Gb/s; "46-48 GB/s per NIC" expected (NVIDIA/nccl-tests#290) -> 0.94.
-        "inter_node": {
-            "kind": "infiniband",
-            "nics_per_node": 8,
-            "nic_bandwidth_bytes_per_s": 400 * GBIT,
-            "latency_s": NCCL_HWLAT_NET_S,
-            "efficiency": 0.94,
-        },
-    }
+    # NVLink 4: 18 links x 25 GB/s = 450 GB/s per direction per GPU. Ring all_reduce on 8x H100 peaks
+    # at ~370 GB/s busbw and NVLS at ~480 GB/s busbw = ~275 GB/s algbw (S. Jeaugey,
+    # NVIDIA/nccl-tests#212; NVIDIA/nccl#1455). NCCL's table says 23 us for NVLS latency; 60 us fits the
+    # measured 1 MiB..8 GiB NVLS curve of 8x H200 on the same NVSwitch (Azure ND H200 v5: 240 GB/s at
+    # 16 MiB, 432 at 256 MiB; MAPE 17% -> 1.6%).
+    # 8x ConnectX-7 NDR 400 Gb/s; "46-48 GB/s per NIC" expected (NVIDIA/nccl-tests#290) -> 0.94.
+    return _node(
+        _h100(),
+        _link("nvlink", NCCL_HWLAT_NVLINK_S, 450, 0.82, nvls_algbw_bytes_per_s=275 * GB, nvls_latency_s=60 * US),
+        _network("infiniband", 8, 400, 0.94),
+    )
 
 
 def pcie_a100_80gb() -> dict[str, Any]:
-    return {
-        "num_nodes": 1,
-        "gpus_per_node": 8,
-        # A100 80GB PCIe datasheet: same tensor peaks, 1,935 GB/s HBM2e.
-        "gpu": _a100("A100-PCIe-80GB", 81920, 1935),
-        # PCIe Gen4 x16: 32 GB/s per direction. A100s whose ring crosses PCIe measure 20 GB/s busbw
-        # (NVIDIA/nccl-tests#178) -> 0.63. (SimAI's calbusbw.h models A100 PCIe at 25.6 = 32 x 0.8.)
-        "intra_node": {
-            "kind": "pcie",
-            "latency_s": NCCL_HWLAT_PCI_S,
-            "bandwidth_bytes_per_s": 32 * GB,
-            "efficiency": 0.63,
-        },
-        # A typical enterprise PCIe server: 2x 100 GbE RoCE (ConnectX-6 Dx); efficiency assumed equal to
-        # the HDR figure (not validated against a published run).
-        "inter_node": {
-            "kind": "roce",
-            "nics_per_node": 2,
-            "nic_bandwidth_bytes_per_s": 100 * GBIT,
-            "latency_s": NCCL_HWLAT_NET_S,
-            "efficiency": 0.9,
-        },
-    }
+    # A100 80GB PCIe datasheet: same tensor peaks, 1,935 GB/s HBM2e.
+    # PCIe Gen4 x16: 32 GB/s per direction. A100s whose ring crosses PCIe measure 20 GB/s busbw
+    # (NVIDIA/nccl-tests#178) -> 0.63. (SimAI's calbusbw.h models A100 PCIe at 25.6 = 32 x 0.8.)
+    # A typical enterprise PCIe server: 2x 100 GbE RoCE (ConnectX-6 Dx); efficiency assumed close to the
+    # HDR figure (not validated against a published run).
+    return _node(
+        _a100("A100-PCIe-80GB", 81920, 1935),
+        _link("pcie", NCCL_HWLAT_PCI_S, 32, 0.63),
+        _network("roce", 2, 100, 0.9),
+    )
 
 
 def aws_p4d() -> dict[str, Any]:
-    return {
-        "num_nodes": 1,
-        "gpus_per_node": 8,
-        # p4d.24xlarge: 8x A100-SXM4-40GB (1,555 GB/s HBM2), NVSwitch (AWS instance page).
-        "gpu": _a100("A100-SXM4-40GB", 40960, 1555),
-        # p4dn, 8 GPUs, 1 GiB: 230.77 GB/s busbw (NVIDIA/nccl#527) -> 0.77 of 300 GB/s.
-        "intra_node": {
-            "kind": "nvlink",
-            "latency_s": NCCL_HWLAT_NVLINK_S,
-            "bandwidth_bytes_per_s": 300 * GB,
-            "efficiency": 0.77,
-        },
-        # EFA: 4x 100 Gb/s per instance (Ethernet, SRD transport). 4 instances / 32 GPUs measured
-        # 29.6 GB/s busbw at 1 GiB with NCCL 2.9.9 + aws-ofi-nccl (NVIDIA/nccl#527) -> 0.59 of 50 GB/s.
-        "inter_node": {
-            "kind": "efa",
-            "nics_per_node": 4,
-            "nic_bandwidth_bytes_per_s": 100 * GBIT,
-            "latency_s": NCCL_HWLAT_NET_S,
-            "efficiency": 0.59,
-        },
-    }
+    # p4d.24xlarge: 8x A100-SXM4-40GB (1,555 GB/s HBM2), NVSwitch (AWS instance page).
+    # p4dn, 8 GPUs, 1 GiB: 230.77 GB/s busbw (NVIDIA/nccl#527) -> 0.77 of 300 GB/s.
+    # EFA: 4x 100 Gb/s per instance (Ethernet, SRD transport). 4 instances / 32 GPUs measured
+    # 29.6 GB/s busbw at 1 GiB with NCCL 2.9.9 + aws-ofi-nccl (NVIDIA/nccl#527) -> 0.59 of 50 GB/s.
+    return _node(
+        _a100("A100-SXM4-40GB", 40960, 1555),
+        _link("nvlink", NCCL_HWLAT_NVLINK_S, 300, 0.77),
+        _network("efa", 4, 100, 0.59),
+    )
 
 
 CLUSTER_PRESETS: dict[str, Preset] = {

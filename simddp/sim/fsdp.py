@@ -54,28 +54,29 @@ def fsdp_micro_step(
     def scale() -> float:
         return 1.0 + interference if state["comm"] else 1.0
 
-    def gather(unit: FsdpUnit, phase: str, done: simpy.Event) -> simpy.events.ProcessGenerator:
-        with gather_lock.request() as req:
+    def collective(lock: simpy.Resource, cost_s: float, span: Span) -> simpy.events.ProcessGenerator:
+        """Run one collective on its stream (one at a time per stream); returns (start, end)."""
+        with lock.request() as req:
             yield req
             start = env.now
             state["comm"] += 1
-            yield env.timeout(unit.gather_s)
+            yield env.timeout(cost_s)
             state["comm"] -= 1
-            spans.append(Span(name=f"all-gather {unit.name} ({phase})", stream="comm", start_s=start,
-                              end_s=env.now))
+            spans.append(span.model_copy(update={"start_s": start, "end_s": env.now}))
+        return start, env.now
+
+    def gather(unit: FsdpUnit, phase: str, done: simpy.Event) -> simpy.events.ProcessGenerator:
+        yield from collective(gather_lock, unit.gather_s,
+                              Span(name=f"all-gather {unit.name} ({phase})", stream="comm", start_s=0, end_s=0))
         done.succeed()
 
     def reduce(unit: FsdpUnit, ready: float) -> simpy.events.ProcessGenerator:
-        with reduce_lock.request() as req:
-            yield req
-            start = env.now
-            state["comm"] += 1
-            yield env.timeout(unit.reduce_s)
-            state["comm"] -= 1
-            spans.append(Span(name=f"reduce-scatter {unit.name}", stream="comm reduce-scatter", start_s=start,
-                              end_s=env.now))
-            if on_reduced is not None:
-                on_reduced(unit, ready, start, env.now)
+        start, end = yield from collective(
+            reduce_lock, unit.reduce_s,
+            Span(name=f"reduce-scatter {unit.name}", stream="comm reduce-scatter", start_s=0, end_s=0),
+        )
+        if on_reduced is not None:
+            on_reduced(unit, ready, start, end)
 
     pending: list[simpy.Process] = []
     for phase, order in (("fwd", list(units)), ("bwd", list(reversed(units)))):
