@@ -2,8 +2,9 @@
 
 For each op (all-reduce, reduce-scatter, all-gather, broadcast), communicator and message size
 (nccl-tests sizes: the full buffer, 1 KiB to 256 MiB by default), every rank runs warm-up iterations,
-then timed repeats, each preceded by a barrier; a repeat's time is the slowest rank's (the collective
-is only done when every rank is). The median over repeats is what the fit uses; percentiles, extremes
+then timed repeats; a repeat is a barrier and a few ops back to back timed together (as nccl-tests
+does, and as DDP issues its buckets), and its time per op is the slowest rank's (the collective is only
+done when every rank is). The median over repeats is what the fit uses; percentiles, extremes
 and outliers are kept. On several hosts the same sweep runs on the world group, on the ranks of each
 host (intra-node, all hosts at once) and on one rank per host (inter-node, all local ranks at once, so
 each gets its share of the NICs, as data-parallel groups do).
@@ -56,6 +57,8 @@ DEFAULT_SIZES = [KiB * 2**k for k in range(19)]  # 1 KiB .. 256 MiB
 DEFAULT_INTERFERENCE_SIZES = [1 * MiB, 4 * MiB, 16 * MiB]
 #: Bytes of timed traffic per measurement that set the default number of repeats (min 5, max 30).
 REPEAT_BUDGET_BYTES = 512 * MiB
+#: Bytes per timed repeat that set the default number of back-to-back ops in it (min 1, max 10).
+ITERS_BUDGET_BYTES = 8 * MiB
 
 
 def parse_sizes(text: str) -> list[int]:
@@ -124,7 +127,7 @@ def communicators(d: Dist) -> list[Communicator]:
     return out
 
 
-def make_op(op: str, size_bytes: int, comm: Communicator, device: torch.device) -> tuple[Callable[[], Any], int]:
+def make_op(op: str, size_bytes: int, comm: Communicator, device: torch.device) -> tuple[Callable[..., Any], int]:
     """A closure running ``op`` once on buffers of ``size_bytes`` (rounded to whole fp32 per rank)."""
     n = comm.size
     numel = max(n, (size_bytes // 4) // n * n)
@@ -149,9 +152,20 @@ def make_op(op: str, size_bytes: int, comm: Communicator, device: torch.device) 
     return run, numel * 4
 
 
-def time_op(d: Dist, run: Callable[[], Any], warmup: int, repeats: int, beat: Callable[[str], None],
-            what: str) -> list[float]:
-    """Per-repeat time of the slowest rank (all communicators run at once)."""
+def default_iters(size_bytes: int) -> int:
+    """Back-to-back ops per timed repeat: enough to reach ~8 MiB of traffic, 1 to 10."""
+    return max(1, min(10, ITERS_BUDGET_BYTES // max(size_bytes, 1)))
+
+
+def time_op(d: Dist, run: Callable[..., Any], warmup: int, repeats: int, beat: Callable[[str], None],
+            what: str, iters: int = 1) -> list[float]:
+    """Per-op time of each repeat, slowest rank (all communicators run at once).
+
+    A repeat is a barrier, then ``iters`` ops back to back timed together (nccl-tests' method), divided
+    by ``iters``: DDP issues its bucket all-reduces back to back too, and an op launched into an idle
+    machine right after a barrier is not what a training step sees (on a small CPU machine isolated ops
+    are up to 2x faster than a stream of them).
+    """
     for _ in range(warmup):
         run()
     d.sync()
@@ -159,9 +173,10 @@ def time_op(d: Dist, run: Callable[[], Any], warmup: int, repeats: int, beat: Ca
     for i in range(repeats):
         d.barrier()
         t0 = time.perf_counter()
-        run()
+        for _ in range(iters):
+            run()
         d.sync()
-        local.append(time.perf_counter() - t0)
+        local.append((time.perf_counter() - t0) / iters)
         beat(f"{what}, repeat {i + 1}/{repeats}")
     return d.max_over_ranks(local)
 
@@ -246,6 +261,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--ops", default=",".join(OPS), help=f"comma-separated subset of {','.join(OPS)}")
     p.add_argument("--interference-sizes", default=None,
                    help="all-reduce sizes of the interference benchmark (default 1M,4M,16M; 'none' skips it)")
+    p.add_argument("--iters", type=int, default=None,
+                   help="back-to-back ops per timed repeat (default: ~8 MiB of traffic, 1 to 10)")
     p.add_argument("--matmul-n", type=int, default=None,
                    help="matmul size of the interference compute (default 256 on CPU, 4096 on GPU)")
     add_common_args(p)
@@ -297,11 +314,12 @@ def main(argv: Sequence[str] | None = None) -> int:
                     repeats = args.repeats or default_repeats(actual)
                     what = f"{op} {actual} B on {comm.name}"
                     collector.beat(what)
+                    iters = args.iters or default_iters(actual)
                     times = time_op(d, run, args.warmup if args.warmup is not None else 2, repeats,
-                                    collector.beat, what)
+                                    collector.beat, what, iters)
                     stats = timing_stats(times)
                     cases.append(CommCase(op=op, group=comm.name, tier=comm.tier, num_ranks=comm.size,  # type: ignore[arg-type]
-                                          num_nodes=comm.num_nodes, size_bytes=actual, stats=stats))
+                                          num_nodes=comm.num_nodes, size_bytes=actual, iters=iters, stats=stats))
                     collector.save_partial()
                     algbw = actual / stats.median_s / 1e9 if stats.median_s > 0 else 0.0
                     progress(f"{comm.name:<10} {op:<14} {actual:>11} B  median {stats.median_s * 1e3:9.3f} ms  "
@@ -321,7 +339,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         progress.note(f"calibration.collectives: wrote {out}")
         d.close()
         return 0
-    except (RuntimeError, ValueError, CollectorError) as err:
+    except Exception as err:  # any failure: keep what was measured, say why in one line
         # No destroy_process_group: with a dead peer it may block; the process exit cleans up.
         return collector.fail(one_line(err))
 

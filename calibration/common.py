@@ -17,6 +17,7 @@ from __future__ import annotations
 import datetime as dt
 import importlib
 import importlib.util
+import inspect
 import os
 import signal
 import socket
@@ -58,9 +59,15 @@ def load_factory(spec: str) -> Callable[[], Any]:
             raise CollectorError(f"--model {spec!r}: cannot import {path}")
         module = importlib.util.module_from_spec(mod_spec)
         sys.modules[module_name] = module
-        mod_spec.loader.exec_module(module)
+        try:
+            mod_spec.loader.exec_module(module)
+        except Exception as err:
+            raise CollectorError(f"--model {spec!r}: importing {path} raised {one_line(err)}") from err
     else:
-        module = importlib.import_module(where)
+        try:
+            module = importlib.import_module(where)
+        except ImportError as err:
+            raise CollectorError(f"--model {spec!r}: {one_line(err)}") from err
     factory = getattr(module, name, None)
     if not callable(factory):
         raise CollectorError(f"--model {spec!r}: {where} has no callable {name!r}")
@@ -69,7 +76,11 @@ def load_factory(spec: str) -> Callable[[], Any]:
 
 def build_model(spec: str, device: torch.device) -> tuple[torch.nn.Module, tuple[Any, ...]]:
     """Call the factory: it returns ``(model, example_inputs)``; inputs may be one tensor or a tuple."""
-    out = load_factory(spec)()
+    factory = load_factory(spec)
+    try:
+        out = factory()
+    except Exception as err:  # the user's code: report it in one line
+        raise CollectorError(f"--model {spec!r}: the factory raised {one_line(err)}") from err
     if not (isinstance(out, tuple) and len(out) == 2 and isinstance(out[0], torch.nn.Module)):
         raise CollectorError(f"--model {spec!r}: the factory must return (model, example_inputs)")
     model, inputs = out
@@ -137,11 +148,11 @@ def set_threads(num_threads: int | None) -> int:
 def pin_cores(local_rank: int, local_world_size: int, mode: str) -> list[int]:
     """Pin this process (and the threads it starts later) to its own ``torch.get_num_threads()`` cores.
 
-    ``auto`` pins when every local rank can get its own cores. On a CPU an unpinned rank's threads and its
-    gloo threads migrate between cores and now and then share one with another rank's compute, which
-    makes steps slower and much noisier (measured on the 2-core acceptance machine: plain steps 117 ms
-    with p90 167 ms unpinned, 106 ms with p90 120 ms pinned). The DDP validation run pins the same way.
-    Returns the cores pinned to ([] = not pinned).
+    ``auto`` pins when every local rank can get its own cores. Off by default, as torchrun leaves it, and
+    for a measured reason: on the 2-core acceptance machine pinning made plain steps steadier (106 ms,
+    p90 120 ms, against 117 ms, p90 167 ms) but made 30-80% of small gloo collectives stall for a
+    scheduler tick (~4 ms) instead of 10-15%, because gloo's threads then hand work over on one core.
+    Whatever you choose, use the same for every collector and the DDP run. Returns the pinned cores.
     """
     if mode not in ("auto", "on", "off"):
         raise CollectorError(f"--pin {mode!r}: expected auto, on or off")
@@ -162,7 +173,7 @@ def pin_cores(local_rank: int, local_world_size: int, mode: str) -> list[int]:
 class Dist:
     """The process group of a torchrun launch (or a lone process), and who is who."""
 
-    def __init__(self, backend: str | None, timeout_s: float, need_group: bool = True, pin: str = "auto") -> None:
+    def __init__(self, backend: str | None, timeout_s: float, need_group: bool = True, pin: str = "off") -> None:
         self.rank = int(os.environ.get("RANK", "0"))
         self.world_size = int(os.environ.get("WORLD_SIZE", "1"))
         self.local_rank = int(os.environ.get("LOCAL_RANK", "0"))
@@ -183,8 +194,8 @@ class Dist:
         self.active = False
         if need_group and (self.world_size > 1 or "MASTER_ADDR" in os.environ):
             kwargs: dict[str, Any] = {"timeout": dt.timedelta(seconds=timeout_s)}
-            if self.backend == "nccl":
-                kwargs["device_id"] = self.device
+            if self.backend == "nccl" and "device_id" in inspect.signature(dist.init_process_group).parameters:
+                kwargs["device_id"] = self.device  # torch >= 2.3: eager NCCL init, bound to this GPU
             dist.init_process_group(self.backend, **kwargs)
             self.active = True
         self.hosts = self.all_gather_object(socket.gethostname())
@@ -447,8 +458,8 @@ def add_common_args(parser: Any, default_timeout_s: float = 300.0) -> None:
         "--timeout", type=float, default=default_timeout_s,
         help="seconds without progress (or inside one collective) before giving up with partial results",
     )
-    parser.add_argument("--pin", choices=("auto", "on", "off"), default="auto",
-                        help="CPU only: pin each rank to its own cores (auto: when there are enough)")
+    parser.add_argument("--pin", choices=("auto", "on", "off"), default="off",
+                        help="CPU only: pin each rank to its own cores (auto: when there are enough); default off")
     parser.add_argument("--warmup", type=int, default=None, help="warm-up iterations per measurement")
     parser.add_argument("--repeats", type=int, default=None, help="timed repeats per measurement")
 

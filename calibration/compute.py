@@ -287,15 +287,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         d = Dist("nccl" if want_cuda else "gloo", args.timeout, pin=args.pin)
         model, inputs = build_model(args.model, d.device)
         model.train()
+        g = make_grouping(model, inputs)
+        opt = make_optimizer(args.optimizer, g.params)
     except CollectorError as err:
         print(f"calibration.compute: error: {err}", file=sys.stderr)
+        return 2
+    except RuntimeError as err:  # e.g. the model's forward or backward fails on these inputs
+        print(f"calibration.compute: error: {args.model}: {one_line(err)}", file=sys.stderr)
         return 2
     warmup = args.warmup if args.warmup is not None else 3
     repeats = args.repeats or 20
     info = run_info(d, utc_now())
     timer = Timer(d.device)
-    g = make_grouping(model, inputs)
-    opt = make_optimizer(args.optimizer, g.params)
     result: dict[str, Any] = {}
     out: Path = args.out
 
@@ -358,7 +361,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         progress.note(f"calibration.compute: wrote {out}")
         d.close()
         return 0
-    except (RuntimeError, ValueError, CollectorError) as err:
+    except Exception as err:  # any failure: keep what was measured, say why in one line
         return collector.fail(one_line(err))
 
 

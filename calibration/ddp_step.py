@@ -148,7 +148,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         progress.note(f"calibration.ddp_step: wrote {out}")
         d.close()
         return 0
-    except (RuntimeError, ValueError, CollectorError) as err:
+    except Exception as err:  # any failure: keep what was measured, say why in one line
         return collector.fail(one_line(err))
 
 

@@ -295,8 +295,9 @@ def cmd_calibrate_fit(args: argparse.Namespace) -> int:
     for r in profile.fits:
         f = r.fit
         sizes = f"{units.fmt_bytes(f.min_bytes)}..{units.fmt_bytes(f.max_bytes)}"
+        busbw = units.fmt_bandwidth(f.bus_bandwidth_bytes_per_s) if f.bus_bandwidth_bytes_per_s < 1e17 else "-"
         print(f"{f.op:<15}{r.group:<11}{f.tier:<6}{sizes:>23} {units.fmt_time(f.latency_per_step_s):>11} "
-              f"{units.fmt_bandwidth(f.bus_bandwidth_bytes_per_s):>11} {r.r2:>7.3f} {f.rel_residual:>9.1%}")
+              f"{busbw:>11} {r.r2:>7.3f} {f.rel_residual:>9.1%}")
     layers = profile.model["layers"]
     fwd = sum(la.get("fwd_time_s") or 0.0 for la in layers)
     bwd = sum(la.get("bwd_time_s") or 0.0 for la in layers)
@@ -308,6 +309,15 @@ def cmd_calibrate_fit(args: argparse.Namespace) -> int:
         if note.startswith(("fitted from partial", "parameter dtypes", "overlap")):
             print(f"note: {note}")
     print(f"wrote {args.out}")
+    return 0
+
+
+def cmd_calibrate_merge(args: argparse.Namespace) -> int:
+    from simddp.profile import merge_measurements, read_measurements, write_json
+
+    merged = merge_measurements([read_measurements(f) for f in args.files])  # type: ignore[type-var]
+    write_json(merged, args.out)
+    print(f"merged {len(args.files)} {merged.kind} files into {args.out}")
     return 0
 
 
@@ -431,6 +441,10 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("--out", default="profile.json", help="profile to write (default profile.json)")
     q.add_argument("--json", action="store_true", help="print the profile as JSON")
     q.set_defaults(func=cmd_calibrate_fit)
+    q = cal.add_parser("merge", help="pool the repeats of several runs of one collector into one file")
+    q.add_argument("files", nargs="+", help="comm, compute or ddp JSON files of the same kind")
+    q.add_argument("--out", required=True, help="merged file to write")
+    q.set_defaults(func=cmd_calibrate_merge)
     q = cal.add_parser("validate", help="predicted vs measured DDP steps (ddp.json), MAPE, HTML report")
     q.add_argument("profile", help="profile.json from `simddp calibrate fit`")
     q.add_argument("ddp", help="ddp.json from `torchrun ... -m calibration.ddp_step`")

@@ -297,6 +297,9 @@ def fit_profile(comm: CommMeasurements, compute: ComputeMeasurements,
         f"{ddp_overhead * 1e3:.3f} ms",
         f"interference: {interference.note}",
     ]
+    if not interference.overlap:
+        notes.append("overlap off: compute loses most of each collective's time beside it, so the profile sets "
+                     "ddp.overlap false (compute and communication take turns)")
     if not comm.complete or not compute.complete:
         notes.append("fitted from partial measurements (a collector stopped early)")
     if precision != "fp32":

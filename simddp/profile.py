@@ -125,7 +125,8 @@ class CommCase(_Frozen):
     num_ranks: int = Field(gt=1, description="Ranks in the communicator.")
     num_nodes: int = Field(gt=0, description="Hosts the communicator spans.")
     size_bytes: int = Field(gt=0, description="nccl-tests size: the full buffer (all-gather: the output).")
-    stats: TimingStats = Field(description="Slowest rank's time per repeat.")
+    iters: int = Field(default=1, gt=0, description="Back-to-back ops timed together in each repeat.")
+    stats: TimingStats = Field(description="Slowest rank's time per op, one value per repeat.")
 
 
 class InterferenceCase(_Frozen):
@@ -382,6 +383,88 @@ def write_json(model: BaseModel, path: str | Path) -> None:
     tmp.replace(p)
 
 
+# ----------------------------------------------------------------------------------------- merging
+_Measurements = TypeVar("_Measurements", CommMeasurements, ComputeMeasurements, DDPMeasurements)
+
+
+def _pool(stats: Sequence[TimingStats]) -> TimingStats:
+    return timing_stats([t for s in stats for t in s.times_s])
+
+
+def merge_measurements(items: Sequence[_Measurements]) -> _Measurements:
+    """Pool the repeats of several runs of one collector (same kind, same model) into one file.
+
+    Runs launched minutes apart see different machine states (on a shared CPU host a whole run can be
+    5-30% slower than the next), so a calibration and its validation are steadier when each pools a few
+    launches spread in time. Every measurement's repeats are concatenated and re-summarised; run info,
+    device rates and bucket layouts come from the first run; ``complete`` is true only if all were.
+    """
+    if not items:
+        raise ScenarioError("merge needs at least one measurement file")
+    first = items[0]
+    kinds = {m.kind for m in items}
+    if len(kinds) > 1:
+        raise ScenarioError(f"cannot merge different kinds of files: {sorted(kinds)}")
+    errors = [m.error for m in items if m.error]
+    common: dict[str, Any] = {"complete": all(m.complete for m in items), "error": errors[0] if errors else None}
+    if isinstance(first, CommMeasurements):
+        comm_items = [m for m in items if isinstance(m, CommMeasurements)]
+        if len({(m.run.world_size, m.run.num_nodes) for m in comm_items}) > 1:
+            raise ScenarioError("cannot merge collective timings of different world sizes or host counts")
+        groups: dict[tuple[str, str, int], list[CommCase]] = {}
+        for m in comm_items:
+            for c in m.cases:
+                groups.setdefault((c.op, c.group, c.size_bytes), []).append(c)
+        cases = [cs[0].model_copy(update={"stats": _pool([c.stats for c in cs])}) for cs in groups.values()]
+        inter = [c for m in comm_items for c in m.interference]
+        return first.model_copy(update={**common, "cases": cases, "interference": inter})  # type: ignore[return-value]
+    if isinstance(first, ComputeMeasurements):
+        comp_items = [m for m in items if isinstance(m, ComputeMeasurements)]
+        shape = [(la.name, la.param_indices) for la in first.layers]
+        for m in comp_items[1:]:
+            if (m.model, m.parameters, m.grad_ready_order, m.micro_batch_size, m.optimizer) != (
+                    first.model, first.parameters, first.grad_ready_order, first.micro_batch_size, first.optimizer):
+                raise ScenarioError(f"cannot merge compute timings of different models or settings ({m.model!r})")
+            if [(la.name, la.param_indices) for la in m.layers] != shape:
+                raise ScenarioError("cannot merge compute timings with different layer groupings")
+        layers = [
+            la.model_copy(update={"fwd": _pool([m.layers[k].fwd for m in comp_items]),
+                                  "bwd": _pool([m.layers[k].bwd for m in comp_items])})
+            for k, la in enumerate(first.layers)
+        ]
+        pooled = {key: _pool([getattr(m, key) for m in comp_items])
+                  for key in ("forward", "backward", "optimizer_step", "host", "step")}
+        overheads = [m.ddp_overhead for m in comp_items if m.ddp_overhead is not None]
+        return first.model_copy(update={**common, **pooled, "layers": layers,  # type: ignore[return-value]
+                                        "ddp_overhead": _pool(overheads) if overheads else None})
+    ddp_items = [m for m in items if isinstance(m, DDPMeasurements)]
+    by_cap: dict[float | None, list[DDPCase]] = {}
+    for m in ddp_items:
+        if (m.model, m.run.world_size, m.optimizer) != (first.model, first.run.world_size, first.optimizer):
+            raise ScenarioError(f"cannot merge DDP timings of different models, worlds or optimizers ({m.model!r})")
+        for c in m.cases:
+            by_cap.setdefault(c.bucket_cap_mb, []).append(c)
+    ddp_cases = [max(cs, key=lambda c: c.num_buckets).model_copy(update={"stats": _pool([c.stats for c in cs])})
+                 for cs in by_cap.values()]
+    return first.model_copy(update={**common, "cases": ddp_cases})  # type: ignore[return-value]
+
+
+def read_measurements(path: str | Path) -> CommMeasurements | ComputeMeasurements | DDPMeasurements:
+    """Read a comm, compute or ddp measurement file, whichever its ``kind`` says."""
+    p = Path(path)
+    classes: dict[str, type[Any]] = {"simddp-comm": CommMeasurements, "simddp-compute": ComputeMeasurements,
+                                     "simddp-ddp": DDPMeasurements}
+    try:
+        data = json.loads(p.read_text())
+    except (OSError, json.JSONDecodeError, UnicodeDecodeError):
+        return read_calibration_file(p, CommMeasurements)  # raises the one-line error for this file
+    kind = data.get("kind") if isinstance(data, dict) else None
+    if kind not in classes:
+        raise ScenarioError(f"{p}: expected a measurement file (kind simddp-comm, simddp-compute or simddp-ddp), "
+                            f"got kind {kind!r}")
+    return read_calibration_file(p, classes[kind])  # type: ignore[no-any-return]
+
+
 def layer_specs(layers: Sequence[MeasuredLayer]) -> list[LayerSpec]:
     """Scenario layers with the measured median forward and backward times."""
     return [
@@ -414,8 +497,10 @@ __all__ = [
     "TimingStats",
     "layer_specs",
     "load_profile",
+    "merge_measurements",
     "parameter_specs",
     "read_calibration_file",
+    "read_measurements",
     "scenario_defaults_from_profile",
     "timing_stats",
     "write_json",

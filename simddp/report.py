@@ -193,8 +193,8 @@ def predict(profile: CalibrationProfile | str | Path, overrides: dict[str, Any] 
         )
     if sc.dp != measured_ranks:
         notes.append(
-            f"extrapolated from {measured_ranks} measured ranks to {sc.dp}: assumes ring step counts and a "
-            "constant per-step latency and bus bandwidth (see docs/calibration.md)"
+            f"extrapolated from {measured_ranks} measured ranks: assumes ring step counts and a constant "
+            "per-step latency and bus bandwidth (see docs/calibration.md, Extrapolating)"
         )
     return Prediction(
         world_size=sc.dp,

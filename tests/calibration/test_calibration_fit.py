@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import math
 
 import numpy as np
@@ -169,7 +170,7 @@ def test_interference_near_one_turns_overlap_off() -> None:
 
 def test_interference_settings_are_monotonic_and_bounded() -> None:
     values = [interference_settings(f)[0] for f in np.linspace(-0.2, 1.5, 50)]
-    assert all(b >= a for a, b in itertools_pairwise(values))
+    assert all(b >= a for a, b in itertools.pairwise(values))
     assert max(values) == pytest.approx(MAX_LOST_FRACTION / (1 - MAX_LOST_FRACTION))
     assert interference_settings(NO_OVERLAP_LOST_FRACTION - 1e-9)[1] is True
     assert interference_settings(NO_OVERLAP_LOST_FRACTION)[1] is False
@@ -178,10 +179,6 @@ def test_interference_settings_are_monotonic_and_bounded() -> None:
 def test_missing_interference_is_zero() -> None:
     fit = fit_interference(interference([]))
     assert fit.value == 0.0 and fit.overlap and "not measured" in fit.note
-
-
-def itertools_pairwise(xs: list[float]) -> list[tuple[float, float]]:
-    return list(zip(xs, xs[1:], strict=False))
 
 
 def test_timing_stats_median_ignores_outliers() -> None:
