@@ -211,6 +211,8 @@ def cmd_collective(args: argparse.Namespace) -> int:
     except Exception as err:  # pydantic ValidationError
         raise ScenarioError(_cluster_error(err)) from None
     group = world_group(cluster)
+    if group.num_ranks < 2:
+        raise UsageError(f"a collective needs at least 2 ranks (got {group.num_ranks} GPU)")
     sizes = [parse_size(args.bytes)] if args.bytes else [8 * 4**k for k in range(16)]
     rows = []
     for size in sizes:

@@ -282,6 +282,8 @@ def collective_cost(
         )
     if algorithm in ("tree", "nvls") and op != "all-reduce":
         raise ValueError(f"{algorithm} is an all-reduce algorithm in NCCL, not {op}")
+    if algorithm == "nvls" and protocol not in ("auto", "Simple"):
+        raise ValueError(f"nvls runs only the Simple protocol (got {protocol})")
     if algorithm == "nvls" and group.intra.nvls_algbw_bytes_per_s is None:
         raise ValueError("nvls needs an intra-node link with nvls_algbw_bytes_per_s (NVSwitch with SHARP)")
     return best(op, size_bytes, group, algorithm, protocol)

@@ -265,10 +265,20 @@ class ModelConfig(_Frozen):
         if self.grad_ready_order is not None and sorted(self.grad_ready_order) != list(range(n)):
             raise ValueError(f"grad_ready_order must be a permutation of 0..{n - 1} ({n} parameters)")
         if self.layers is not None:
+            if not self.layers:
+                raise ValueError("layers is empty; omit it for one layer per parameter")
             for layer in self.layers:
                 bad = [i for i in layer.param_indices if not 0 <= i < n]
                 if bad:
                     raise ValueError(f"layer {layer.name!r} names parameter indices {bad} outside 0..{n - 1}")
+                if (layer.fwd_time_s is None) != (layer.bwd_time_s is None):
+                    raise ValueError(f"layer {layer.name!r}: give both fwd_time_s and bwd_time_s, or neither")
+            owned = {i for layer in self.layers for i in layer.param_indices}
+            orphans = sorted(set(range(n)) - owned)
+            if orphans:
+                names = ", ".join(self.parameters[i].name for i in orphans[:3])
+                raise ValueError(f"parameters {orphans[:10]} ({names}{', ...' if len(orphans) > 3 else ''}) "
+                                 "belong to no layer")
         return self
 
     @property
@@ -530,7 +540,10 @@ def read_mapping(path: str | Path) -> dict[str, Any]:
         raise ScenarioError(f"{p}: no such file")
     if p.is_dir():
         raise ScenarioError(f"{p}: is a directory, expected a YAML or JSON file")
-    text = p.read_text()
+    try:
+        text = p.read_text()
+    except UnicodeDecodeError:
+        raise ScenarioError(f"{p}: not a text file (expected UTF-8 YAML or JSON)") from None
     try:
         data = json.loads(text) if p.suffix == ".json" else yaml.safe_load(text)
     except json.JSONDecodeError as e:

@@ -79,6 +79,9 @@ def test_presets_lists_everything() -> None:
         (("collective", "all-reduce", "--bytes", "12Q"), "--bytes '12Q'"),
         (("collective", "all-reduce", "--bytes", "1M", "--num-nodes", "0"), "cluster: num_nodes"),
         (("collective", "all-gather", "--bytes", "1M", "--algorithm", "tree"), "tree is an all-reduce"),
+        (("collective", "all-reduce", "--bytes", "1M", "--algorithm", "nvls", "--protocol", "LL"),
+         "nvls runs only the Simple protocol"),
+        (("collective", "all-reduce", "--bytes", "8", "--gpus-per-node", "1"), "needs at least 2 ranks"),
     ],
 )
 def test_errors_are_one_line_exit_2(args, message) -> None:

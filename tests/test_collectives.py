@@ -89,11 +89,21 @@ def test_single_rank_and_empty_messages_cost_nothing() -> None:
 
 
 def test_hierarchical_decomposes() -> None:
+    # 2 nodes x 8: intra reduce-scatter + all-gather of S over 8 ranks, inter all-reduce of S/8 over the
+    # 2 nodes (one rank per node, its NIC share), each part the fastest NCCL choice.
+    from simddp.collectives import best
+
     g = _group(16, 2)
     size = 2**28
-    h = hierarchical_all_reduce_s(size, g)
-    assert h > 0
-    assert collective_cost("all-reduce", size, g, "hierarchical").time_s == h
+    local = CommGroup(8, 1, 8, 8, g.intra, g.inter)
+    across = CommGroup(2, 2, 1, 8, g.intra, g.inter)
+    expected = 2 * best("reduce-scatter", size, local).time_s + best(
+        "all-reduce", size // 8, across, allow_nvls=False
+    ).time_s
+    assert hierarchical_all_reduce_s(size, g) == pytest.approx(expected, rel=1e-12)
+    assert collective_cost("all-reduce", size, g, "hierarchical").time_s == pytest.approx(expected, rel=1e-12)
+    # Across nodes each rank only has its share of the NICs: 50 GB/s x 8 / 8.
+    assert across.inter_bus_bandwidth_bytes_per_s == pytest.approx(50 * GB)
 
 
 def test_group_placement_strides_by_tp() -> None:

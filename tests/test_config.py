@@ -115,3 +115,26 @@ def test_bucket_cap_is_mib() -> None:
 
     assert mib_to_bytes(25) == 25 * MiB
     assert mib_to_bytes(0.1) == 104857  # int(0.1 * 1024 * 1024), as torch truncates
+
+
+@pytest.mark.parametrize(
+    ("model", "message"),
+    [
+        ({"parameters": [{"name": "w", "numel": 10}], "layers": []}, "layers is empty"),
+        ({"parameters": [{"name": "w", "numel": 10}, {"name": "v", "numel": 5}],
+          "layers": [{"name": "l", "param_indices": [0]}]}, "parameters [1] (v) belong to no layer"),
+        ({"parameters": [{"name": "w", "numel": 10}],
+          "layers": [{"name": "l", "param_indices": [0], "fwd_time_s": 0.1}]}, "give both fwd_time_s and bwd_time_s"),
+    ],
+)
+def test_parameter_list_layers_are_checked(model: dict, message: str) -> None:
+    with pytest.raises(ScenarioError) as info:
+        scenario_from_dict({**base_scenario(), "model": model})
+    assert message in str(info.value)
+
+
+def test_non_utf8_file(tmp_path) -> None:
+    p = tmp_path / "s.yaml"
+    p.write_bytes(b"\xd0\xff\xfe binary")
+    with pytest.raises(ScenarioError, match="not a text file"):
+        load_scenario(p)

@@ -201,3 +201,36 @@ def test_fsdp_on_a_slow_network_exposes_communication() -> None:
     assert slow.exposed_comm_time_s > fast.exposed_comm_time_s
     assert slow.step_time_s == pytest.approx(slow.compute_time_s + slow.optimizer_time_s
                                              + slow.exposed_comm_time_s, rel=1e-9)
+
+
+def test_overlap_off_equals_sum_of_parts_computed_independently() -> None:
+    # Independent of the simulator's own bookkeeping: layer timings from compute.py, bucket costs from
+    # collectives.py, summed by hand.
+    from simddp.bucketing import ddp_buckets
+    from simddp.collectives import collective_cost
+    from simddp.compute import layer_timing, optimizer_step_s
+    from simddp.config import scenario_from_dict
+    from simddp.topology import dp_group
+    from simddp.workload import build_workload
+
+    data = deep_merge(base_scenario(), {"ddp": {"overlap": False}, "training": {"global_batch_size": 128}})
+    sc = scenario_from_dict(data)
+    w = build_workload(sc)
+    compute = sc.num_micro_batches * sum(
+        (t := layer_timing(la, sc.cluster.gpu, sc.training)).fwd_s + t.bwd_s for la in w.layers
+    )
+    comm = sum(collective_cost("all-reduce", b.size_bytes, dp_group(sc)).time_s
+               for b in ddp_buckets(w.parameters, w.grad_ready_order, sc.ddp.bucket_cap_mb))
+    expected = compute + comm + optimizer_step_s(w, sc.cluster.gpu, sc.training)
+    assert simulate(data).step_time_s == pytest.approx(expected, rel=1e-9)
+
+
+def test_zero2_reduces_every_micro_batch_zero1_only_the_last() -> None:
+    one = {"parallelism": {"zero_stage": 1}, "training": {"global_batch_size": 256}}
+    two = {"parallelism": {"zero_stage": 2}, "training": {"global_batch_size": 256}}
+    z1, z2 = simulate(deep_merge(base_scenario(), one)), simulate(deep_merge(base_scenario(), two))
+    assert z1.num_micro_batches == 4
+    gather = z1.comm_time_s - sum(b.end_s - b.start_s for b in z1.buckets)
+    per_micro = sum(b.end_s - b.start_s for b in z2.buckets)
+    assert z2.comm_time_s == pytest.approx(4 * per_micro + gather)
+    assert z1.comm_time_s == pytest.approx(per_micro + gather)

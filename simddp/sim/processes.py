@@ -45,31 +45,37 @@ def compute_stream(
     grad_ready: Callable[[int], None],
     spans: list[Span],
     state: StreamState,
+    rounds: int = 1,
+    num_buckets: int = 0,
 ) -> simpy.events.ProcessGenerator:
     """Forward then backward, layer by layer; reports each bucket gradient as it becomes ready.
 
-    A backward layer that starts while a collective is in flight runs ``1 + interference`` times slower
-    (NCCL kernels take SMs and memory bandwidth; gloo threads take CPU cores).
+    Only the last ``rounds`` micro-batches release gradients (1 for DDP's ``no_sync`` accumulation, all of
+    them for ZeRO-2, which reduces every micro-batch); round ``k`` reports bucket ``b`` as
+    ``k * num_buckets + b``. The micro-batches before are one timeout. A backward layer that starts while
+    a collective is in flight runs ``1 + interference`` times slower (NCCL kernels take SMs and memory
+    bandwidth; gloo threads take CPU cores).
     """
     one_micro_s = sum(t.fwd_total_s + t.bwd_s for t in timings)
-    if num_micro_batches > 1:
+    silent = num_micro_batches - rounds
+    if silent > 0:
         start = env.now
-        yield env.timeout((num_micro_batches - 1) * one_micro_s)
-        spans.append(Span(name=f"micro-batches 1-{num_micro_batches - 1}", stream="compute",
-                          start_s=start, end_s=env.now))
-    for t in timings:
-        start = env.now
-        yield env.timeout(t.fwd_total_s)
-        spans.append(Span(name=f"fwd {t.name}", stream="compute", start_s=start, end_s=env.now))
-    for i in range(len(timings) - 1, -1, -1):
-        t = timings[i]
-        start = env.now
-        scale = state.scale()
-        yield env.timeout((t.recompute_s + t.recompute_tp_s + t.dgrad_s) * scale + t.tp_bwd_s)
-        yield env.timeout(t.wgrad_s * scale)
-        spans.append(Span(name=f"bwd {t.name}", stream="compute", start_s=start, end_s=env.now))
-        for bucket_index in grads_of_layer[i]:
-            grad_ready(bucket_index)
+        yield env.timeout(silent * one_micro_s)
+        spans.append(Span(name=f"micro-batches 1-{silent}", stream="compute", start_s=start, end_s=env.now))
+    for k in range(rounds):
+        for t in timings:
+            start = env.now
+            yield env.timeout(t.fwd_total_s)
+            spans.append(Span(name=f"fwd {t.name}", stream="compute", start_s=start, end_s=env.now))
+        for i in range(len(timings) - 1, -1, -1):
+            t = timings[i]
+            start = env.now
+            scale = state.scale()
+            yield env.timeout((t.recompute_s + t.recompute_tp_s + t.dgrad_s) * scale + t.tp_bwd_s)
+            yield env.timeout(t.wgrad_s * scale)
+            spans.append(Span(name=f"bwd {t.name}", stream="compute", start_s=start, end_s=env.now))
+            for bucket_index in grads_of_layer[i]:
+                grad_ready(k * num_buckets + bucket_index)
 
 
 def comm_stream(

@@ -70,6 +70,7 @@ class _Rank:
     gather_s: float = 0.0
     compute_end_s: float = 0.0
     end_s: float = 0.0
+    rounds: int = 1  # micro-batches whose gradients are communicated
     fsdp_units: list[FsdpUnit] = field(default_factory=list)
     _bucket_of: dict[int, int] | None = None
 
@@ -134,6 +135,9 @@ def _make_rank(scenario: Scenario, workload: Workload, index: int, env: simpy.En
         plans.append(BucketPlan(b.index, b.size_bytes, len(b.param_indices), cost.time_s,
                                 f"{cost.algorithm}/{cost.protocol}"))
     shard = scenario.dp if par.zero_stage >= 1 else 1
+    # ZeRO-2 keeps only its gradient shard, so it reduce-scatters every micro-batch (DeepSpeed); DDP and
+    # ZeRO-1 accumulate locally (no_sync) and communicate on the last micro-batch only.
+    rounds = scenario.num_micro_batches if (par.zero_stage == 2 and par.pp == 1) else 1
     stage_workload = replace(workload, parameters=tuple(params))
     opt_s = optimizer_step_s(stage_workload, gpu, tr, shard=shard) if params else 0.0
     gather_s = 0.0
@@ -148,8 +152,9 @@ def _make_rank(scenario: Scenario, workload: Workload, index: int, env: simpy.En
         buckets=buckets,
         plans=plans,
         state=StreamState(interference=scenario.cluster.comm_compute_interference),
-        ready_events=[env.event() for _ in buckets],
-        remaining=[len(b.param_indices) for b in buckets],
+        rounds=rounds,
+        ready_events=[env.event() for _ in range(rounds) for _ in buckets],
+        remaining=[len(b.param_indices) for _ in range(rounds) for b in buckets],
         ready_at={},
         timing_of={},
         opt_s=opt_s,
@@ -191,24 +196,29 @@ def simulate_step(scenario: Scenario, trace: bool = True) -> StepResult:
         def record(plan: BucketPlan, start: float, end: float) -> None:
             rank.timing_of[plan.index] = (start, end)
 
+        nb = len(rank.buckets)
         compute = env.process(compute_stream(env, rank.timings, m, [rank.grads_of(la) for la in rank.layers],
-                                             rank.grad_ready(env), spans, rank.state))
-        comm = env.process(comm_stream(env, rank.plans, rank.ready_events, None if ddp.overlap else compute,
+                                             rank.grad_ready(env), spans, rank.state, rank.rounds, nb))
+        plans = [replace(p, index=k * nb + p.index) for k in range(rank.rounds) for p in rank.plans]
+        comm = env.process(comm_stream(env, plans, rank.ready_events, None if ddp.overlap else compute,
                                        record, spans, rank.state))
         env.process(_finish(env, rank, compute, comm, spans, ""))
     else:
         _run_pipeline(env, scenario, workload, ranks, spans)
     env.run()
     step_s = max(r.end_s for r in ranks) + cluster.host_overhead_s
+    if step_s <= 0:
+        raise ValueError("the step takes no time: every layer has zero FLOP and no measured time")
 
     # Report the rank that finishes last (ties: the busiest).
     rank = max(ranks, key=lambda r: (r.end_s, r.busy_s))
+    last = (rank.rounds - 1) * len(rank.buckets)  # report the last communicating micro-batch
     costs = [p.cost_s for p in rank.plans]
-    readies = [rank.ready_at[b.index] for b in rank.buckets]
+    readies = [rank.ready_at[last + b.index] for b in rank.buckets]
     compute_s = m * sum(t.compute_s for t in rank.timings)
     tp_comm_s = m * sum(t.tp_comm_s for t in rank.timings)
     tail_s = rank.opt_s + rank.gather_s + cluster.host_overhead_s
-    comm_s = sum(costs) + rank.gather_s
+    comm_s = rank.rounds * sum(costs) + rank.gather_s
     # Waiting on the reported rank: with a pipeline, idle time inside the schedule is the bubble (and
     # send/recv); otherwise (DDP, FSDP) any wait inside or after the compute timeline is communication.
     pre_tail_s = rank.end_s - rank.opt_s - rank.gather_s
@@ -221,16 +231,19 @@ def simulate_step(scenario: Scenario, trace: bool = True) -> StepResult:
     if fsdp:
         # Every micro-batch gathers each unit twice and reduce-scatters it once.
         comm_s = m * sum(u.gather_s * 2 + u.reduce_s for u in rank.fsdp_units)
+    if fsdp or rank.rounds > 1:
         bounds = Bounds(
             no_overlap_s=compute_s + tp_comm_s + comm_s + tail_s,
             perfect_overlap_s=max(compute_s + tp_comm_s, comm_s) + tail_s,
             in_order_overlap_s=None,
         )
     else:
+        # Bounds take compute without interference; with a pipeline, its timeline (bubbles included).
+        end = rank.compute_end_s if par.pp > 1 else compute_s + tp_comm_s
         bounds = Bounds(
-            no_overlap_s=no_overlap_step_s(rank.compute_end_s, costs, tail_s),
-            perfect_overlap_s=perfect_overlap_step_s(rank.compute_end_s, readies, costs, tail_s),
-            in_order_overlap_s=in_order_overlap_step_s(rank.compute_end_s, readies, costs, tail_s),
+            no_overlap_s=no_overlap_step_s(end, costs, tail_s),
+            perfect_overlap_s=perfect_overlap_step_s(end, readies, costs, tail_s),
+            in_order_overlap_s=in_order_overlap_step_s(end, readies, costs, tail_s),
         )
     gbs = scenario.global_batch_size
     gpu = cluster.gpu
@@ -265,9 +278,9 @@ def simulate_step(scenario: Scenario, trace: bool = True) -> StepResult:
                 index=b.index,
                 size_bytes=b.size_bytes,
                 num_params=len(b.param_indices),
-                ready_s=rank.ready_at[b.index],
-                start_s=rank.timing_of[b.index][0],
-                end_s=rank.timing_of[b.index][1],
+                ready_s=rank.ready_at[last + b.index],
+                start_s=rank.timing_of[last + b.index][0],
+                end_s=rank.timing_of[last + b.index][1],
                 algorithm=rank.plans[b.index].label.split("/")[0],
                 protocol=rank.plans[b.index].label.split("/")[1],
             )
