@@ -84,7 +84,8 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         f"  exposed comm           {f(result.exposed_comm_time_s):>12}   "
         f"{result.exposed_comm_fraction:.1%} of the step",
         "",
-        f"  throughput             {result.samples_per_s:,.1f} samples/s, {result.tokens_per_s:,.0f} tokens/s",
+        f"  throughput             {result.samples_per_s:,.1f} samples/s"
+        + (f", {result.tokens_per_s:,.0f} tokens/s" if scenario.training.seq_len > 1 else ""),
         f"  MFU                    {result.mfu:.1%}",
         f"  scaling efficiency     {result.scaling_efficiency:.1%} of a GPU without communication",
         f"  bounds                 no overlap {f(result.bounds.no_overlap_s)}, "
@@ -103,20 +104,27 @@ def cmd_simulate(args: argparse.Namespace) -> int:
 
 
 def cmd_buckets(args: argparse.Namespace) -> int:
-    from simddp.bucketing import buckets_to_json, ddp_buckets
+    from simddp.bucketing import buckets_to_json
+    from simddp.sim.step import rank_gradients
     from simddp.workload import build_workload
 
     scenario = _load(args)
     workload = build_workload(scenario)
-    buckets = ddp_buckets(workload.parameters, workload.grad_ready_order, scenario.ddp.bucket_cap_mb)
+    grads = rank_gradients(scenario, workload, 0)
     if args.json:
-        print(json.dumps(buckets_to_json(buckets)))
+        print(json.dumps(buckets_to_json(grads.buckets)))
         return 0
-    print(f"{len(buckets)} buckets, {units.fmt_bytes(sum(b.size_bytes for b in buckets))} of gradients")
+    par = scenario.parallelism
+    where = f"pipeline stage 0 of {par.pp}, " if par.pp > 1 else ""
+    print(f"{len(grads.buckets)} buckets, {units.fmt_bytes(sum(b.size_bytes for b in grads.buckets))} of gradients "
+          f"({where}tp shard {(par.tp > 1 and f'1 of {par.tp}') or 'whole model'}; parameter indices are this "
+          "rank's, in model.parameters() order)")
+    if par.zero_stage == 3:
+        print("note: with zero_stage 3, FSDP reduce-scatters per unit instead (see simddp simulate --trace)")
     print(f"{'#':>4} {'size':>12} {'dtype':>9} {'params':>7}  first .. last parameter")
-    for b in buckets:
-        first = workload.parameters[b.param_indices[0]].name
-        last = workload.parameters[b.param_indices[-1]].name
+    for b in grads.buckets:
+        first = grads.params[b.param_indices[0]].name
+        last = grads.params[b.param_indices[-1]].name
         print(f"{b.index:>4} {units.fmt_bytes(b.size_bytes):>12} {b.dtype:>9} {len(b.param_indices):>7}  "
               f"{first} .. {last}")
     return 0

@@ -240,6 +240,13 @@ class ModelConfig(_Frozen):
     layers: list[LayerSpec] | None = Field(
         default=None, description="Modules in forward order (parameter-list models); null = one per parameter."
     )
+    matmul_efficiency: float | None = Field(
+        default=None,
+        gt=0,
+        le=1,
+        description="Overrides the GPU's matmul_efficiency for this model (convolutions reach less of peak "
+        "than transformer GEMMs); null = the GPU's.",
+    )
 
     @model_validator(mode="before")
     @classmethod

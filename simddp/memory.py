@@ -701,7 +701,9 @@ def smallest_layout_that_fits(scenario: Scenario, num_gpus: int | None = None) -
                                   capacity_bytes=m.capacity_bytes, fits=m.fits)
         return fits[key]
 
-    layouts = [(z, tp, pp) for tp in _divisors(gpus_per_node) for pp in _divisors(n // tp) for z in range(4)]
+    # ZeRO-2/3 with pipeline parallelism is not offered: DeepSpeed refuses it and simddp does not time it.
+    layouts = [(z, tp, pp) for tp in _divisors(gpus_per_node) for pp in _divisors(n // tp) for z in range(4)
+               if not (z >= 2 and pp > 1)]
     results = [r for r in (evaluate(*lay) for lay in layouts) if r is not None]
 
     def first(candidates: Iterable[LayoutFit]) -> LayoutFit | None:

@@ -30,9 +30,18 @@ from pathlib import Path
 from typing import Any, Literal, TypeVar
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from simddp.config import CollectiveFit, LayerSpec, ParameterSpec, ScenarioError, format_validation_error
+from simddp.config import (
+    Cluster,
+    CollectiveFit,
+    LayerSpec,
+    ModelConfig,
+    ParameterSpec,
+    ScenarioError,
+    Training,
+    format_validation_error,
+)
 
 #: Version of the measurement files (comm.json, compute.json, ddp.json) this simddp reads and writes.
 MEASUREMENT_VERSION = 1
@@ -305,6 +314,19 @@ class CalibrationProfile(_Frozen):
     training: dict[str, Any] = Field(description="Scenario `training` keys.")
     ddp: dict[str, Any] = Field(default_factory=dict, description="Scenario `ddp` keys (overlap, if measured off).")
     notes: list[str] = Field(default_factory=list, description="What is measured and what is assumed.")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _typed_sections(cls, data: Any) -> Any:
+        """Validate the scenario sections with the scenario models and store them complete (defaults
+        filled), so a hand-edited profile fails here, naming the field, rather than later."""
+        if not isinstance(data, dict):
+            return data
+        out = dict(data)
+        for key, model in (("cluster", Cluster), ("model", ModelConfig), ("training", Training)):
+            if isinstance(out.get(key), dict):
+                out[key] = model.model_validate(out[key]).model_dump(mode="json", exclude_none=True)
+        return out
 
     def scenario_defaults(self) -> dict[str, Any]:
         """Scenario keys; the user's own keys are merged over them."""

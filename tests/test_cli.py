@@ -102,3 +102,21 @@ def test_malformed_yaml(tmp_path) -> None:
 def test_unknown_flag_is_argparse_error() -> None:
     r = run("simulate", "--bogus")
     assert r.returncode == 2 and "unrecognized arguments: --bogus" in r.stderr
+
+
+def test_memory_human_and_json() -> None:
+    r = run("memory", "--max-micro-batch")
+    assert r.returncode == 0, r.stderr
+    for label in ("parameters", "gradients", "optimizer states", "activations", "total", "fits"):
+        assert label in r.stdout
+    data = json.loads(run("memory", "--json").stdout)["memory"]
+    assert data["total_bytes"] <= data["capacity_bytes"] and data["fits"] is True
+
+
+def test_buckets_follow_the_pipeline_stage_like_the_simulator() -> None:
+    args = ("--set", "parallelism.pp=2", "--set", "parallelism.dp=64")
+    buckets = json.loads(run("buckets", "--json", *args).stdout)["buckets"]
+    sim = json.loads(run("simulate", "--json", *args).stdout)
+    assert len(buckets) == len(sim["buckets"])
+    assert [b["size_bytes"] for b in buckets] == [b["size_bytes"] for b in sim["buckets"]]
+    assert "pipeline stage 0 of 2" in run("buckets", *args).stdout

@@ -99,8 +99,11 @@ def _timings(scenario: Scenario, layers: tuple[Layer, ...]) -> list[LayerTiming]
     tr = scenario.training
     out = []
     tp = tp_group(scenario)
+    gpu = scenario.cluster.gpu
+    if scenario.model.matmul_efficiency is not None:
+        gpu = gpu.model_copy(update={"matmul_efficiency": scenario.model.matmul_efficiency})
     for layer in layers:
-        t = layer_timing(layer, scenario.cluster.gpu, tr)
+        t = layer_timing(layer, gpu, tr)
         if scenario.parallelism.tp > 1 and (layer.tp_fwd_comm_bytes or layer.tp_bwd_comm_bytes):
             fwd = collective_cost("all-reduce", layer.tp_fwd_comm_bytes, tp).time_s
             bwd = collective_cost("all-reduce", layer.tp_bwd_comm_bytes, tp).time_s
@@ -116,15 +119,36 @@ def _reduce_dtype(p: ParameterSpec, reduce_in_fp32: bool) -> ParameterSpec:
     return p
 
 
-def _make_rank(scenario: Scenario, workload: Workload, index: int, env: simpy.Environment) -> _Rank:
-    par, ddp, tr, gpu = scenario.parallelism, scenario.ddp, scenario.training, scenario.cluster.gpu
-    layers = workload.rank_layers(index, par.pp)
+@dataclass(frozen=True)
+class RankGradients:
+    """What DDP on one pipeline rank sees: its parameters (in the reduction dtype), ready order, buckets."""
+
+    global_ids: list[int]
+    params: list[ParameterSpec]
+    ready_order: list[int]
+    buckets: list[Bucket]
+
+
+def rank_gradients(scenario: Scenario, workload: Workload, index: int = 0) -> RankGradients:
+    """Parameters and DDP buckets of pipeline rank ``index`` (its tp shard), as the simulator uses them."""
+    ddp = scenario.ddp
+    layers = workload.rank_layers(index, scenario.parallelism.pp)
     global_ids = sorted({i for layer in layers for i in layer.param_indices})
     local = {g: k for k, g in enumerate(global_ids)}
-    working = [workload.parameters[g] for g in global_ids]
-    params = [_reduce_dtype(p, ddp.reduce_in_fp32) for p in working]
+    params = [_reduce_dtype(workload.parameters[g], ddp.reduce_in_fp32) for g in global_ids]
     ready_order = [local[g] for g in workload.grad_ready_order if g in local]
     buckets = ddp_buckets(params, ready_order, ddp.bucket_cap_mb) if params else []
+    return RankGradients(global_ids, params, ready_order, buckets)
+
+
+def _make_rank(scenario: Scenario, workload: Workload, index: int, env: simpy.Environment) -> _Rank:
+    par, tr, gpu = scenario.parallelism, scenario.training, scenario.cluster.gpu
+    layers = workload.rank_layers(index, par.pp)
+    grads = rank_gradients(scenario, workload, index)
+    global_ids, params, buckets = grads.global_ids, grads.params, grads.buckets
+    local = {g: k for k, g in enumerate(global_ids)}
+    working = [workload.parameters[g] for g in global_ids]
+    ddp = scenario.ddp
 
     dp = dp_group(scenario)
     op: Op = "reduce-scatter" if par.zero_stage >= 1 else "all-reduce"
