@@ -23,7 +23,7 @@ from simddp.units import DTYPE_BYTES, KiB, MiB
 
 Precision = Literal["fp32", "bf16-mixed", "fp16-mixed"]
 Optimizer = Literal["adamw", "adam", "sgd", "sgd-momentum", "adafactor"]
-Algorithm = Literal["auto", "ring", "tree", "hierarchical"]
+Algorithm = Literal["auto", "ring", "tree", "nvls", "hierarchical"]
 
 
 class ScenarioError(ValueError):
@@ -311,6 +311,8 @@ class Parallelism(_Frozen):
     def _check(self) -> Parallelism:
         if self.sequence_parallel and self.tp == 1:
             raise ValueError("sequence_parallel(true) needs tp > 1 (got tp=1)")
+        if self.virtual_stages > 1 and self.pp == 1:
+            raise ValueError(f"virtual_stages({self.virtual_stages}) > 1 needs pp > 1 (got pp=1)")
         if self.virtual_stages > 1 and self.pipeline_schedule != "interleaved-1f1b":
             raise ValueError(
                 f"virtual_stages({self.virtual_stages}) > 1 needs pipeline_schedule 'interleaved-1f1b'"

@@ -77,7 +77,6 @@ def test_presets_lists_everything() -> None:
         (("simulate", "--set", "ddp.frobnicate=1"), "ddp.frobnicate: unknown key"),
         (("simulate", "--set", "nodots"), "expected key.path=value"),
         (("collective", "all-reduce", "--bytes", "12Q"), "--bytes '12Q'"),
-        (("collective", "all-reduce", "--bytes", "1M", "--num-nodes", "0"), "cluster: num_nodes"),
         (("collective", "all-gather", "--bytes", "1M", "--algorithm", "tree"), "tree is an all-reduce"),
         (("collective", "all-reduce", "--bytes", "1M", "--algorithm", "nvls", "--protocol", "LL"),
          "nvls runs only the Simple protocol"),
@@ -102,6 +101,8 @@ def test_malformed_yaml(tmp_path) -> None:
 def test_unknown_flag_is_argparse_error() -> None:
     r = run("simulate", "--bogus")
     assert r.returncode == 2 and "unrecognized arguments: --bogus" in r.stderr
+    r = run("collective", "all-reduce", "--bytes", "1M", "--num-nodes", "0")
+    assert r.returncode == 2 and "argument --num-nodes: 0 must be > 0" in r.stderr and "Traceback" not in r.stderr
 
 
 def test_memory_human_and_json() -> None:

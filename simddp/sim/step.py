@@ -43,6 +43,11 @@ def not_modelled(scenario: Scenario) -> list[str]:
             "zero_stage=3 with pp > 1: timed as ZeRO-2 (gradient reduce-scatter, parameter all-gather after "
             "the step); per-layer parameter all-gathers are only timed without pipeline parallelism"
         )
+    if par.zero_stage >= 1 and scenario.ddp.algorithm != "auto":
+        notes.append(
+            f"ddp.algorithm={scenario.ddp.algorithm} applies to all-reduce; ZeRO's reduce-scatter and "
+            "all-gather use NCCL's own choice (ring)"
+        )
     if par.tp > 1 and scenario.model.transformer is None:
         notes.append(f"tp={par.tp}: tensor-parallel collectives are only timed for transformer models")
     if par.pp > 1 and scenario.model.transformer is None:
