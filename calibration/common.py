@@ -452,16 +452,18 @@ def one_line(err: BaseException) -> str:
 
 
 def add_common_args(parser: Any, default_timeout_s: float = 300.0) -> None:
+    from simddp.cli import non_negative_int, positive_float, positive_int
+
     parser.add_argument("--out", required=True, type=Path, help="output JSON file (written by rank 0)")
-    parser.add_argument("--threads", type=int, default=None, help="torch intra-op threads per rank")
+    parser.add_argument("--threads", type=positive_int, default=None, help="torch intra-op threads per rank")
     parser.add_argument(
-        "--timeout", type=float, default=default_timeout_s,
+        "--timeout", type=positive_float, default=default_timeout_s,
         help="seconds without progress (or inside one collective) before giving up with partial results",
     )
     parser.add_argument("--pin", choices=("auto", "on", "off"), default="off",
                         help="CPU only: pin each rank to its own cores (auto: when there are enough); default off")
-    parser.add_argument("--warmup", type=int, default=None, help="warm-up iterations per measurement")
-    parser.add_argument("--repeats", type=int, default=None, help="timed repeats per measurement")
+    parser.add_argument("--warmup", type=non_negative_int, default=None, help="warm-up iterations per measurement")
+    parser.add_argument("--repeats", type=positive_int, default=None, help="timed repeats per measurement")
 
 
 __all__ = [

@@ -48,26 +48,29 @@ def parse_size(text: str) -> int:
     return value
 
 
-def _positive_int(text: str) -> int:
+def _checked_number(text: str, kind: type, minimum: float, inclusive: bool) -> Any:
+    try:
+        value = kind(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not {'an integer' if kind is int else 'a number'}") from None
+    if not (value >= minimum if inclusive else value > minimum):
+        raise argparse.ArgumentTypeError(f"{value} must be {'>=' if inclusive else '>'} {minimum}")
+    return value
+
+
+def positive_int(text: str) -> int:
     """argparse type: an integer > 0 (the message names the value)."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"{value} must be > 0")
-    return value
+    return int(_checked_number(text, int, 0, inclusive=False))
 
 
-def _positive_float(text: str) -> float:
+def non_negative_int(text: str) -> int:
+    """argparse type: an integer >= 0."""
+    return int(_checked_number(text, int, 0, inclusive=True))
+
+
+def positive_float(text: str) -> float:
     """argparse type: a number > 0."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"{value} must be > 0")
-    return value
+    return float(_checked_number(text, float, 0.0, inclusive=False))
 
 
 # ------------------------------------------------------------------------------------- commands
@@ -457,8 +460,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("op", choices=OPS)
     p.add_argument("--bytes", help="message size (e.g. 256M); omitted: an nccl-tests-like sweep 8 B .. 8 GiB")
     p.add_argument("--cluster", default="dgx-h100-80gb", choices=sorted(CLUSTER_PRESETS))
-    p.add_argument("--num-nodes", type=_positive_int, default=1)
-    p.add_argument("--gpus-per-node", type=_positive_int)
+    p.add_argument("--num-nodes", type=positive_int, default=1)
+    p.add_argument("--gpus-per-node", type=positive_int)
     p.add_argument("--algorithm", default="auto", choices=ALGORITHMS)
     p.add_argument("--protocol", default="auto", choices=("auto", "LL", "LL128", "Simple"))
     p.add_argument("--json", action="store_true")
@@ -484,18 +487,18 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("profile", help="profile.json from `simddp calibrate fit`")
     q.add_argument("ddp", help="ddp.json from `torchrun ... -m calibration.ddp_step`")
     q.add_argument("--html", help="report to write (default: <ddp>_report.html beside ddp.json)")
-    q.add_argument("--z", type=_positive_float, default=2.0, help="band width in standard errors (default 2)")
+    q.add_argument("--z", type=positive_float, default=2.0, help="band width in standard errors (default 2)")
     q.add_argument("--extrapolate", metavar="RANKS", help="also plot predictions for these world sizes, e.g. 2,8,128")
-    q.add_argument("--gpus-per-node", type=_positive_int,
+    q.add_argument("--gpus-per-node", type=positive_int,
                    help="ranks per node when extrapolating (default: one node)")
     q.add_argument("--json", action="store_true")
     q.set_defaults(func=cmd_calibrate_validate)
     q = cal.add_parser("predict", help="calibrated step time at other world sizes, with its uncertainty band")
     q.add_argument("profile", help="profile.json from `simddp calibrate fit`")
     q.add_argument("--ranks", default="2,8,32,128", help="data-parallel world sizes (default 2,8,32,128)")
-    q.add_argument("--gpus-per-node", type=_positive_int, help="ranks per node (default: all on one node)")
+    q.add_argument("--gpus-per-node", type=positive_int, help="ranks per node (default: all on one node)")
     q.add_argument("--bucket-cap-mb", type=float, help="DDP bucket cap, MiB (default: torch's)")
-    q.add_argument("--z", type=_positive_float, default=2.0, help="band width in standard errors (default 2)")
+    q.add_argument("--z", type=positive_float, default=2.0, help="band width in standard errors (default 2)")
     q.add_argument("--set", action="append", default=[], metavar="KEY.PATH=VALUE",
                    help="override a scenario key, e.g. --set cluster.inter_node.kind=infiniband (repeatable)")
     q.add_argument("--json", action="store_true")

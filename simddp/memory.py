@@ -691,7 +691,8 @@ def smallest_layout_that_fits(scenario: Scenario, num_gpus: int | None = None) -
         key = (zero, tp, pp)
         if key not in fits:
             parallelism = {"dp": None, "tp": tp, "pp": pp, "zero_stage": zero,
-                           "sequence_parallel": par.sequence_parallel and tp > 1}
+                           "sequence_parallel": par.sequence_parallel and tp > 1,
+                           "virtual_stages": par.virtual_stages if pp > 1 else 1}
             try:
                 variant = _variant(scenario, cluster=cluster_update, parallelism=parallelism)
             except ScenarioError:

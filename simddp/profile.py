@@ -399,6 +399,8 @@ def scenario_defaults_from_profile(path: str | Path) -> dict[str, Any]:
 def write_json(model: BaseModel, path: str | Path) -> None:
     """Write a calibration file atomically (a reader never sees half a file)."""
     p = Path(path)
+    if p.is_dir():
+        raise ScenarioError(f"{p}: is a directory; give a file name to write")
     p.parent.mkdir(parents=True, exist_ok=True)
     tmp = p.with_name(p.name + ".tmp")
     tmp.write_text(model.model_dump_json(indent=1))

@@ -234,7 +234,8 @@ def transformer_scenarios(draw: st.DrawFn) -> dict[str, Any]:
     pp = draw(st.sampled_from([p for p in (1, 2, 4) if p <= num_layers]))
     dp = draw(st.sampled_from([1, 2, 4]))
     schedule = draw(st.sampled_from(["1f1b", "gpipe", "interleaved-1f1b"]))
-    v = draw(st.sampled_from([v for v in (1, 2) if pp * v <= num_layers])) if schedule == "interleaved-1f1b" else 1
+    interleaved = schedule == "interleaved-1f1b" and pp > 1
+    v = draw(st.sampled_from([v for v in (1, 2) if pp * v <= num_layers])) if interleaved else 1
     mbs = draw(st.integers(1, 4))
     m = draw(st.integers(1, 6)) * (pp if schedule == "interleaved-1f1b" else 1)  # Megatron: m % pp == 0
     return {
