@@ -11,6 +11,7 @@ NVIDIA's Calculon. Units are in the field names and are converted once, in :mod:
 
 from __future__ import annotations
 
+import copy
 import json
 from pathlib import Path
 from typing import Any, Literal
@@ -482,23 +483,31 @@ def deep_merge(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]
     return out
 
 
-def set_path(data: dict[str, Any], dotted: str, raw_value: str) -> dict[str, Any]:
-    """Apply a ``--set a.b.c=value`` override; the value is parsed as YAML (numbers, booleans, null)."""
+def set_value(data: dict[str, Any], dotted: str, value: Any) -> dict[str, Any]:
+    """A copy of ``data`` with ``value`` at the dotted path (missing dicts on the way are created)."""
     keys = dotted.split(".")
     if not all(keys):
-        raise ScenarioError(f"--set {dotted}: empty key in path")
+        raise ScenarioError(f"{dotted!r}: empty key in path")
+    out = copy.deepcopy(data)
+    node = out
+    for k in keys[:-1]:
+        if not isinstance(node.get(k), dict):
+            node[k] = {}
+        node = node[k]
+    node[keys[-1]] = value
+    return out
+
+
+def set_path(data: dict[str, Any], dotted: str, raw_value: str) -> dict[str, Any]:
+    """Apply a ``--set a.b.c=value`` override; the value is parsed as YAML (numbers, booleans, null)."""
     try:
         value = yaml.safe_load(raw_value)
     except yaml.YAMLError:
         value = raw_value
-    out = dict(data)
-    node = out
-    for k in keys[:-1]:
-        child = node.get(k)
-        node[k] = dict(child) if isinstance(child, dict) else {}
-        node = node[k]
-    node[keys[-1]] = value
-    return out
+    try:
+        return set_value(data, dotted, value)
+    except ScenarioError as err:
+        raise ScenarioError(f"--set {err}") from None
 
 
 def format_validation_error(err: ValidationError) -> str:

@@ -56,7 +56,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from simddp.bucketing import ddp_buckets
 from simddp.config import ParameterSpec, Scenario, ScenarioError, TransformerSpec, format_validation_error
 from simddp.units import dtype_bytes, fmt_bytes
-from simddp.workload import PRECISION_ACT_BYTES, PRECISION_PARAM_DTYPE, Workload, build_workload
+from simddp.workload import PRECISION_ACT_BYTES, PRECISION_PARAM_DTYPE, Workload, build_workload, grad_reduce_spec
 
 __all__ = [
     "FSDP_SHARDING_ZERO_STAGE",
@@ -546,7 +546,7 @@ def _buffer_items(scenario: Scenario, workload: Workload, stage: int, ids: list[
     tr, par, ddp, mem = scenario.training, scenario.parallelism, scenario.ddp, scenario.memory
     items: list[MemoryItem] = []
     zero = par.zero_stage
-    grads = [_grad_spec(workload.parameters[i], ddp.reduce_in_fp32) for i in ids]
+    grads = [grad_reduce_spec(workload.parameters[i], ddp.reduce_in_fp32) for i in ids]
     if zero <= 2 and ids and (zero == 2 or not ddp.gradient_as_bucket_view):
         local = {g: k for k, g in enumerate(ids)}
         order = [local[g] for g in workload.grad_ready_order if g in local]
@@ -585,12 +585,6 @@ def _buffer_items(scenario: Scenario, workload: Workload, stage: int, ids: list[
         items.append(MemoryItem(category="buffers", name="NCCL", size_bytes=nccl,
                                 note=f"{len(comms)} ({', '.join(comms)}) x memory.nccl_bytes_per_communicator"))
     return items
-
-
-def _grad_spec(p: ParameterSpec, reduce_in_fp32: bool) -> ParameterSpec:
-    if reduce_in_fp32 and dtype_bytes(p.dtype) < _FP32_BYTES:
-        return p.model_copy(update={"dtype": "float32"})
-    return p
 
 
 def _fsdp_units(

@@ -165,14 +165,20 @@ class InterferenceCase(_Frozen):
         return (self.both_s - self.compute_alone_s) / self.comm_alone_s
 
 
-class CommMeasurements(_Frozen):
-    """``comm.json``: collective timings from ``python -m calibration.collectives``."""
+class _MeasurementFile(_Frozen):
+    """Fields every collector file carries: what it is, and where and how complete the run was."""
 
-    kind: Literal["simddp-comm"] = Field(description="File kind.")
+    kind: str = Field(description="File kind.")
     version: int = Field(description="Measurement file version.")
     complete: bool = Field(description="False when the collector stopped early (partial results kept).")
     error: str | None = Field(default=None, description="Why the collector stopped early.")
     run: RunInfo = Field(description="Where and how the collector ran.")
+
+
+class CommMeasurements(_MeasurementFile):
+    """``comm.json``: collective timings from ``python -m calibration.collectives``."""
+
+    kind: Literal["simddp-comm"] = Field(description="File kind.")
     cases: list[CommCase] = Field(default_factory=list, description="One entry per op, group and size.")
     interference: list[InterferenceCase] = Field(default_factory=list, description="Interference benchmark.")
 
@@ -209,14 +215,10 @@ class PeakRates(_Frozen):
     memory_bytes: int = Field(gt=0, description="Device memory (CPU: RAM / ranks per node), bytes.")
 
 
-class ComputeMeasurements(_Frozen):
+class ComputeMeasurements(_MeasurementFile):
     """``compute.json``: per-layer times of one model from ``python -m calibration.compute``."""
 
     kind: Literal["simddp-compute"] = Field(description="File kind.")
-    version: int = Field(description="Measurement file version.")
-    complete: bool = Field(description="False when the collector stopped early.")
-    error: str | None = Field(default=None, description="Why the collector stopped early.")
-    run: RunInfo = Field(description="Where and how the collector ran.")
     model: str = Field(description="FILE.py:factory the model came from.")
     optimizer: Literal["sgd", "adam", "adamw"] = Field(description="Optimizer stepped.")
     micro_batch_size: int = Field(gt=0, description="Samples per forward (first dim of the first input).")
@@ -246,14 +248,10 @@ class DDPCase(_Frozen):
     stats: TimingStats = Field(description="Slowest rank's step time per measured step.")
 
 
-class DDPMeasurements(_Frozen):
+class DDPMeasurements(_MeasurementFile):
     """``ddp.json``: real DDP steps from ``torchrun -m calibration.ddp_step`` (validation only)."""
 
     kind: Literal["simddp-ddp"] = Field(description="File kind.")
-    version: int = Field(description="Measurement file version.")
-    complete: bool = Field(description="False when the collector stopped early.")
-    error: str | None = Field(default=None, description="Why the collector stopped early.")
-    run: RunInfo = Field(description="Where and how the collector ran.")
     model: str = Field(description="FILE.py:factory the model came from.")
     optimizer: Literal["sgd", "adam", "adamw"] = Field(description="Optimizer stepped.")
     micro_batch_size: int = Field(gt=0, description="Samples per forward per rank.")

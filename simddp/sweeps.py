@@ -19,7 +19,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from simddp.config import ModelConfig, Scenario, ScenarioError, scenario_from_dict
+from simddp.config import ModelConfig, Scenario, ScenarioError, scenario_from_dict, set_value
 from simddp.results import StepResult
 
 BatchScaling = Literal["weak", "strong"]
@@ -187,21 +187,6 @@ def get_path(data: dict[str, Any], path: str, default: Any = None) -> Any:
             return default
         node = node[key]
     return node
-
-
-def set_value(data: dict[str, Any], path: str, value: Any) -> dict[str, Any]:
-    """A copy of ``data`` with ``value`` at the dotted ``path`` (missing dicts on the way are created)."""
-    keys = path.split(".")
-    if not all(keys):
-        raise ScenarioError(f"{path!r}: empty key in path")
-    out = copy.deepcopy(data)
-    node = out
-    for key in keys[:-1]:
-        if not isinstance(node.get(key), dict):
-            node[key] = {}
-        node = node[key]
-    node[keys[-1]] = value
-    return out
 
 
 def with_values(

@@ -77,6 +77,17 @@ class Workload:
         return tuple(layer for layer in self.layers if layer.stage % pp == rank)
 
 
+#: Floating dtypes narrower than fp32, whose gradients ``reduce_in_fp32`` all-reduces in fp32.
+NARROW_FLOAT_DTYPES = ("bfloat16", "float16", "float8_e4m3fn", "float8_e5m2")
+
+
+def grad_reduce_spec(p: ParameterSpec, reduce_in_fp32: bool) -> ParameterSpec:
+    """The parameter as data-parallel reduction sees its gradient (Megatron ``grad_reduce_in_fp32``)."""
+    if reduce_in_fp32 and p.dtype in NARROW_FLOAT_DTYPES:
+        return p.model_copy(update={"dtype": "float32"})
+    return p
+
+
 def total_params(spec: TransformerSpec) -> int:
     """Parameter count of a transformer (no tensor parallelism)."""
     return sum(p.numel for p in _transformer_params(spec, 1, "float32")[0])

@@ -32,7 +32,7 @@ from simddp.sim.pipeline import PipelineClock, PipeOp, pipeline_rank, schedule
 from simddp.sim.processes import BucketPlan, StreamState, comm_stream, compute_stream
 from simddp.topology import dp_group, group, tp_group
 from simddp.units import dtype_bytes
-from simddp.workload import Layer, Workload, build_workload
+from simddp.workload import Layer, Workload, build_workload, grad_reduce_spec
 
 
 def not_modelled(scenario: Scenario) -> list[str]:
@@ -118,12 +118,6 @@ def _timings(scenario: Scenario, layers: tuple[Layer, ...]) -> list[LayerTiming]
     return out
 
 
-def _reduce_dtype(p: ParameterSpec, reduce_in_fp32: bool) -> ParameterSpec:
-    if reduce_in_fp32 and p.dtype in ("bfloat16", "float16"):
-        return p.model_copy(update={"dtype": "float32"})
-    return p
-
-
 @dataclass(frozen=True)
 class RankGradients:
     """What DDP on one pipeline rank sees: its parameters (in the reduction dtype), ready order, buckets."""
@@ -140,7 +134,7 @@ def rank_gradients(scenario: Scenario, workload: Workload, index: int = 0) -> Ra
     layers = workload.rank_layers(index, scenario.parallelism.pp)
     global_ids = sorted({i for layer in layers for i in layer.param_indices})
     local = {g: k for k, g in enumerate(global_ids)}
-    params = [_reduce_dtype(workload.parameters[g], ddp.reduce_in_fp32) for g in global_ids]
+    params = [grad_reduce_spec(workload.parameters[g], ddp.reduce_in_fp32) for g in global_ids]
     ready_order = [local[g] for g in workload.grad_ready_order if g in local]
     buckets = ddp_buckets(params, ready_order, ddp.bucket_cap_mb) if params else []
     return RankGradients(global_ids, params, ready_order, buckets)
