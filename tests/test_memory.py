@@ -528,9 +528,10 @@ def test_cli_memory_errors_are_one_line(capsys, args, message):
 
 # ---------------------------------------------------------------------------------- architecture
 def test_memory_module_imports_neither_results_nor_sim():
-    tree = ast.parse(Path(simddp.__file__).with_name("memory.py").read_text())
-    imported = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
-    top_level = {n.module for n in tree.body if isinstance(n, ast.ImportFrom)} | {
-        a.name for n in tree.body if isinstance(n, ast.Import) for a in n.names}
-    assert not any(m and (m.startswith("simddp.results") or m.startswith("simddp.sim")) for m in imported)
-    assert not any(m and m.split(".")[0] in ("torch", "streamlit", "plotly", "pandas") for m in top_level)
+    for path in Path(simddp.__file__).with_name("memory").glob("*.py"):
+        tree = ast.parse(path.read_text())
+        imported = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
+        top_level = {n.module for n in tree.body if isinstance(n, ast.ImportFrom)} | {
+            a.name for n in tree.body if isinstance(n, ast.Import) for a in n.names}
+        assert not any(m and (m.startswith("simddp.results") or m.startswith("simddp.sim")) for m in imported), path
+        assert not any(m and m.split(".")[0] in ("torch", "streamlit", "plotly", "pandas") for m in top_level), path

@@ -1,0 +1,142 @@
+"""Activation bytes a transformer saves for backward, and micro-batches a pipeline stage holds.
+
+Activations of a transformer layer for one micro-batch (Korthikanti et al. 2022, "Reducing Activation
+Recomputation in Large Transformer Models", Table 2), with s tokens, b samples, hidden h, a heads, tp t:
+sbh(34 + 5as/h) bytes without parallelism, sbh(10 + 24/t + 5as/(ht)) with tensor parallelism,
+sbh(34/t + 5as/(ht)) with sequence parallelism; selective recompute drops the 5as/h attention-core term;
+full recompute keeps only the layer input, 2sbh (2sbh/t with sequence parallelism). The terms are built
+from the saved tensors so that they follow the real shape: norm inputs, GEMM inputs, Q, K and V (GQA
+shrinks K and V), the attention core (softmax, dropout mask and output: 5 bytes per score, 2 without
+dropout), and the MLP (GeLU input and output; a gated MLP saves the gate and up outputs and their product,
+as Megatron's fused SwiGLU does). 16-bit activations are 2 bytes, fp32 ones 4; dropout masks 1 byte.
+Embedding (int64 token ids, dropout mask) and output layer (final norm input, logits in the activation
+dtype and the fp32 softmax the fused cross-entropy saves) add to the first and last stage. With recompute,
+backward re-creates one layer's activations at a time (one micro-batch), counted as a working set.
+
+Pipelines hold several micro-batches (Narayanan et al., SC'21; Korthikanti et al. sec. 4.2.3): 1F1B's stage
+i holds min(p - i, m), GPipe all m, interleaved 1F1B with v chunks min(mv, 2(p - i - 1) + (v - 1)p + 1)
+chunks, which is p(1 + (p - 1)/(pv)) micro-batches on the first stage. Parameter-list models use their
+layers' ``activation_numel_per_sample`` and are not recomputed.
+"""
+
+from __future__ import annotations
+
+from simddp.config import TransformerSpec
+
+_TOKEN_ID_BYTES = 8  # int64 input ids
+_SOFTMAX_BYTES = 4  # fp32 softmax saved by the fused (vocab-parallel) cross-entropy
+_RECOMPUTE = ("none", "selective", "full")
+_SCHEDULES = ("1f1b", "gpipe", "interleaved-1f1b")
+
+
+def _check_shape(spec: TransformerSpec, seq_len: int, micro_batch_size: int, tp: int, act_bytes: int) -> None:
+    for name, value in (("seq_len", seq_len), ("micro_batch_size", micro_batch_size), ("tp", tp),
+                        ("act_bytes", act_bytes)):
+        if value <= 0:
+            raise ValueError(f"{name}({value}) must be > 0")
+    if spec.num_heads % tp:
+        raise ValueError(f"tp({tp}) does not divide num_heads({spec.num_heads})")
+
+
+def transformer_layer_activation_bytes(
+    spec: TransformerSpec,
+    seq_len: int,
+    micro_batch_size: int,
+    tp: int = 1,
+    sequence_parallel: bool = False,
+    recompute: str = "none",
+    act_bytes: int = 2,
+    dropout: bool = True,
+) -> int:
+    """Bytes one transformer layer saves for backward, one micro-batch (Korthikanti et al. 2022, Table 2).
+
+    For a GPT layer (4h MLP, no GQA, dropout, 16-bit) this is exactly sbh(34 + 5as/h) at t = 1,
+    sbh(10 + 24/t + 5as/(ht)) with tensor parallelism, sbh(34/t + 5as/(ht)) with sequence parallelism;
+    selective recompute drops the 5as/h term, full recompute keeps the layer input 2sbh (/t with SP).
+    """
+    _check_shape(spec, seq_len, micro_batch_size, tp, act_bytes)
+    if recompute not in _RECOMPUTE:
+        raise ValueError(f"unknown recompute {recompute!r}; expected one of {list(_RECOMPUTE)}")
+    tokens = seq_len * micro_batch_size
+    h, a = spec.hidden_size, spec.num_heads
+    sp = tp if sequence_parallel else 1
+    if recompute == "full":
+        return round(act_bytes * h * tokens / sp)
+    head_dim = h // a
+    q_width = h / tp
+    kv_width = max(spec.kv_heads // tp, 1) * head_dim  # tp > kv heads replicates K/V (Megatron GQA)
+    mask = 1 if dropout else 0
+    # Norm inputs, QKV and MLP inputs, two dropout masks: outside the tp-split GEMMs (SP shards them).
+    replicated = (4 * act_bytes + 2 * mask) * h / sp
+    # Q and K for QK^T, V, out-projection input; MLP: GeLU in/out, or gate, up and their product.
+    mlp_tensors = 3 if spec.gated_mlp else 2
+    sharded = act_bytes * (2 * q_width + 2 * kv_width) + mlp_tensors * act_bytes * spec.ffn_hidden_size / tp
+    # Softmax output, its dropout mask and dropout output: a/t heads x s keys per token.
+    core = ((2 * act_bytes + mask) if dropout else act_bytes) * (a / tp) * seq_len
+    per_token = replicated + sharded + (core if recompute == "none" else 0.0)
+    return round(per_token * tokens)
+
+
+def transformer_embedding_activation_bytes(
+    spec: TransformerSpec,
+    seq_len: int,
+    micro_batch_size: int,
+    tp: int = 1,
+    sequence_parallel: bool = False,
+    dropout: bool = True,
+) -> int:
+    """First stage, one micro-batch: int64 token ids and the embedding dropout mask (Megatron's report)."""
+    _check_shape(spec, seq_len, micro_batch_size, tp, 1)
+    tokens = seq_len * micro_batch_size
+    sp = tp if sequence_parallel else 1
+    return round(tokens * (_TOKEN_ID_BYTES + (spec.hidden_size / sp if dropout else 0.0)))
+
+
+def transformer_output_activation_bytes(
+    spec: TransformerSpec,
+    seq_len: int,
+    micro_batch_size: int,
+    tp: int = 1,
+    sequence_parallel: bool = False,
+    act_bytes: int = 2,
+) -> int:
+    """Last stage, one micro-batch: final-norm and output-layer inputs, the logits and the fp32 softmax.
+
+    The vocabulary-parallel output layer and cross-entropy divide the logits by tp (Megatron); the loss
+    keeps an fp32 softmax (4 bytes per logit) beside the logits in the activation dtype.
+    """
+    _check_shape(spec, seq_len, micro_batch_size, tp, act_bytes)
+    tokens = seq_len * micro_batch_size
+    sp = tp if sequence_parallel else 1
+    norm_and_head_inputs = 2 * act_bytes * spec.hidden_size / sp
+    logits = (act_bytes + _SOFTMAX_BYTES) * spec.vocab_size / tp
+    return round(tokens * (norm_and_head_inputs + logits))
+
+
+def in_flight_micro_batches(
+    schedule: str, pp: int, stage: int, num_micro_batches: int, virtual_stages: int = 1
+) -> float:
+    """Micro-batches whose activations pipeline stage ``stage`` holds at its peak.
+
+    1F1B: min(p - stage, m) (Narayanan et al., SC'21); GPipe: m (Huang et al., NeurIPS'19); interleaved
+    1F1B with v chunks per stage: Megatron's warm-up of 2(p - stage - 1) + (v - 1)p chunks plus the one in
+    flight, capped at mv, in units of whole micro-batches (chunks / v); on the first stage this is
+    p(1 + (p - 1)/(pv)) (Korthikanti et al. 2022, sec. 4.2.3).
+    """
+    if schedule not in _SCHEDULES:
+        raise ValueError(f"unknown pipeline schedule {schedule!r}; expected one of {list(_SCHEDULES)}")
+    for name, value in (("pp", pp), ("num_micro_batches", num_micro_batches), ("virtual_stages", virtual_stages)):
+        if value < 1:
+            raise ValueError(f"{name}({value}) must be >= 1")
+    if not 0 <= stage < pp:
+        raise ValueError(f"stage({stage}) must be in 0..{pp - 1} for pp({pp})")
+    if pp == 1:
+        return 1.0
+    if schedule == "gpipe":
+        return float(num_micro_batches)
+    if schedule == "interleaved-1f1b" and virtual_stages > 1:
+        v = virtual_stages
+        chunks = min(num_micro_batches * v, 2 * (pp - stage - 1) + (v - 1) * pp + 1)
+        return chunks / v
+    return float(min(pp - stage, num_micro_batches))
+

@@ -1,0 +1,176 @@
+"""Peak per-GPU memory of a scenario: every pipeline stage's items, the most loaded one reported.
+
+Parameters are those of :func:`simddp.workload.build_workload`: already divided by tp, each on its
+pipeline stage (Megatron: blocks split evenly, embedding on the first stage, output layer on the last; a
+tied output embedding keeps a copy of the word embedding on the last stage).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from simddp.config import Scenario, TransformerSpec
+from simddp.memory.activations import (
+    in_flight_micro_batches,
+    transformer_embedding_activation_bytes,
+    transformer_layer_activation_bytes,
+    transformer_output_activation_bytes,
+)
+from simddp.memory.buffers import buffer_items
+from simddp.memory.items import MemoryBreakdown, MemoryItem
+from simddp.memory.states import OPTIMIZER_STATE_BYTES_PER_PARAM, model_states_bytes
+from simddp.units import fmt_bytes
+from simddp.workload import PRECISION_ACT_BYTES, Workload, build_workload
+
+
+def memory_breakdown(scenario: Scenario, workload: Workload | None = None, stage: int | None = None) -> MemoryBreakdown:
+    """Peak per-GPU memory of ``scenario``: the most loaded pipeline stage, or ``stage`` when given."""
+    par = scenario.parallelism
+    if stage is not None and not 0 <= stage < par.pp:
+        raise ValueError(f"stage({stage}) must be in 0..{par.pp - 1} for pp({par.pp})")
+    workload = workload or build_workload(scenario)
+    stages = [_stage_items(scenario, workload, s) for s in range(par.pp)]
+    totals = [sum(i.size_bytes for i in items) for items, _, _ in stages]
+    chosen = stage if stage is not None else max(range(par.pp), key=lambda s: (totals[s], -s))
+    items, num_params, in_flight = stages[chosen]
+
+    def cat(c: str) -> int:
+        return sum(i.size_bytes for i in items if i.category == c)
+
+    total = totals[chosen]
+    capacity = scenario.cluster.gpu.hbm_bytes
+    return MemoryBreakdown(
+        scenario=scenario.name,
+        model=scenario.model.name,
+        gpu=scenario.cluster.gpu.name,
+        num_gpus=scenario.cluster.num_gpus,
+        dp=scenario.dp,
+        tp=par.tp,
+        pp=par.pp,
+        zero_stage=par.zero_stage,
+        precision=scenario.training.precision,
+        optimizer=scenario.training.optimizer,
+        recompute=scenario.training.recompute,
+        stage=chosen,
+        rank=chosen * par.tp * scenario.dp,
+        num_params=num_params,
+        in_flight_micro_batches=in_flight,
+        params_bytes=cat("params"),
+        grads_bytes=cat("grads"),
+        optimizer_bytes=cat("optimizer"),
+        activations_bytes=cat("activations"),
+        buffers_bytes=cat("buffers"),
+        overhead_bytes=cat("overhead"),
+        total_bytes=total,
+        capacity_bytes=capacity,
+        fits=total <= capacity,
+        headroom_bytes=capacity - total,
+        stage_total_bytes=totals,
+        items=items,
+        notes=_notes(scenario) + list(workload.notes),
+    )
+
+
+def _notes(scenario: Scenario) -> list[str]:
+    par, notes = scenario.parallelism, []
+    if par.zero_stage >= 2 and par.pp > 1:
+        notes.append(f"zero_stage={par.zero_stage} with pp={par.pp}: DeepSpeed allows only ZeRO-1 with pipelines")
+    if scenario.model.transformer is None and scenario.training.recompute != "none":
+        notes.append(
+            f"recompute={scenario.training.recompute!r} is not applied to parameter-list models (no transformer blocks)"
+        )
+    return notes
+
+
+def _stage_params(scenario: Scenario, workload: Workload, stage: int) -> list[int]:
+    """Global indices of the parameters a GPU of ``stage`` holds (a tied output layer keeps a copy)."""
+    ids = sorted({i for layer in workload.rank_layers(stage, scenario.parallelism.pp) for i in layer.param_indices})
+    tf = scenario.model.transformer
+    pp = scenario.parallelism.pp
+    if tf is not None and tf.tied_embeddings and pp > 1 and stage == pp - 1:
+        word = [i for i, p in enumerate(workload.parameters) if p.name.endswith(("wte.weight", "embed_tokens.weight"))]
+        ids = sorted(set(ids) | set(word[:1]))
+    return ids
+
+
+def _stage_items(scenario: Scenario, workload: Workload, stage: int) -> tuple[list[MemoryItem], int, float]:
+    tr, par, ddp, mem = scenario.training, scenario.parallelism, scenario.ddp, scenario.memory
+    dp, zero = scenario.dp, par.zero_stage
+    ids = _stage_params(scenario, workload, stage)
+    params = [workload.parameters[i] for i in ids]
+    num_params = sum(p.numel for p in params)
+    states = model_states_bytes(params, tr.precision, tr.optimizer, zero, dp, ddp.reduce_in_fp32)
+    shard = f" / {dp} dp ranks" if dp > 1 else ""
+    items = [
+        MemoryItem(category="params", name="parameters", size_bytes=states.params_bytes,
+                   note=f"{num_params:,} params" + (shard if zero >= 3 else "")),
+        MemoryItem(category="grads", name="gradients", size_bytes=states.grads_bytes,
+                   note=("fp32 main grads" if ddp.reduce_in_fp32 else "param dtype") + (shard if zero >= 2 else "")),
+    ]
+    if states.master_bytes:
+        items.append(MemoryItem(category="optimizer", name="fp32 master weights", size_bytes=states.master_bytes,
+                                note="4 B/param" + (shard if zero >= 1 else "")))
+    if states.optimizer_state_bytes or not states.master_bytes:
+        items.append(MemoryItem(category="optimizer", name=f"{tr.optimizer} states",
+                                size_bytes=states.optimizer_state_bytes,
+                                note=_state_note(tr.optimizer) + (shard if zero >= 1 else "")))
+    in_flight = in_flight_micro_batches(par.pipeline_schedule, par.pp, stage, scenario.num_micro_batches,
+                                        par.virtual_stages)
+    items += _activation_items(scenario, workload, stage, in_flight)
+    items += buffer_items(scenario, workload, stage, ids)
+    transient = sum(i.size_bytes for i in items if i.category in ("activations", "buffers") and i.name != "NCCL")
+    items.append(MemoryItem(category="overhead", name="CUDA context", size_bytes=mem.cuda_context_bytes,
+                            note="memory.cuda_context_bytes"))
+    items.append(MemoryItem(category="overhead", name="allocator fragmentation",
+                            size_bytes=round(mem.fragmentation_fraction * transient),
+                            note=f"{mem.fragmentation_fraction:.0%} of activations and buffers"))
+    return items, num_params, in_flight
+
+
+def _state_note(optimizer: str) -> str:
+    per_param = OPTIMIZER_STATE_BYTES_PER_PARAM[optimizer]
+    if per_param is None:
+        return "factored second moments, fp32"
+    return f"{per_param} B/param"
+
+
+def _dropout(scenario: Scenario, spec: TransformerSpec) -> bool:
+    return scenario.memory.dropout if scenario.memory.dropout is not None else not spec.gated_mlp
+
+
+def _activation_items(scenario: Scenario, workload: Workload, stage: int, in_flight: float) -> list[MemoryItem]:
+    tr, par = scenario.training, scenario.parallelism
+    layers = workload.rank_layers(stage, scenario.parallelism.pp)
+    spec = scenario.model.transformer
+    k = f"x {in_flight:g} micro-batch{'es' if in_flight != 1 else ''}"
+    if spec is None:
+        per_mb = sum(layer.activation_bytes for layer in layers)
+        return [MemoryItem(category="activations", name="layer activations", size_bytes=round(per_mb * in_flight),
+                           note=f"{len(layers)} layers' activation_numel_per_sample {k}")]
+    shape: dict[str, Any] = {
+        "seq_len": tr.seq_len,
+        "micro_batch_size": tr.micro_batch_size,
+        "tp": par.tp,
+        "sequence_parallel": par.sequence_parallel,
+    }
+    act = PRECISION_ACT_BYTES[tr.precision]
+    dropout = _dropout(scenario, spec)
+    blocks = {int(layer.name.split(".")[1]) for layer in layers if layer.is_block}
+    per_layer = transformer_layer_activation_bytes(spec, **shape, recompute=tr.recompute, act_bytes=act,
+                                                   dropout=dropout)
+    items = [MemoryItem(category="activations", name="transformer layers",
+                        size_bytes=round(len(blocks) * per_layer * in_flight),
+                        note=f"{len(blocks)} layers x {fmt_bytes(per_layer)} {k} (recompute {tr.recompute})")]
+    if stage == 0:
+        emb = transformer_embedding_activation_bytes(spec, **shape, dropout=dropout)
+        items.append(MemoryItem(category="activations", name="embedding", size_bytes=round(emb * in_flight),
+                                note=f"token ids{', dropout mask' if dropout else ''} {k}"))
+    if stage == par.pp - 1:
+        out = transformer_output_activation_bytes(spec, **shape, act_bytes=act)
+        items.append(MemoryItem(category="activations", name="output layer and loss",
+                                size_bytes=round(out * in_flight), note=f"norm/head inputs, logits, fp32 softmax {k}"))
+    if tr.recompute != "none" and blocks:
+        full = transformer_layer_activation_bytes(spec, **shape, recompute="none", act_bytes=act, dropout=dropout)
+        items.append(MemoryItem(category="activations", name="recompute working set", size_bytes=full - per_layer,
+                                note="one layer re-created in backward"))
+    return items

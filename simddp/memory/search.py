@@ -1,0 +1,154 @@
+"""Searches over the memory model: the largest micro-batch that fits, the smallest layout that fits."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from simddp.config import Scenario, ScenarioError, format_validation_error
+from simddp.memory.breakdown import memory_breakdown
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class LayoutFit(_Frozen):
+    """One parallel layout and whether it fits."""
+
+    zero_stage: int
+    tp: int
+    pp: int
+    dp: int
+    total_bytes: int
+    capacity_bytes: int
+    fits: bool
+
+
+class LayoutSearch(_Frozen):
+    """Smallest ZeRO stage, tp or pp that makes a scenario fit on ``num_gpus`` GPUs."""
+
+    num_gpus: int
+    current: LayoutFit | None = Field(description="The scenario's own layout (null if invalid on num_gpus).")
+    smallest_zero_stage: LayoutFit | None = Field(description="Lowest ZeRO stage that fits at the same tp and pp.")
+    smallest_tp: LayoutFit | None = Field(description="Lowest tp that fits at the same ZeRO stage and pp.")
+    smallest_pp: LayoutFit | None = Field(description="Lowest pp that fits at the same ZeRO stage and tp.")
+    best: LayoutFit | None = Field(
+        description="Fitting layout with the least model parallelism (tp x pp), then ZeRO stage, then pp."
+    )
+    num_layouts: int = Field(description="Valid layouts evaluated.")
+
+    def to_json_dict(self) -> dict[str, Any]:
+        return {"layout": self.model_dump()}
+
+
+def _variant(scenario: Scenario, **sections: dict[str, Any]) -> Scenario:
+    """``scenario`` with some section keys replaced, validated again (raises ScenarioError)."""
+    data = scenario.model_dump()
+    if scenario.model.preset is not None:
+        data["model"] = {"preset": scenario.model.preset}  # a preset cannot carry its own expanded keys
+    for section, updates in sections.items():
+        data[section] = {**data[section], **updates}
+    try:
+        return Scenario.model_validate(data)
+    except ValidationError as err:
+        raise ScenarioError(format_validation_error(err)) from None
+
+
+def max_micro_batch_that_fits(scenario: Scenario, limit: int = 1 << 16) -> int:
+    """The largest micro-batch size that fits (0 if none does).
+
+    With a global batch size set, only micro-batches that divide it over dp are tried (the number of
+    micro-batches, and with it the pipeline's in-flight activations, follows); without one, a larger
+    micro-batch only adds activations, so a binary search up to ``limit`` finds it.
+    """
+    if limit < 1:
+        raise ValueError(f"limit({limit}) must be >= 1")
+
+    def fits(b: int) -> bool:
+        try:
+            variant = _variant(scenario, training={"micro_batch_size": b})
+        except ScenarioError:  # e.g. an interleaved schedule needs the micro-batch count to divide by pp
+            return False
+        return memory_breakdown(variant).fits
+
+    gbs = scenario.training.global_batch_size
+    if gbs is not None:
+        per_rank = gbs // scenario.dp
+        for b in sorted((d for d in range(1, min(per_rank, limit) + 1) if per_rank % d == 0), reverse=True):
+            if fits(b):
+                return b
+        return 0
+    if not fits(1):
+        return 0
+    lo, hi = 1, 2
+    while hi <= limit and fits(hi):
+        lo, hi = hi, hi * 2
+    hi = min(hi, limit + 1)
+    while hi - lo > 1:  # fits(lo), not fits(hi) (or hi beyond the limit)
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if fits(mid) else (lo, mid)
+    return lo
+
+
+def _divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def smallest_layout_that_fits(scenario: Scenario, num_gpus: int | None = None) -> LayoutSearch:
+    """Search ZeRO stage x tp x pp on ``num_gpus`` GPUs (default: the scenario's) for layouts that fit.
+
+    tp stays inside a node; dp = GPUs / (tp x pp); sequence parallelism and the schedule are kept where the
+    layout allows them; a layout the scenario rules forbid (heads, layers, global batch) is skipped.
+    """
+    cluster = scenario.cluster
+    n = num_gpus if num_gpus is not None else cluster.num_gpus
+    per_node = cluster.gpus_per_node
+    if n <= 0:
+        raise ValueError(f"num_gpus({n}) must be > 0")
+    if n % per_node == 0:
+        cluster_update: dict[str, Any] = {"num_nodes": n // per_node}
+    elif n < per_node and per_node % n == 0:
+        cluster_update = {"num_nodes": 1, "gpus_per_node": n}
+    else:
+        raise ValueError(f"num_gpus({n}) is neither a multiple nor a divisor of gpus_per_node({per_node})")
+    gpus_per_node = cluster_update.get("gpus_per_node", per_node)
+    par = scenario.parallelism
+    fits: dict[tuple[int, int, int], LayoutFit] = {}
+
+    def evaluate(zero: int, tp: int, pp: int) -> LayoutFit | None:
+        key = (zero, tp, pp)
+        if key not in fits:
+            parallelism = {"dp": None, "tp": tp, "pp": pp, "zero_stage": zero,
+                           "sequence_parallel": par.sequence_parallel and tp > 1,
+                           "virtual_stages": par.virtual_stages if pp > 1 else 1}
+            try:
+                variant = _variant(scenario, cluster=cluster_update, parallelism=parallelism)
+            except ScenarioError:
+                return None
+            m = memory_breakdown(variant)
+            fits[key] = LayoutFit(zero_stage=zero, tp=tp, pp=pp, dp=variant.dp, total_bytes=m.total_bytes,
+                                  capacity_bytes=m.capacity_bytes, fits=m.fits)
+        return fits[key]
+
+    # ZeRO-2/3 with pipeline parallelism is not offered: DeepSpeed refuses it and simddp does not time it.
+    layouts = [(z, tp, pp) for tp in _divisors(gpus_per_node) for pp in _divisors(n // tp) for z in range(4)
+               if not (z >= 2 and pp > 1)]
+    results = [r for r in (evaluate(*lay) for lay in layouts) if r is not None]
+
+    def first(candidates: Iterable[LayoutFit]) -> LayoutFit | None:
+        return next((c for c in candidates if c.fits), None)
+
+    z0, tp0, pp0 = par.zero_stage, par.tp, par.pp
+    by_key = {(r.zero_stage, r.tp, r.pp): r for r in results}
+    return LayoutSearch(
+        num_gpus=n,
+        current=by_key.get((z0, tp0, pp0)),
+        smallest_zero_stage=first(by_key[k] for k in sorted(by_key) if k[1:] == (tp0, pp0)),
+        smallest_tp=first(by_key[k] for k in sorted(by_key, key=lambda k: k[1]) if (k[0], k[2]) == (z0, pp0)),
+        smallest_pp=first(by_key[k] for k in sorted(by_key, key=lambda k: k[2]) if k[:2] == (z0, tp0)),
+        best=first(sorted(results, key=lambda r: (r.tp * r.pp, r.zero_stage, r.pp, r.tp))),
+        num_layouts=len(results),
+    )
