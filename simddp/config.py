@@ -37,22 +37,41 @@ class _Frozen(BaseModel):
 
 # --------------------------------------------------------------------------------------- hardware
 class GPU(_Frozen):
-    """One accelerator: dense peak rates per dtype, memory size and bandwidth."""
+    """One accelerator: spec-sheet peaks and memory, and the kernel-efficiency constants of its GEMMs,
+    FlashAttention and memory-bound kernels (see :mod:`simddp.compute`; each preset cites its fit data)."""
 
     name: str = Field(description="Accelerator name, e.g. 'H100-SXM5-80GB'.")
+    num_sms: int = Field(gt=0, description="Streaming multiprocessors (GEMM tiles and attention blocks spread on them).")
     peak_fp32_flop_per_s: float = Field(gt=0, description="Dense FP32 (non-tensor-core) peak, FLOP/s.")
     peak_tf32_flop_per_s: float = Field(gt=0, description="Dense TF32 tensor-core peak, FLOP/s.")
     peak_bf16_flop_per_s: float = Field(gt=0, description="Dense BF16 tensor-core peak, FLOP/s.")
     peak_fp16_flop_per_s: float = Field(gt=0, description="Dense FP16 tensor-core peak, FLOP/s.")
     hbm_bytes: int = Field(gt=0, description="Device memory capacity, bytes.")
-    hbm_bandwidth_bytes_per_s: float = Field(gt=0, description="Device memory bandwidth, bytes/s.")
-    matmul_efficiency: float = Field(
-        gt=0,
-        le=1,
-        description="Fraction of dense peak that training GEMMs sustain (end-to-end MFU-like factor).",
-    )
+    hbm_bandwidth_bytes_per_s: float = Field(gt=0, description="Device memory bandwidth (spec sheet), bytes/s.")
     memory_efficiency: float = Field(
-        default=0.8, gt=0, le=1, description="Fraction of memory bandwidth that memory-bound kernels reach."
+        gt=0, le=1, description="Fraction of the memory bandwidth streaming kernels reach (STREAM add/triad)."
+    )
+    matmul_ceiling_fraction: float = Field(
+        gt=0, le=1,
+        description="Largest fraction of the dense peak a large GEMM sustains (GEMM benchmarks under sustained "
+        "load); never an end-to-end MFU.",
+    )
+    gemm_k_overhead: float = Field(
+        ge=0, description="Pipeline prologue/epilogue of a GEMM tile, in steps of K: a GEMM of depth K reaches "
+        "K / (K + this) of the ceiling.",
+    )
+    gemm_tile_m: int = Field(default=64, gt=0, description="Rows of the smallest GEMM output tile (SM occupancy).")
+    gemm_tile_n: int = Field(default=128, gt=0, description="Columns of the smallest GEMM output tile.")
+    kernel_launch_s: float = Field(ge=0, description="Fixed cost of every kernel (launch, ramp, tail), seconds.")
+    flash_fwd_fraction: float = Field(
+        gt=0, le=1, description="Fraction of the dense peak a long FlashAttention forward reaches."
+    )
+    flash_bwd_fraction: float = Field(
+        gt=0, le=1, description="Fraction of the dense peak a long FlashAttention backward reaches."
+    )
+    flash_key_overhead: float = Field(
+        ge=0, description="Per-block cost of a FlashAttention kernel in keys: a block over n keys reaches "
+        "n / (n + this) of its rate.",
     )
     fp32_matmul_uses_tf32: bool = Field(
         default=False,
@@ -66,6 +85,11 @@ class GPU(_Frozen):
         if precision == "fp16-mixed":
             return self.peak_fp16_flop_per_s
         return self.peak_bf16_flop_per_s
+
+    @property
+    def streaming_bandwidth_bytes_per_s(self) -> float:
+        """Memory bandwidth a streaming kernel reaches."""
+        return self.hbm_bandwidth_bytes_per_s * self.memory_efficiency
 
 
 class Link(_Frozen):
@@ -241,12 +265,12 @@ class ModelConfig(_Frozen):
     layers: list[LayerSpec] | None = Field(
         default=None, description="Modules in forward order (parameter-list models); null = one per parameter."
     )
-    matmul_efficiency: float | None = Field(
+    compute_efficiency: float | None = Field(
         default=None,
         gt=0,
         le=1,
-        description="Overrides the GPU's matmul_efficiency for this model (convolutions reach less of peak "
-        "than transformer GEMMs); null = the GPU's.",
+        description="Parameter-list models: fraction of the GPU's GEMM ceiling their layers reach (convolutions "
+        "reach less than transformer GEMMs); null = the ceiling.",
     )
 
     @model_validator(mode="before")
@@ -335,7 +359,19 @@ class Training(_Frozen):
         default=None, gt=0, description="Samples per optimizer step; null = micro_batch_size x dp."
     )
     seq_len: int = Field(default=2048, gt=0, description="Tokens per sample (1 for non-sequence models).")
-    recompute: Literal["none", "selective", "full"] = Field(default="none", description="Activation recompute.")
+    recompute: Literal["none", "selective", "full"] = Field(
+        default="none", description="Activation recompute: selective re-runs the attention core, full each block."
+    )
+    attention: Literal["flash", "unfused"] = Field(
+        default="flash",
+        description="Attention kernel: flash (FlashAttention: fused, scores never stored) or unfused (Megatron's "
+        "QK^T, softmax, dropout, PV: the s x s scores are written and saved for backward).",
+    )
+    dropout: bool | None = Field(
+        default=None,
+        description="Dropout on attention probabilities and residual branches (kernels and saved masks); "
+        "null = on for GPT/BERT-style models, off for Llama-style (gated MLP) models.",
+    )
     optimizer_time_s: float | None = Field(
         default=None,
         ge=0,
@@ -384,11 +420,6 @@ class MemoryConfig(_Frozen):
         default=1,
         ge=0,
         description="ZeRO-3/FSDP units gathered ahead of the one computing (FSDP forward/backward prefetch: 1).",
-    )
-    dropout: bool | None = Field(
-        default=None,
-        description="Dropout masks are saved (Korthikanti et al. count them); null = on for GPT/BERT-style "
-        "models, off for Llama-style (gated MLP) models, which train without dropout.",
     )
 
 

@@ -1,12 +1,29 @@
-"""Per-layer workload: parameters, FLOP and memory traffic of one micro-batch on one GPU.
+"""Per-layer workload: parameters, the kernels of forward / input-grad / weight-grad, and TP collectives.
 
-Transformer layers follow the FLOP accounting of Narayanan et al. (SC'21, "Efficient Large-Scale
-Language Model Training on GPU Clusters Using Megatron-LM", eq. 3): a GEMM of an (m x k) input with a
-(k x n) weight costs 2mkn FLOP forward, 2mkn for the input gradient (dgrad) and 2mkn for the weight
-gradient (wgrad); attention scores and the weighted sum cost 4 s h per token forward and twice that
-backward. Tensor parallelism divides GEMM and attention FLOP and the sharded weights by ``tp``
-(Megatron column/row parallel linears, vocab-parallel embedding). Parameter names and their order follow
-the Hugging Face implementations (GPT-2, BERT, Llama), so DDP buckets match what torch would build.
+A transformer block becomes the kernels Megatron-LM runs for it on one tensor-parallel rank (Shoeybi et al.
+2019; Narayanan et al., SC'21; Korthikanti et al. 2022): the GEMMs, each with its (M, N, K) from
+micro-batch b, sequence s, hidden h, heads a, tp t and sequence parallelism; the attention core (one fused
+FlashAttention kernel, or the unfused QK^T / scale-mask-softmax / dropout / PV of Megatron's
+``CoreAttention``); and the memory-bound kernels (norms, activation, dropout, residual add, rotary
+embedding), each with the bytes it reads and writes. A GEMM of an (m x k) input with a (k x n) weight is
+2mkn FLOP forward; its input gradient (dgrad) is the (m x n) @ (n x k) GEMM and its weight gradient
+(wgrad) the (k x m) @ (m x n) GEMM, 2mkn each. This module only describes work; :mod:`simddp.compute`
+turns kernels into time for a GPU.
+
+Tensor parallelism (column-parallel QKV and MLP input, row-parallel attention output and MLP output,
+vocab-parallel embedding and output layer) divides the sharded GEMM dimensions by t and adds the
+collectives of Megatron's "f" and "g" operators: the row-parallel output is all-reduced in forward and the
+column-parallel input gradient in backward; with sequence parallelism these become reduce-scatter and
+all-gather of the same bytes, the norms and dropouts work on s/t of the tokens, and backward all-gathers
+the layer input again for the weight gradient (Korthikanti et al. 2022, sec. 4.2.2).
+
+Model FLOP (for MFU) follow Narayanan et al. eq. 3's accounting (attention scores over the full s x s,
+no recompute); kernels do the work they really do (a causal FlashAttention skips the masked half).
+
+Parameter names and their order follow the Hugging Face implementations (GPT-2, BERT, Llama), so DDP
+buckets match what torch would build; layers are named after the module that owns their parameters
+(``model.layers.0.self_attn.qkv_proj`` owns ``model.layers.0.self_attn.{q,k,v}_proj.weight``), the one
+naming scheme of traces, bucket tables and the dashboard.
 
 Models given as a parameter list use their layer FLOP when given, else the dense estimate of
 2 x params x tokens per pass (Kaplan et al. 2020), split equally into forward, dgrad and wgrad.
@@ -14,7 +31,8 @@ Models given as a parameter list use their layer FLOP when given, else the dense
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from typing import Literal
 
 from simddp.config import ParameterSpec, Scenario, TransformerSpec
 from simddp.units import dtype_bytes
@@ -23,6 +41,52 @@ from simddp.units import dtype_bytes
 #: working weights and gradients beside fp32 master weights, as in the ZeRO paper's accounting).
 PRECISION_PARAM_DTYPE = {"fp32": "float32", "bf16-mixed": "bfloat16", "fp16-mixed": "float16"}
 PRECISION_ACT_BYTES = {"fp32": 4, "bf16-mixed": 2, "fp16-mixed": 2}
+
+KernelOp = Literal["gemm", "flash-fwd", "flash-bwd", "memory", "dense"]
+Recompute = Literal["none", "core", "block"]
+
+#: Query rows of one FlashAttention thread block (FlashAttention-2, Dao 2023: 128 x 64 or 128 x 128 tiles).
+FLASH_BLOCK_ROWS = 128
+#: FlashAttention-2 backward does five matmuls against the forward's two: 2.5x the forward FLOP (Dao 2023).
+FLASH_BWD_FLOP_RATIO = 2.5
+_MASK_BYTES = 1  # a dropout mask is one byte per element (torch's native_dropout: bool)
+_FP32 = 4
+
+
+@dataclass(frozen=True)
+class Kernel:
+    """One GPU kernel: a GEMM (shape), a fused attention kernel (FLOP, parallel tiles) or a memory-bound op.
+
+    ``bytes`` is what the kernel reads and writes in device memory (for a GEMM, its operands once). A fused
+    attention kernel runs ``tiles`` query blocks, each over ``k`` keys on average.
+    ``dense`` is a kernel of a parameter-list model whose shape is unknown: FLOP and bytes only.
+    """
+
+    name: str
+    op: KernelOp
+    flop: float = 0.0
+    bytes: float = 0.0
+    m: int = 0
+    n: int = 0
+    k: int = 0
+    batch: int = 1
+    tiles: int = 0
+
+
+@dataclass(frozen=True)
+class Collective:
+    """A tensor-parallel collective (nccl-tests size: the whole buffer), and where it sits in the layer.
+
+    ``where``: ``fwd-pre`` blocks the forward until the input is gathered (SP all-gather); ``fwd-post``
+    follows the forward (row-parallel all-reduce / reduce-scatter); ``bwd-pre`` gathers the output gradient
+    before the input-grad (SP); ``dgrad-post`` reduces the input gradient (column-parallel "f"), which
+    Megatron overlaps with the weight-grad GEMM; ``wgrad-pre`` re-gathers the layer input for the weight
+    gradient (SP), overlapped with the input-grad GEMM.
+    """
+
+    op: Literal["all-reduce", "all-gather", "reduce-scatter"]
+    size_bytes: int
+    where: Literal["fwd-pre", "fwd-post", "bwd-pre", "dgrad-post", "wgrad-pre"]
 
 
 @dataclass(frozen=True)
@@ -35,19 +99,33 @@ class Layer:
 
     name: str
     param_indices: tuple[int, ...]
-    fwd_flop: float
-    dgrad_flop: float
-    wgrad_flop: float
-    fwd_bytes: float  # memory traffic of the forward kernel(s)
-    bwd_bytes: float
-    activation_bytes: int  # saved for backward (parameter-list models; transformers use memory.py)
-    is_block: bool = False  # part of a transformer block (recompute applies)
-    is_attention_core: bool = False
+    fwd: tuple[Kernel, ...] = ()
+    dgrad: tuple[Kernel, ...] = ()
+    wgrad: tuple[Kernel, ...] = ()
+    collectives: tuple[Collective, ...] = ()
+    activation_bytes: int = 0  # saved for backward (parameter-list models; transformers use simddp.memory)
+    block: int | None = None  # transformer block index (None: embedding, output layer, loss, other models)
+    recompute: Recompute = "none"  # recomputed under recompute "full" (block) or "selective" too (core)
     stage: int = 0  # virtual pipeline stage (rank = stage % pp)
-    tp_fwd_comm_bytes: int = 0  # tensor-parallel all-reduce after the forward (Megatron g / SP reduce-scatter)
-    tp_bwd_comm_bytes: int = 0  # tensor-parallel all-reduce of the input gradient (Megatron f / SP all-gather)
-    fwd_time_s: float | None = None  # measured (calibration) overrides the roofline
+    model_flop: float = 0.0  # forward FLOP in Megatron's accounting (MFU); backward counts 2x
+    fwd_time_s: float | None = None  # measured (calibration) overrides the kernels
     bwd_time_s: float | None = None
+
+    @property
+    def fwd_flop(self) -> float:
+        return sum(k.flop for k in self.fwd)
+
+    @property
+    def dgrad_flop(self) -> float:
+        return sum(k.flop for k in self.dgrad)
+
+    @property
+    def wgrad_flop(self) -> float:
+        return sum(k.flop for k in self.wgrad)
+
+    @property
+    def is_block(self) -> bool:
+        return self.block is not None
 
 
 @dataclass(frozen=True)
@@ -88,6 +166,14 @@ def grad_reduce_spec(p: ParameterSpec, reduce_in_fp32: bool) -> ParameterSpec:
     return p
 
 
+def uses_dropout(scenario: Scenario) -> bool:
+    """Dropout is on: ``training.dropout``, or by default for GPT/BERT-style models (not Llama-style ones)."""
+    tf = scenario.model.transformer
+    if scenario.training.dropout is not None:
+        return scenario.training.dropout
+    return tf is not None and not tf.gated_mlp
+
+
 def total_params(spec: TransformerSpec) -> int:
     """Parameter count of a transformer (no tensor parallelism)."""
     return sum(p.numel for p in _transformer_params(spec, 1, "float32")[0])
@@ -95,9 +181,24 @@ def total_params(spec: TransformerSpec) -> int:
 
 def build_workload(scenario: Scenario) -> Workload:
     """The per-GPU workload of ``scenario`` (its tp shard; every pipeline stage, tagged by ``stage``)."""
-    tr = scenario.training
     if scenario.model.transformer is not None:
         return _transformer_workload(scenario, scenario.model.transformer)
+    return _parameter_list_workload(scenario)
+
+
+def memory_kernel(name: str, num_bytes: float) -> Kernel:
+    return Kernel(name, "memory", bytes=num_bytes)
+
+
+def gemm_kernel(name: str, m: int, n: int, k: int, elem_bytes: int, batch: int = 1) -> Kernel:
+    """A (batch of) (m x k) @ (k x n) GEMM; its operands and result cross device memory once."""
+    return Kernel(name, "gemm", flop=2.0 * batch * m * n * k, bytes=float(batch * (m * k + k * n + m * n) * elem_bytes),
+                  m=m, n=n, k=k, batch=batch)
+
+
+# ----------------------------------------------------------------------------------- parameter lists
+def _parameter_list_workload(scenario: Scenario) -> Workload:
+    tr = scenario.training
     params = tuple(scenario.model.parameters or ())
     n = len(params)
     ready = tuple(scenario.model.grad_ready_order or range(n - 1, -1, -1))
@@ -105,14 +206,18 @@ def build_workload(scenario: Scenario) -> Workload:
     act_bytes = PRECISION_ACT_BYTES[tr.precision]
     tokens = tr.micro_batch_size * tr.seq_len
     layers: list[Layer] = []
+
+    def dense(name: str, flop: float, num_bytes: float) -> tuple[Kernel, ...]:
+        return (Kernel(name, "dense", flop=flop, bytes=num_bytes),)
+
     if specs is None:
-        # One layer per parameter, run forward in definition order... but backward must follow the
-        # ready order, so forward order is the reverse of the ready order.
+        # One layer per parameter; backward follows the ready order, so forward runs in its reverse.
         for idx in reversed(ready):
             p = params[idx]
             flop = 2.0 * p.numel * tokens
             wbytes = p.numel * dtype_bytes(p.dtype)
-            layers.append(Layer(p.name, (idx,), flop, flop, flop, wbytes, 2 * wbytes, 0))
+            layers.append(Layer(p.name, (idx,), dense("fwd", flop, wbytes), dense("dgrad", flop, wbytes),
+                                dense("wgrad", flop, wbytes), model_flop=flop))
     else:
         for spec in specs:
             numel = sum(params[i].numel for i in spec.param_indices)
@@ -121,22 +226,17 @@ def build_workload(scenario: Scenario) -> Workload:
             fwd = per_sample * tr.micro_batch_size if per_sample is not None else 2.0 * numel * tokens
             act = (spec.activation_numel_per_sample or 0) * tr.micro_batch_size * act_bytes
             has_params = bool(spec.param_indices)
-            layers.append(
-                Layer(
-                    spec.name,
-                    tuple(spec.param_indices),
-                    fwd,
-                    fwd,
-                    fwd if has_params else 0.0,
-                    wbytes + act,
-                    2 * (wbytes + act),
-                    act,
-                    fwd_time_s=spec.fwd_time_s,
-                    bwd_time_s=spec.bwd_time_s,
-                )
-            )
-    layers = _assign_stages(layers, scenario.parallelism.pp * scenario.parallelism.virtual_stages)
-    flop_per_sample = sum(la.fwd_flop + la.dgrad_flop + la.wgrad_flop for la in layers) / tr.micro_batch_size
+            layers.append(Layer(
+                spec.name, tuple(spec.param_indices),
+                fwd=dense("fwd", fwd, wbytes + act),
+                dgrad=dense("dgrad", fwd, wbytes + act),
+                wgrad=dense("wgrad", fwd, wbytes + act) if has_params else (),
+                activation_bytes=act, model_flop=fwd,
+                fwd_time_s=spec.fwd_time_s, bwd_time_s=spec.bwd_time_s,
+            ))
+    num_stages = scenario.parallelism.pp * scenario.parallelism.virtual_stages
+    layers = _assign_stages(layers, num_stages)
+    flop_per_sample = 3 * sum(la.model_flop for la in layers) / tr.micro_batch_size
     return Workload(
         parameters=params,
         grad_ready_order=ready,
@@ -144,41 +244,60 @@ def build_workload(scenario: Scenario) -> Workload:
         tokens_per_micro_batch=tokens,
         samples_per_micro_batch=tr.micro_batch_size,
         model_flop_per_sample=flop_per_sample,
-        num_stages=scenario.parallelism.pp * scenario.parallelism.virtual_stages,
+        num_stages=num_stages,
     )
 
 
 def _assign_stages(layers: list[Layer], pp: int) -> list[Layer]:
-    """Split layers into ``pp`` contiguous stages with about equal parameter-free FLOP (greedy)."""
+    """Split layers into ``pp`` contiguous stages with about equal forward FLOP (greedy)."""
     if pp == 1:
         return layers
-    total = sum(la.fwd_flop for la in layers) or 1.0
+    total = sum(la.model_flop for la in layers) or 1.0
     out, acc = [], 0.0
     for i, la in enumerate(layers):
         remaining_layers = len(layers) - i
         stage = min(pp - 1, int(acc / total * pp))
-        # Never leave a later stage empty.
-        stage = max(stage, pp - remaining_layers)
-        out.append(_replace(la, stage=stage))
-        acc += la.fwd_flop
+        stage = max(stage, pp - remaining_layers)  # never leave a later stage empty
+        out.append(replace(la, stage=stage))
+        acc += la.model_flop
     return out
 
 
-def _replace(layer: Layer, **changes: object) -> Layer:
-    from dataclasses import replace
-
-    return replace(layer, **changes)  # type: ignore[arg-type]
-
-
 # ------------------------------------------------------------------------------------ transformers
+@dataclass(frozen=True)
+class _Names:
+    """Module names of one architecture family (Hugging Face), for layers and their parameters."""
+
+    embed: str
+    block: str
+    norm1: str
+    qkv: str
+    core: str
+    out: str
+    norm2: str
+    mlp_in: str
+    mlp_out: str
+    final_norm: str
+
+
+_LLAMA = _Names("model.embed_tokens", "model.layers.{i}", "input_layernorm", "self_attn.qkv_proj", "self_attn.core",
+                "self_attn.o_proj", "post_attention_layernorm", "mlp.gate_up_proj", "mlp.down_proj", "model.norm")
+_GPT = _Names("transformer.wte", "transformer.h.{i}", "ln_1", "attn.c_attn", "attn.core", "attn.c_proj", "ln_2",
+              "mlp.c_fc", "mlp.c_proj", "transformer.ln_f")
+
+
+def _names(spec: TransformerSpec) -> _Names:
+    return _LLAMA if spec.gated_mlp else _GPT
+
+
 def _transformer_params(
     spec: TransformerSpec, tp: int, dtype: str
 ) -> tuple[list[ParameterSpec], dict[str, list[int]]]:
-    """Per-GPU parameters in Hugging Face definition order, and the indices each module uses."""
+    """Per-GPU parameters in Hugging Face definition order, and the indices each module (layer name) owns."""
     h, ffn, v = spec.hidden_size, spec.ffn_hidden_size, spec.vocab_size
-    kv_dim = h // spec.num_heads * spec.kv_heads
     kv_shard = max(1, spec.kv_heads // tp) * (h // spec.num_heads)  # GQA with tp > kv_heads replicates
     q_shard = h // tp
+    names = _names(spec)
     params: list[ParameterSpec] = []
     groups: dict[str, list[int]] = {}
 
@@ -192,120 +311,167 @@ def _transformer_params(
             add(module, f"{prefix}.bias", h)
 
     llama = spec.gated_mlp
-    if llama:
-        add("embed", "model.embed_tokens.weight", v // tp * h)
-    else:
-        add("embed", "transformer.wte.weight", v // tp * h)
+    add(names.embed, f"{names.embed}.weight", v // tp * h)
+    if not llama:
         if spec.position_embedding == "learned":
-            add("embed", "transformer.wpe.weight", spec.max_position_embeddings * h)
+            add(names.embed, "transformer.wpe.weight", spec.max_position_embeddings * h)
         if spec.num_token_types:
-            add("embed", "transformer.token_type_embeddings.weight", spec.num_token_types * h)
-            norm("embed", "transformer.embeddings.LayerNorm")
+            add(names.embed, "transformer.token_type_embeddings.weight", spec.num_token_types * h)
+            norm(names.embed, "transformer.embeddings.LayerNorm")
     for i in range(spec.num_layers):
+        p = names.block.format(i=i)
+        mod = {key: f"{p}.{getattr(names, key)}" for key in ("norm1", "qkv", "out", "norm2", "mlp_in", "mlp_out")}
         if llama:
-            p = f"model.layers.{i}"
-            add(f"qkv.{i}", f"{p}.self_attn.q_proj.weight", q_shard * h)
-            add(f"qkv.{i}", f"{p}.self_attn.k_proj.weight", kv_shard * h)
-            add(f"qkv.{i}", f"{p}.self_attn.v_proj.weight", kv_shard * h)
+            add(mod["qkv"], f"{p}.self_attn.q_proj.weight", q_shard * h)
+            add(mod["qkv"], f"{p}.self_attn.k_proj.weight", kv_shard * h)
+            add(mod["qkv"], f"{p}.self_attn.v_proj.weight", kv_shard * h)
             if spec.bias:
                 for name, n in (("q_proj", q_shard), ("k_proj", kv_shard), ("v_proj", kv_shard)):
-                    add(f"qkv.{i}", f"{p}.self_attn.{name}.bias", n)
-            add(f"out.{i}", f"{p}.self_attn.o_proj.weight", h * q_shard)
-            add(f"mlp_in.{i}", f"{p}.mlp.gate_proj.weight", ffn // tp * h)
-            add(f"mlp_in.{i}", f"{p}.mlp.up_proj.weight", ffn // tp * h)
-            add(f"mlp_out.{i}", f"{p}.mlp.down_proj.weight", h * ffn // tp)
-            norm(f"norm1.{i}", f"{p}.input_layernorm")
-            norm(f"norm2.{i}", f"{p}.post_attention_layernorm")
+                    add(mod["qkv"], f"{p}.self_attn.{name}.bias", n)
+            add(mod["out"], f"{mod['out']}.weight", h * q_shard)
+            add(mod["mlp_in"], f"{p}.mlp.gate_proj.weight", ffn // tp * h)
+            add(mod["mlp_in"], f"{p}.mlp.up_proj.weight", ffn // tp * h)
+            add(mod["mlp_out"], f"{mod['mlp_out']}.weight", h * ffn // tp)
+            norm(mod["norm1"], mod["norm1"])
+            norm(mod["norm2"], mod["norm2"])
         else:
-            p = f"transformer.h.{i}"
-            norm(f"norm1.{i}", f"{p}.ln_1")
-            add(f"qkv.{i}", f"{p}.attn.c_attn.weight", h * (q_shard + 2 * kv_shard))
+            norm(mod["norm1"], mod["norm1"])
+            add(mod["qkv"], f"{mod['qkv']}.weight", h * (q_shard + 2 * kv_shard))
             if spec.bias:
-                add(f"qkv.{i}", f"{p}.attn.c_attn.bias", q_shard + 2 * kv_shard)
-            add(f"out.{i}", f"{p}.attn.c_proj.weight", q_shard * h)
+                add(mod["qkv"], f"{mod['qkv']}.bias", q_shard + 2 * kv_shard)
+            add(mod["out"], f"{mod['out']}.weight", q_shard * h)
             if spec.bias:
-                add(f"out.{i}", f"{p}.attn.c_proj.bias", h)
-            norm(f"norm2.{i}", f"{p}.ln_2")
-            add(f"mlp_in.{i}", f"{p}.mlp.c_fc.weight", h * ffn // tp)
+                add(mod["out"], f"{mod['out']}.bias", h)
+            norm(mod["norm2"], mod["norm2"])
+            add(mod["mlp_in"], f"{mod['mlp_in']}.weight", h * ffn // tp)
             if spec.bias:
-                add(f"mlp_in.{i}", f"{p}.mlp.c_fc.bias", ffn // tp)
-            add(f"mlp_out.{i}", f"{p}.mlp.c_proj.weight", ffn // tp * h)
+                add(mod["mlp_in"], f"{mod['mlp_in']}.bias", ffn // tp)
+            add(mod["mlp_out"], f"{mod['mlp_out']}.weight", ffn // tp * h)
             if spec.bias:
-                add(f"mlp_out.{i}", f"{p}.mlp.c_proj.bias", h)
+                add(mod["mlp_out"], f"{mod['mlp_out']}.bias", h)
     if spec.final_norm:
-        norm("final_norm", "model.norm" if llama else "transformer.ln_f")
+        norm(names.final_norm, names.final_norm)
     if not spec.tied_embeddings:
         add("lm_head", "lm_head.weight", v // tp * h)
-    del kv_dim
     return params, groups
 
 
 def _transformer_workload(scenario: Scenario, spec: TransformerSpec) -> Workload:
     tr, par = scenario.training, scenario.parallelism
-    tp = par.tp
+    tp, sp = par.tp, par.sequence_parallel
     dtype = PRECISION_PARAM_DTYPE[tr.precision]
-    a_bytes = PRECISION_ACT_BYTES[tr.precision]
+    a = PRECISION_ACT_BYTES[tr.precision]
     params, groups = _transformer_params(spec, tp, dtype)
-    h, ffn, v, s = spec.hidden_size, spec.ffn_hidden_size, spec.vocab_size, tr.seq_len
-    b = tr.micro_batch_size
-    t = b * s  # tokens in the micro-batch
-    kv_dim = h // spec.num_heads * spec.kv_heads
-    wb = dtype_bytes(dtype)
-    sp_div = tp if par.sequence_parallel else 1  # SP shards norms/dropouts along the sequence
+    names = _names(spec)
+    h, ffn, v, s, b = spec.hidden_size, spec.ffn_hidden_size, spec.vocab_size, tr.seq_len, tr.micro_batch_size
+    t = b * s  # tokens of the micro-batch
+    t_sp = t // tp if sp else t  # tokens a GPU holds outside the tensor-parallel regions
+    heads = spec.num_heads // tp
+    head_dim = h // spec.num_heads
+    kv_heads = max(1, spec.kv_heads // tp)
+    q_width, kv_width = heads * head_dim, kv_heads * head_dim
+    gated = spec.gated_mlp
+    ffn_local = ffn // tp
+    dropout = uses_dropout(scenario)
+    act = t * h * a  # one full [s, b, h] activation: the TP collectives' buffer
+    tp_on = tp > 1
 
-    act_bytes = t * h * a_bytes if tp > 1 else 0  # one [s, b, h] activation, the TP collective's buffer
+    def owned(module: str) -> tuple[int, ...]:
+        return tuple(groups.get(module, []))
 
-    def gemm(name: str, k: int, n: int, module: str | None, block: bool = True, tp_comm: str = "") -> Layer:
-        """A (t x k) @ (k x n) GEMM, n sharded by tp.
+    def linear(name: str, module: str, k: int, n: int, block: int | None, kind: str, model_n: int) -> Layer:
+        """A (t x k) @ (k x n) linear on this rank; ``kind``: column, row, or vocab (parallel style).
 
-        Megatron's column-parallel input (qkv, mlp_in) all-reduces its input gradient in backward; the
-        row-parallel output (out_proj, mlp_out) all-reduces its output in forward (Shoeybi et al. 2019,
-        "f" and "g"). With sequence parallelism these become all-gather + reduce-scatter of the same
-        total bytes, which costs a ring all-reduce's time (Korthikanti et al. 2022).
+        ``model_n`` is the width it multiplies h by in the whole model (for model FLOP: 2 t h model_n).
         """
-        flop = 2.0 * t * k * n / tp
-        io = (t * k + t * n / tp) * a_bytes + k * n / tp * wb
-        idx = tuple(groups.get(module, [])) if module else ()
+        colls: list[Collective] = []
+        if tp_on and kind in ("column", "vocab"):
+            if sp:
+                colls += [Collective("all-gather", act, "fwd-pre"), Collective("all-gather", act, "wgrad-pre"),
+                          Collective("reduce-scatter", act, "dgrad-post")]
+            else:
+                colls.append(Collective("all-reduce", act, "dgrad-post"))
+        if tp_on and kind == "row":
+            if sp:
+                colls += [Collective("reduce-scatter", act, "fwd-post"), Collective("all-gather", act, "bwd-pre")]
+            else:
+                colls.append(Collective("all-reduce", act, "fwd-post"))
         return Layer(
-            name, idx, flop, flop, flop, io, 2 * io, 0, is_block=block,
-            tp_fwd_comm_bytes=act_bytes if tp_comm == "fwd" else 0,
-            tp_bwd_comm_bytes=act_bytes if tp_comm == "bwd" else 0,
+            name, owned(module),
+            fwd=(gemm_kernel("fwd", t, n, k, a),),
+            dgrad=(gemm_kernel("dgrad", t, k, n, a),),
+            wgrad=(gemm_kernel("wgrad", k, n, t, a),) if owned(module) or kind == "vocab" else (),
+            collectives=tuple(colls), block=block, recompute="block" if block is not None else "none",
+            model_flop=2.0 * t * h * model_n / tp,
         )
 
-    def elementwise(name: str, module: str | None, width: int, block: bool = True) -> Layer:
-        io = 2.0 * t * width * a_bytes / sp_div
-        idx = tuple(groups.get(module, [])) if module else ()
-        return Layer(name, idx, 0.0, 0.0, 0.0, io, 2 * io, 0, is_block=block)
+    def elementwise(name: str, module: str | None, fwd_tensors: float, bwd_tensors: float, width: int,
+                    tokens: int, block: int | None) -> Layer:
+        """A memory-bound op over ``tokens`` x ``width`` activations: tensors read + written, fwd and bwd."""
+        numel = tokens * width
+        return Layer(
+            name, owned(module) if module else (),
+            fwd=(memory_kernel("fwd", fwd_tensors * numel * a),),
+            dgrad=(memory_kernel("dgrad", bwd_tensors * numel * a),) if bwd_tensors else (),
+            block=block, recompute="block" if block is not None else "none",
+        )
 
-    layers: list[Layer] = [elementwise("embed", "embed", h, block=False)]
+    # Dropout (Megatron's fused bias-dropout-add): the mask is a byte per element, half a 16-bit tensor.
+    mask = _MASK_BYTES / a if dropout else 0.0
+    norm_fwd, norm_bwd = 2.0, 3.0  # fused LayerNorm/RMSNorm: read x, write y; bwd read x, dy, write dx
+    residual_fwd = 3.0 + mask  # read branch and residual, write sum (and the dropout mask)
+    residual_bwd = 2.0 + mask if dropout else 0.0  # dropout's backward; the add's gradient is a pass-through
+
+    layers: list[Layer] = []
+    emb_colls: tuple[Collective, ...] = ()
+    if tp_on:  # vocab-parallel embedding: each rank looks up its vocabulary shard, partial sums reduced
+        emb_colls = (Collective("reduce-scatter" if sp else "all-reduce", act, "fwd-post"),)
+    layers.append(Layer(
+        names.embed, owned(names.embed),
+        fwd=(memory_kernel("lookup", (2.0 + mask) * t * h * a),),
+        wgrad=(memory_kernel("scatter-add", t * h * (a + _FP32)),),
+        collectives=emb_colls,
+    ))
     for i in range(spec.num_layers):
-        attn_flop = 4.0 * t * s * h / tp
-        attn_io = 4.0 * t * h / tp * a_bytes  # FlashAttention reads q, k, v and writes o once
-        layers += [
-            elementwise(f"layers.{i}.norm1", f"norm1.{i}", h),
-            gemm(f"layers.{i}.qkv", h, h + 2 * kv_dim, f"qkv.{i}", tp_comm="bwd"),
-            Layer(
-                f"layers.{i}.attention",
-                (),
-                attn_flop,
-                2 * attn_flop,
-                0.0,
-                attn_io,
-                2 * attn_io,
-                0,
-                is_block=True,
-                is_attention_core=True,
-            ),
-            gemm(f"layers.{i}.out_proj", h, h, f"out.{i}", tp_comm="fwd"),
-            elementwise(f"layers.{i}.norm2", f"norm2.{i}", h),
-            gemm(f"layers.{i}.mlp_in", h, ffn * (2 if spec.gated_mlp else 1), f"mlp_in.{i}", tp_comm="bwd"),
-            gemm(f"layers.{i}.mlp_out", ffn, h, f"mlp_out.{i}", tp_comm="fwd"),
-        ]
-    layers.append(elementwise("final_norm", "final_norm", h, block=False))
-    layers.append(gemm("lm_head", h, v, "lm_head" if not spec.tied_embeddings else None, block=False))
-    loss_io = 2.0 * t * v / tp * 4  # fp32 logits read and written by the fused cross-entropy
-    layers.append(Layer("loss", (), 0.0, 0.0, 0.0, loss_io, loss_io, 0))
-    layers = _assign_stages_transformer(layers, par.pp * par.virtual_stages, spec.num_layers)
+        p = names.block.format(i=i)
+        layers.append(elementwise(f"{p}.{names.norm1}", f"{p}.{names.norm1}", norm_fwd, norm_bwd, h, t_sp, i))
+        layers.append(linear(f"{p}.{names.qkv}", f"{p}.{names.qkv}", h, q_width + 2 * kv_width, i, "column",
+                             h + 2 * (h // spec.num_heads * spec.kv_heads)))
+        if spec.position_embedding == "rope":
+            layers.append(elementwise(f"{p}.self_attn.rotary", None, 2.0, 2.0, q_width + kv_width, t, i))
+        layers.append(_attention_core(f"{p}.{names.core}", scenario, b, s, heads, kv_heads, head_dim, dropout, a, i))
+        layers.append(linear(f"{p}.{names.out}", f"{p}.{names.out}", q_width, h, i, "row", h))
+        layers.append(elementwise(f"{p}.residual_attn", None, residual_fwd, residual_bwd, h, t_sp, i))
+        layers.append(elementwise(f"{p}.{names.norm2}", f"{p}.{names.norm2}", norm_fwd, norm_bwd, h, t_sp, i))
+        layers.append(linear(f"{p}.{names.mlp_in}", f"{p}.{names.mlp_in}", h, ffn_local * (2 if gated else 1), i,
+                             "column", ffn * (2 if gated else 1)))
+        # SwiGLU reads gate and up, writes their product; backward reads both and dy, writes two gradients.
+        act_fwd, act_bwd = (3.0, 5.0) if gated else (2.0, 3.0)
+        act_name = f"{p}.mlp.act_fn" if gated else f"{p}.mlp.act"
+        layers.append(elementwise(act_name, None, act_fwd, act_bwd, ffn_local, t, i))
+        layers.append(linear(f"{p}.{names.mlp_out}", f"{p}.{names.mlp_out}", ffn_local, h, i, "row", ffn))
+        layers.append(elementwise(f"{p}.residual_mlp", None, residual_fwd, residual_bwd, h, t_sp, i))
+    if spec.final_norm:
+        layers.append(elementwise(names.final_norm, names.final_norm, norm_fwd, norm_bwd, h, t_sp, None))
+    head_module = "lm_head" if not spec.tied_embeddings else names.embed
+    head = linear("lm_head", head_module, h, v // tp, None, "vocab", v)
+    if spec.tied_embeddings:
+        head = replace(head, param_indices=())  # the tied weight's gradient completes at the embedding
+    layers.append(head)
+    # Megatron's vocab-parallel cross-entropy on fp32 logits: convert (read 16-bit, write fp32), then max,
+    # subtract, exp, sum and normalise in place (about five fp32 passes); backward writes the gradient
+    # (fp32 read and write) and converts it to 16 bits. Three small all-reduces over tp (max, target logit,
+    # sum of exponentials) of one fp32 per token each.
+    logits = t * v // tp
+    loss_colls = tuple(Collective("all-reduce", t * _FP32, "fwd-post") for _ in range(3)) if tp_on else ()
+    layers.append(Layer(
+        "loss", (),
+        fwd=(memory_kernel("cross-entropy", logits * (a + _FP32 + 5 * _FP32)),),
+        dgrad=(memory_kernel("cross-entropy-bwd", logits * (3 * _FP32 + a)),),
+        collectives=loss_colls,
+    ))
+    num_stages = par.pp * par.virtual_stages
+    layers = _assign_stages_transformer(layers, num_stages, spec.num_layers)
 
     # Gradient-ready order = reverse of execution order, parameter by parameter within a module.
     ready: list[int] = []
@@ -313,9 +479,10 @@ def _transformer_workload(scenario: Scenario, spec: TransformerSpec) -> Workload
         ready.extend(reversed(layer.param_indices))
     seen: set[int] = set()
     ready = [i for i in ready if not (i in seen or seen.add(i))]  # type: ignore[func-returns-value]
-    assert sorted(ready) == list(range(len(params))), "every parameter belongs to one layer"
+    if sorted(ready) != list(range(len(params))):
+        raise AssertionError("every parameter belongs to one layer")  # a bug in this module, not user input
 
-    flop_per_sample = tp * sum(la.fwd_flop + la.dgrad_flop + la.wgrad_flop for la in layers) / b
+    flop_per_sample = 3 * tp * sum(la.model_flop for la in layers) / b
     notes = []
     if spec.kv_heads < tp:
         notes.append(f"num_kv_heads({spec.kv_heads}) < tp({tp}): K/V projections are replicated")
@@ -326,10 +493,47 @@ def _transformer_workload(scenario: Scenario, spec: TransformerSpec) -> Workload
         tokens_per_micro_batch=t,
         samples_per_micro_batch=b,
         model_flop_per_sample=flop_per_sample,
-        num_stages=par.pp * par.virtual_stages,
-        boundary_activation_bytes=t * h * a_bytes // tp,  # Megatron scatter-gather p2p optimisation
+        num_stages=num_stages,
+        boundary_activation_bytes=t * h * a // tp,  # Megatron's scatter-gather p2p optimisation
         notes=notes,
     )
+
+
+def _attention_core(name: str, scenario: Scenario, b: int, s: int, heads: int, kv_heads: int, head_dim: int,
+                    dropout: bool, a: int, block: int) -> Layer:
+    """The attention core of one rank's ``heads`` heads: FlashAttention, or Megatron's unfused kernels.
+
+    FlashAttention (Dao et al. 2022; FlashAttention-2, Dao 2023) is one kernel per pass that never writes
+    the s x s scores; a causal mask skips the blocks above the diagonal, half of the 4 b s^2 d FLOP per head.
+    Unfused (Megatron's ``CoreAttention`` before FlashAttention): batched QK^T, the fused scale-mask-softmax
+    (read and write the scores), dropout (read, write, one-byte mask), batched PV; backward runs four
+    batched GEMMs (dP, dV, dQ, dK), dropout's and softmax's backward.
+    """
+    causal = True
+    bh = b * heads
+    model_flop = 4.0 * b * s * s * heads * head_dim  # Megatron's eq. 3 counts the full s x s
+    if scenario.training.attention == "flash":
+        work = model_flop * (0.5 if causal else 1.0)
+        tiles = bh * -(-s // FLASH_BLOCK_ROWS)
+        io = (4 * bh + 0) * s * head_dim * a  # read q, k, v and write o once (GQA reads fewer k, v: ignored)
+        keys = s // 2 if causal else s  # keys a query block attends to, on average
+        return Layer(name, (), fwd=(Kernel("flash-fwd", "flash-fwd", flop=work, bytes=io, k=keys, tiles=tiles),),
+                     dgrad=(Kernel("flash-bwd", "flash-bwd", flop=FLASH_BWD_FLOP_RATIO * work, bytes=2 * io,
+                                   k=keys, tiles=tiles),),
+                     block=block, recompute="core", model_flop=model_flop)
+    scores = bh * s * s
+    mask = _MASK_BYTES if dropout else 0
+    fwd = [gemm_kernel("qk", s, s, head_dim, a, bh), memory_kernel("scale-mask-softmax", 2.0 * scores * a)]
+    if dropout:
+        fwd.append(memory_kernel("dropout", scores * (2 * a + mask)))
+    fwd.append(gemm_kernel("pv", s, head_dim, s, a, bh))
+    bwd = [gemm_kernel("dp", s, s, head_dim, a, bh), gemm_kernel("dv", s, head_dim, s, a, bh)]
+    if dropout:
+        bwd.append(memory_kernel("dropout-bwd", scores * (2 * a + mask)))
+    bwd += [memory_kernel("softmax-bwd", 3.0 * scores * a), gemm_kernel("dq", s, head_dim, s, a, bh),
+            gemm_kernel("dk", s, head_dim, s, a, bh)]
+    del kv_heads
+    return Layer(name, (), fwd=tuple(fwd), dgrad=tuple(bwd), block=block, recompute="core", model_flop=model_flop)
 
 
 def _assign_stages_transformer(layers: list[Layer], pp: int, num_blocks: int) -> list[Layer]:
@@ -337,11 +541,10 @@ def _assign_stages_transformer(layers: list[Layer], pp: int, num_blocks: int) ->
     if pp == 1:
         return layers
     out = []
-    for la in layers:
-        if la.name.startswith("layers."):
-            block = int(la.name.split(".")[1])
-            stage = block * pp // num_blocks
+    for i, la in enumerate(layers):
+        if la.block is not None:
+            stage = la.block * pp // num_blocks
         else:
-            stage = 0 if la.name == "embed" else pp - 1
-        out.append(_replace(la, stage=stage))
+            stage = 0 if i == 0 else pp - 1
+        out.append(replace(la, stage=stage))
     return out

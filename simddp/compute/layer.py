@@ -1,20 +1,24 @@
-"""Layer time from FLOP and bytes: a roofline with efficiency factors, or measured times.
+"""A layer's kernels into forward, input-grad (dgrad) and weight-grad (wgrad) time; measured times win.
 
-time = max(FLOP / (peak x matmul_efficiency), bytes / (HBM bandwidth x memory_efficiency))
-(Williams, Waterman and Patterson, "Roofline", CACM 2009). ``matmul_efficiency`` is an end-to-end factor
-measured on real training runs (see the GPU presets), so the roofline reproduces published MFU for the
-GEMM-dominated layers; memory-bound layers (norms, embedding, loss) take their bytes at HBM speed.
-Activation recompute re-runs the forward of the recomputed layers inside backward (Korthikanti et al.
-2022): every block layer with ``full``, the attention core with ``selective``.
+Each kernel of :mod:`simddp.workload` is timed by its kind: GEMMs by :mod:`simddp.compute.gemm`, the fused
+attention by :mod:`simddp.compute.attention`, memory-bound kernels by :mod:`simddp.compute.elementwise`;
+kernels of one pass run back to back on the compute stream, so a pass takes their sum. Activation
+recompute re-runs forward kernels inside backward (Korthikanti et al. 2022): every block layer with
+``full``, the attention core with ``selective``. A layer with measured times (calibration) keeps them:
+its backward is split between dgrad and wgrad in proportion to their FLOP. Tensor-parallel collectives are
+not here: the simulator runs them on the links (:mod:`simddp.sim`).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+from simddp.compute.attention import flash_s
+from simddp.compute.elementwise import memory_s
+from simddp.compute.gemm import dense_s, gemm_s
 from simddp.config import GPU, Training
 from simddp.units import dtype_bytes
-from simddp.workload import Layer, Workload
+from simddp.workload import PRECISION_ACT_BYTES, Kernel, Layer, Workload
 
 #: Bytes the optimizer step reads and writes per parameter (fused multi-tensor kernels, memory-bound):
 #: AdamW/Adam read param, grad, m, v and write param, m, v (fp32: 7 x 4 = 28 B); mixed precision reads the
@@ -26,62 +30,60 @@ OPTIMIZER_BYTES_PER_PARAM = {"adamw": 28, "adam": 28, "sgd": 12, "sgd-momentum":
 
 @dataclass(frozen=True)
 class LayerTiming:
-    """Forward and backward (input-grad then weight-grad) time of one layer for one micro-batch."""
+    """Kernel time of one layer for one micro-batch: forward, recomputed forward, dgrad, wgrad."""
 
     name: str
     fwd_s: float
     dgrad_s: float
     wgrad_s: float
     recompute_s: float = 0.0  # forward kernels re-run inside backward
-    tp_fwd_s: float = 0.0  # blocking tensor-parallel collective after the forward
-    tp_bwd_s: float = 0.0  # blocking tensor-parallel collective on the input gradient
-    recompute_tp_s: float = 0.0  # forward TP collectives repeated by full recompute
-
-    @property
-    def fwd_total_s(self) -> float:
-        return self.fwd_s + self.tp_fwd_s
 
     @property
     def bwd_s(self) -> float:
-        return self.recompute_s + self.recompute_tp_s + self.dgrad_s + self.tp_bwd_s + self.wgrad_s
+        return self.recompute_s + self.dgrad_s + self.wgrad_s
 
     @property
     def compute_s(self) -> float:
-        """Kernel time of forward + backward, without tensor-parallel communication."""
+        """Kernel time of forward + backward (recompute included)."""
         return self.fwd_s + self.recompute_s + self.dgrad_s + self.wgrad_s
 
-    @property
-    def tp_comm_s(self) -> float:
-        return self.tp_fwd_s + self.tp_bwd_s + self.recompute_tp_s
+
+def kernel_s(kernel: Kernel, gpu: GPU, precision: str, compute_efficiency: float = 1.0) -> float:
+    """Time of one kernel on ``gpu`` in the matmul dtype of ``precision``."""
+    if kernel.op == "gemm":
+        return gemm_s(kernel.m, kernel.n, kernel.k, gpu, precision, PRECISION_ACT_BYTES[precision], kernel.batch)
+    if kernel.op in ("flash-fwd", "flash-bwd"):
+        return flash_s(kernel.flop, kernel.tiles, kernel.k, gpu, precision, backward=kernel.op == "flash-bwd")
+    if kernel.op == "memory":
+        return memory_s(kernel.bytes, gpu)
+    return dense_s(kernel.flop, kernel.bytes, gpu, precision, compute_efficiency)
 
 
-def roofline_s(flop: float, num_bytes: float, gpu: GPU, precision: str) -> float:
-    """Time of a kernel doing ``flop`` and moving ``num_bytes``."""
-    compute_s = flop / (gpu.peak_flop_per_s(precision) * gpu.matmul_efficiency)
-    memory_s = num_bytes / (gpu.hbm_bandwidth_bytes_per_s * gpu.memory_efficiency)
-    return max(compute_s, memory_s)
+def pass_s(kernels: tuple[Kernel, ...], gpu: GPU, precision: str, compute_efficiency: float = 1.0) -> float:
+    """Kernels of one pass, back to back on the compute stream."""
+    return sum(kernel_s(k, gpu, precision, compute_efficiency) for k in kernels)
 
 
-def layer_timing(layer: Layer, gpu: GPU, training: Training) -> LayerTiming:
-    """Timing of one layer: measured when the layer carries times, else the roofline."""
+def recomputed(layer: Layer, recompute: str) -> bool:
+    """Whether ``layer``'s forward runs again in backward under the training's ``recompute``."""
+    return (recompute == "full" and layer.recompute in ("block", "core")) or (
+        recompute == "selective" and layer.recompute == "core"
+    )
+
+
+def layer_timing(layer: Layer, gpu: GPU, training: Training, compute_efficiency: float = 1.0) -> LayerTiming:
+    """Timing of one layer: measured when the layer carries times, else its kernels."""
     p = training.precision
     if layer.fwd_time_s is not None and layer.bwd_time_s is not None:
-        # A measured backward is split between dgrad and wgrad in proportion to their FLOP.
         total = layer.dgrad_flop + layer.wgrad_flop
         w_share = layer.wgrad_flop / total if total else 0.0
         fwd, bwd = layer.fwd_time_s, layer.bwd_time_s
         dgrad, wgrad = bwd * (1 - w_share), bwd * w_share
     else:
-        fwd = roofline_s(layer.fwd_flop, layer.fwd_bytes, gpu, p)
-        total_flop = layer.dgrad_flop + layer.wgrad_flop
-        share = layer.dgrad_flop / total_flop if total_flop else 1.0
-        dgrad = roofline_s(layer.dgrad_flop, layer.bwd_bytes * share, gpu, p)
-        wgrad = roofline_s(layer.wgrad_flop, layer.bwd_bytes * (1 - share), gpu, p)
-    recompute = 0.0
-    if training.recompute == "full" and layer.is_block:
-        recompute = fwd
-    elif training.recompute == "selective" and layer.is_attention_core:
-        recompute = fwd
+        fwd = pass_s(layer.fwd, gpu, p, compute_efficiency)
+        dgrad = pass_s(layer.dgrad, gpu, p, compute_efficiency)
+        wgrad = pass_s(layer.wgrad, gpu, p, compute_efficiency)
+    recompute = fwd if recomputed(layer, training.recompute) else 0.0
     return LayerTiming(layer.name, fwd, dgrad, wgrad, recompute)
 
 
@@ -100,7 +102,7 @@ def optimizer_step_s(workload: Workload, gpu: GPU, training: Training, shard: in
         return training.optimizer_time_s / shard
     num_params = workload.num_params / shard
     num_bytes = num_params * OPTIMIZER_BYTES_PER_PARAM[training.optimizer]
-    return num_bytes / (gpu.hbm_bandwidth_bytes_per_s * gpu.memory_efficiency)
+    return num_bytes / gpu.streaming_bandwidth_bytes_per_s
 
 
 def param_bytes(workload: Workload) -> int:

@@ -18,36 +18,77 @@ NCCL_HWLAT_PCI_S = 5.7 * US
 NCCL_HWLAT_NET_S = 14.0 * US
 
 
-def _a100(name: str, hbm_mib: int, hbm_gb_per_s: float) -> dict[str, Any]:
-    # NVIDIA A100 datasheet (2021): FP32 19.5, TF32 156, BF16/FP16 312 dense TFLOP/s.
-    # matmul_efficiency 0.5: Megatron-LM on 3072 A100s sustained 44-52% of peak
-    # (Narayanan et al., SC'21, Table 1).
+def a100_gpu(name: str, hbm_mib: int, hbm_gb_per_s: float, power_scale: float = 1.0) -> dict[str, Any]:
+    """An A100: datasheet peaks (FP32 19.5, TF32 156, BF16/FP16 312 dense TFLOP/s; 108 SMs) and kernel constants.
+
+    Kernel constants (benchmarks/fit_compute.py; fit data named with each, none from a training run):
+    * GEMM ceiling 0.848 of peak, k0 512, launch 6 us: fitted on Azure ND A100 v4's cuBLASLt FP16 GEMMs
+      (8 shapes, 10,000 warm-up iterations: sustained clocks; MAPE 3.3%). ``power_scale`` lowers the ceiling
+      of a power-capped variant (PCIe 300 W: 252.9 / 271.2 = 0.933, the ratio of the two A100 rows of
+      stas00/ml-engineering's maximum-achievable-matmul table).
+    * Streaming bandwidth 0.834 of HBM: Azure ND A100 v4 STREAM add/triad, 1.70 of 2.039 TB/s.
+    * FlashAttention forward 0.61 / backward 0.57 of peak, 192 keys per block: fitted on FlashAttention-2's
+      A100 causal kernel benchmarks (Dao 2023, Fig. 5-6; MAPE 6.2%).
+    """
     return {
         "name": name,
+        "num_sms": 108,
         "peak_fp32_flop_per_s": 19.5 * TFLOP,
         "peak_tf32_flop_per_s": 156 * TFLOP,
         "peak_bf16_flop_per_s": 312 * TFLOP,
         "peak_fp16_flop_per_s": 312 * TFLOP,
         "hbm_bytes": hbm_mib * MiB,
         "hbm_bandwidth_bytes_per_s": hbm_gb_per_s * GB,
-        "matmul_efficiency": 0.5,
+        "memory_efficiency": 0.834,
+        "matmul_ceiling_fraction": round(0.848 * power_scale, 3),
+        "gemm_k_overhead": 512,
+        "kernel_launch_s": 6 * US,
+        "flash_fwd_fraction": 0.61,
+        "flash_bwd_fraction": 0.57,
+        "flash_key_overhead": 192,
     }
 
 
-def _h100() -> dict[str, Any]:
-    # NVIDIA H100 SXM5 datasheet: FP32 67, TF32 494.5, BF16/FP16 989.4 dense TFLOP/s, 3.35 TB/s HBM3;
-    # nvidia-smi reports 81559 MiB. matmul_efficiency 0.4: Llama 3 pre-training on 16K H100s reached
-    # 38-43% BF16 MFU (Dubey et al. 2024, "The Llama 3 Herd of Models", Table 4).
+def h100_gpu(name: str = "H100-SXM5-80GB", hbm_mib: int = 81559, hbm_gb_per_s: float = 3350,
+             memory_efficiency: float = 0.90) -> dict[str, Any]:
+    """An H100 SXM (700 W): datasheet peaks (FP32 67, TF32 494.5, BF16/FP16 989.4 dense TFLOP/s; 132 SMs).
+
+    Kernel constants (benchmarks/fit_compute.py):
+    * GEMM k0 192 and launch 5 us: fitted on OpenXLA's measured H100 bf16 GEMM table (375 shapes, MAPE 6.9%).
+      Its own best ceiling (0.87) reflects boost clocks of short runs; under sustained load the GPU holds
+      about 1.5 GHz at its power limit, so the ceiling, 0.760, is fitted on simddp's 15-second sustained
+      8192^3 bf16 run on an H100 SXM 80GB HBM3 at 700 W (benchmarks/data/h100_kernels.json; 732 TFLOP/s).
+    * Streaming bandwidth 0.90 of 3.35 TB/s: the same measurement, an elementwise add at 3.0 TB/s.
+    * FlashAttention forward 0.86 / backward 0.61 of peak, 1088 keys per block: fitted on the same machine's
+      torch SDPA FlashAttention-2 kernels (18 shapes, forward and backward; MAPE 9.9%).
+    """
     return {
-        "name": "H100-SXM5-80GB",
+        "name": name,
+        "num_sms": 132,
         "peak_fp32_flop_per_s": 67 * TFLOP,
         "peak_tf32_flop_per_s": 494.5 * TFLOP,
         "peak_bf16_flop_per_s": 989.4 * TFLOP,
         "peak_fp16_flop_per_s": 989.4 * TFLOP,
-        "hbm_bytes": 81559 * MiB,
-        "hbm_bandwidth_bytes_per_s": 3350 * GB,
-        "matmul_efficiency": 0.4,
+        "hbm_bytes": hbm_mib * MiB,
+        "hbm_bandwidth_bytes_per_s": hbm_gb_per_s * GB,
+        "memory_efficiency": memory_efficiency,
+        "matmul_ceiling_fraction": 0.760,
+        "gemm_k_overhead": 192,
+        "kernel_launch_s": 5 * US,
+        "flash_fwd_fraction": 0.86,
+        "flash_bwd_fraction": 0.61,
+        "flash_key_overhead": 1088,
     }
+
+
+def h200_gpu() -> dict[str, Any]:
+    """An H200 SXM: the H100's die and 700 W limit with 141 GB HBM3e at 4.8 TB/s (NVIDIA H200 datasheet).
+
+    Its GEMM and FlashAttention constants are the H100's (same SMs and clocks; "H200 is the same" in
+    stas00/ml-engineering's maximum-achievable-matmul table); streaming bandwidth 0.865 of 4.8 TB/s from
+    Azure ND H200 v5's STREAM add/triad (4.15 TB/s). nvidia-smi reports 143771 MiB.
+    """
+    return h100_gpu("H200-SXM-141GB", 143771, 4800, memory_efficiency=0.865)
 
 
 def _node(gpu: dict[str, Any], intra: dict[str, Any], inter: dict[str, Any]) -> dict[str, Any]:
@@ -72,7 +113,7 @@ def dgx_a100_80gb() -> dict[str, Any]:
     # 8x ConnectX-6 HDR 200 Gb/s. ~24 GB/s per NIC "on perfect setups" (S. Jeaugey,
     # NVIDIA/nccl-tests#160); multi-node DGX A100 all_reduce busbw 192 GB/s (NVIDIA/nccl#812).
     return _node(
-        _a100("A100-SXM4-80GB", 81920, 2039),
+        a100_gpu("A100-SXM4-80GB", 81920, 2039),
         _link("nvlink", NCCL_HWLAT_NVLINK_S, 300, 0.77),
         _network("infiniband", 8, 200, 0.96),
     )
@@ -86,7 +127,17 @@ def dgx_h100_80gb() -> dict[str, Any]:
     # 16 MiB, 432 at 256 MiB; MAPE 17% -> 1.6%).
     # 8x ConnectX-7 NDR 400 Gb/s; "46-48 GB/s per NIC" expected (NVIDIA/nccl-tests#290) -> 0.94.
     return _node(
-        _h100(),
+        h100_gpu(),
+        _link("nvlink", NCCL_HWLAT_NVLINK_S, 450, 0.82, nvls_algbw_bytes_per_s=275 * GB, nvls_latency_s=60 * US),
+        _network("infiniband", 8, 400, 0.94),
+    )
+
+
+def dgx_h200_141gb() -> dict[str, Any]:
+    # DGX/HGX H200: the DGX H100's NVLink 4 / NVSwitch fabric and 8x 400 Gb/s NICs with H200 GPUs. NVLS all-reduce on
+    # 8x H200 reaches 480 GB/s busbw at 8 GB (Azure ND H200 v5, NCCL 2.20.5), as the H100 preset's links give.
+    return _node(
+        h200_gpu(),
         _link("nvlink", NCCL_HWLAT_NVLINK_S, 450, 0.82, nvls_algbw_bytes_per_s=275 * GB, nvls_latency_s=60 * US),
         _network("infiniband", 8, 400, 0.94),
     )
@@ -99,7 +150,7 @@ def pcie_a100_80gb() -> dict[str, Any]:
     # A typical enterprise PCIe server: 2x 100 GbE RoCE (ConnectX-6 Dx); efficiency assumed close to the
     # HDR figure (not validated against a published run).
     return _node(
-        _a100("A100-PCIe-80GB", 81920, 1935),
+        a100_gpu("A100-PCIe-80GB", 81920, 1935, power_scale=252.9 / 271.2),
         _link("pcie", NCCL_HWLAT_PCI_S, 32, 0.63),
         _network("roce", 2, 100, 0.9),
     )
@@ -111,7 +162,7 @@ def aws_p4d() -> dict[str, Any]:
     # EFA: 4x 100 Gb/s per instance (Ethernet, SRD transport). 4 instances / 32 GPUs measured
     # 29.6 GB/s busbw at 1 GiB with NCCL 2.9.9 + aws-ofi-nccl (NVIDIA/nccl#527) -> 0.59 of 50 GB/s.
     return _node(
-        _a100("A100-SXM4-40GB", 40960, 1555),
+        a100_gpu("A100-SXM4-40GB", 40960, 1555),
         _link("nvlink", NCCL_HWLAT_NVLINK_S, 300, 0.77),
         _network("efa", 4, 100, 0.59),
     )
@@ -124,6 +175,8 @@ CLUSTER_PRESETS: dict[str, Preset] = {
                "A100 datasheet; nccl-tests (Azure ND A100 v4, NVIDIA/nccl#812)", dgx_a100_80gb),
         Preset("dgx-h100-80gb", "NVIDIA DGX H100: 8x H100-SXM5-80GB, NVSwitch (NVLS), 8x NDR 400G IB",
                "H100 datasheet; nccl-tests (NVIDIA/nccl-tests#212, #290)", dgx_h100_80gb),
+        Preset("dgx-h200-141gb", "HGX/DGX H200: 8x H200-SXM-141GB, NVSwitch (NVLS), 8x NDR 400G IB",
+               "H200 datasheet; nccl-tests (Azure ND H200 v5)", dgx_h200_141gb),
         Preset("pcie-a100-80gb", "PCIe-only server: 8x A100-PCIe-80GB, no NVLink, 2x 100GbE RoCE",
                "A100 PCIe datasheet; nccl-tests (NVIDIA/nccl-tests#178)", pcie_a100_80gb),
         Preset("aws-p4d-24xlarge", "AWS p4d.24xlarge: 8x A100-SXM4-40GB, NVSwitch, 4x 100G EFA (Ethernet)",
