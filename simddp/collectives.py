@@ -84,7 +84,12 @@ BUSBW_FACTOR = {
 
 @dataclass(frozen=True)
 class CollectiveCost:
-    """Time of one collective and the nccl-tests bandwidths it implies."""
+    """Time of one collective and the nccl-tests bandwidths it implies.
+
+    ``time_s`` = ``latency_s`` (hops, fixed) + the transfer, which occupies the link ``tier`` that bounds it
+    ("intra": NVLink/PCIe; "inter": the GPU's share of the NICs); the simulator shares that part of a link
+    between collectives in flight at the same time.
+    """
 
     op: str
     size_bytes: int
@@ -92,6 +97,12 @@ class CollectiveCost:
     algorithm: str
     protocol: str
     time_s: float
+    latency_s: float = 0.0
+    tier: str = "intra"
+
+    @property
+    def transfer_s(self) -> float:
+        return self.time_s - self.latency_s
 
     @property
     def algbw_bytes_per_s(self) -> float:
@@ -133,9 +144,14 @@ def _raw_busbw(group: CommGroup) -> float:
 
 def ring_s(op: Op, size_bytes: int, group: CommGroup, proto: Protocol = "Simple") -> float:
     """Ring (or pipelined chain, for broadcast/reduce) collective time."""
+    return sum(_ring(op, size_bytes, group, proto))
+
+
+def _ring(op: Op, size_bytes: int, group: CommGroup, proto: Protocol) -> tuple[float, float]:
+    """(latency, transfer) of a ring."""
     n = group.num_ranks
     if n == 1 or size_bytes == 0:
-        return 0.0
+        return 0.0, 0.0
     if op == "all-reduce":
         nsteps, inter_steps, data = 2 * (n - 1), 2 * (group.num_nodes - 1), 2 * (n - 1) / n
     elif op in ("reduce-scatter", "all-gather"):
@@ -154,14 +170,18 @@ def ring_s(op: Op, size_bytes: int, group: CommGroup, proto: Protocol = "Simple"
         busbw *= 1 / 4 if (group.num_nodes > 1 or op in ("all-reduce", "reduce")) else 1 / 3
     elif proto == "LL128":
         busbw *= 0.92
-    return latency_s + data * size_bytes / busbw
+    return latency_s, data * size_bytes / busbw
 
 
 def tree_all_reduce_s(size_bytes: int, group: CommGroup, proto: Protocol = "Simple") -> float:
     """NCCL double binary tree across nodes with a chain inside each node."""
+    return sum(_tree(size_bytes, group, proto))
+
+
+def _tree(size_bytes: int, group: CommGroup, proto: Protocol) -> tuple[float, float]:
     n = group.num_ranks
     if n == 1 or size_bytes == 0:
-        return 0.0
+        return 0.0, 0.0
     latency_s = BASE_LAT_US["tree"][proto] * US + 2 * (
         (group.ranks_per_node - 1) * _hop_latency_s(group, "intra", "tree", proto)
         + math.log2(group.num_nodes) * _hop_latency_s(group, "inter", "tree", proto)
@@ -171,21 +191,25 @@ def tree_all_reduce_s(size_bytes: int, group: CommGroup, proto: Protocol = "Simp
         busbw /= 3.8
     elif proto == "LL128":
         busbw *= 7 / 9 if group.num_nodes == 1 else 120 / 128
-    return latency_s + size_bytes / (0.5 * busbw)
+    return latency_s, size_bytes / (0.5 * busbw)
 
 
 def nvls_all_reduce_s(size_bytes: int, group: CommGroup) -> float:
     """NVLink SHARP: the switch reduces; across nodes NVLSTree adds a tree over the NICs (Simple only)."""
+    return sum(_nvls(size_bytes, group))
+
+
+def _nvls(size_bytes: int, group: CommGroup) -> tuple[float, float]:
     algbw = group.intra.nvls_algbw_bytes_per_s
     if algbw is None or group.ranks_per_node < 2:
-        return math.inf
+        return math.inf, math.inf
     if group.num_ranks == 1 or size_bytes == 0:
-        return 0.0
+        return 0.0, 0.0
     latency_s = _hop_latency_s(group, "intra", "nvls", "Simple")
     if group.num_nodes > 1:
         latency_s += _hop_latency_s(group, "inter", "nvls", "Simple")
         algbw = min(algbw, 0.5 * 0.92 * group.inter_bus_bandwidth_bytes_per_s)
-    return latency_s + size_bytes / algbw
+    return latency_s, size_bytes / algbw
 
 
 def _subgroup(group: CommGroup, num_ranks: int, num_nodes: int, ranks_per_node: int) -> CommGroup:
@@ -193,6 +217,12 @@ def _subgroup(group: CommGroup, num_ranks: int, num_nodes: int, ranks_per_node: 
 
 
 def fitted_s(op: str, size_bytes: int, group: CommGroup) -> float | None:
+    """Time from a measured fit (calibration), or None when no fit covers this op and tier."""
+    parts = _fitted(op, size_bytes, group)
+    return None if parts is None else sum(parts)
+
+
+def _fitted(op: str, size_bytes: int, group: CommGroup) -> tuple[float, float] | None:
     """Time from a measured fit (calibration) for this op on the tier the group crosses, if one covers it.
 
     The fit's per-step latency and bus bandwidth carry to other world sizes through the ring step count
@@ -201,35 +231,45 @@ def fitted_s(op: str, size_bytes: int, group: CommGroup) -> float | None:
     tier = "inter" if group.num_nodes > 1 else "intra"
     segments = [f for f in group.fits if f.op == op and f.tier == tier]
     if not segments or group.num_ranks == 1:
-        return None if not segments else 0.0
+        return None if not segments else (0.0, 0.0)
     covering = [f for f in segments if f.min_bytes <= size_bytes <= f.max_bytes]
     fit = covering[0] if covering else min(
         segments, key=lambda f: min(abs(size_bytes - f.min_bytes), abs(size_bytes - f.max_bytes))
     )
     n = group.num_ranks
     steps = 2 * (n - 1) if op == "all-reduce" else n - 1
-    return steps * fit.latency_per_step_s + size_bytes * BUSBW_FACTOR[op](n) / fit.bus_bandwidth_bytes_per_s
+    return steps * fit.latency_per_step_s, size_bytes * BUSBW_FACTOR[op](n) / fit.bus_bandwidth_bytes_per_s
 
 
 def hierarchical_all_reduce_s(size_bytes: int, group: CommGroup) -> float:
     """Intra-node reduce-scatter, inter-node all-reduce of 1/r of the data, intra-node all-gather."""
+    return sum(_hierarchical(size_bytes, group))
+
+
+def _hierarchical(size_bytes: int, group: CommGroup) -> tuple[float, float]:
     r, nodes = group.ranks_per_node, group.num_nodes
     if group.num_ranks == 1 or size_bytes == 0:
-        return 0.0
+        return 0.0, 0.0
     local = _subgroup(group, r, 1, r)
     # Each of the r inter-node groups (one per local rank) runs at the same time on its NIC share.
     across = _subgroup(group, nodes, nodes, 1)
     shard = -(-size_bytes // r)
-    intra_s = 2 * best("reduce-scatter", size_bytes, local).time_s if r > 1 else 0.0
-    inter_s = best("all-reduce", shard, across, allow_nvls=False).time_s if nodes > 1 else 0.0
-    return intra_s + inter_s
+    intra = best("reduce-scatter", size_bytes, local) if r > 1 else None
+    inter = best("all-reduce", shard, across, allow_nvls=False) if nodes > 1 else None
+    latency = (2 * intra.latency_s if intra else 0.0) + (inter.latency_s if inter else 0.0)
+    total = (2 * intra.time_s if intra else 0.0) + (inter.time_s if inter else 0.0)
+    return latency, total - latency
 
 
 def all_to_all_s(size_bytes: int, group: CommGroup) -> float:
     """Each rank sends size/n to every other rank: intra-node and network parts run side by side."""
+    return sum(_all_to_all(size_bytes, group))
+
+
+def _all_to_all(size_bytes: int, group: CommGroup) -> tuple[float, float]:
     n = group.num_ranks
     if n == 1 or size_bytes == 0:
-        return 0.0
+        return 0.0, 0.0
     r = group.ranks_per_node
     latency_s = BASE_LAT_US["ring"]["Simple"] * US + _hop_latency_s(group, "intra", "ring", "Simple")
     intra_s = (r - 1) / n * size_bytes / group.intra_bus_bandwidth_bytes_per_s if r > 1 else 0.0
@@ -237,13 +277,17 @@ def all_to_all_s(size_bytes: int, group: CommGroup) -> float:
     if group.num_nodes > 1:
         latency_s += _hop_latency_s(group, "inter", "ring", "Simple")
         inter_s = (n - r) / n * size_bytes / group.inter_rank_bandwidth_bytes_per_s
-    return latency_s + max(intra_s, inter_s)
+    return latency_s, max(intra_s, inter_s)
 
 
 def send_recv_s(size_bytes: int, group: CommGroup) -> float:
     """Point-to-point between the two ranks of ``group`` (inside a node, or across on one NIC)."""
+    return sum(_send_recv(size_bytes, group))
+
+
+def _send_recv(size_bytes: int, group: CommGroup) -> tuple[float, float]:
     if size_bytes == 0:
-        return 0.0
+        return 0.0, 0.0
     if group.num_nodes == 1:
         bw, lat = group.intra_bus_bandwidth_bytes_per_s, _hop_latency_s(group, "intra", "ring", "Simple")
     else:
@@ -252,7 +296,18 @@ def send_recv_s(size_bytes: int, group: CommGroup) -> float:
         inter = group.inter
         bw = min(inter.nic_bandwidth_bytes_per_s * inter.efficiency, group.inter_rank_bandwidth_bytes_per_s)
         lat = _hop_latency_s(group, "inter", "ring", "Simple")
-    return BASE_LAT_US["ring"]["Simple"] * US + lat + size_bytes / bw
+    return BASE_LAT_US["ring"]["Simple"] * US + lat, size_bytes / bw
+
+
+def _tier(group: CommGroup) -> str:
+    return "inter" if group.num_nodes > 1 else "intra"
+
+
+def _cost(op: str, size_bytes: int, group: CommGroup, algorithm: str, protocol: str,
+          parts: tuple[float, float]) -> CollectiveCost:
+    latency, transfer = parts
+    return CollectiveCost(op, size_bytes, group.num_ranks, algorithm, protocol, latency + transfer, latency,
+                          _tier(group))
 
 
 def collective_cost(
@@ -268,18 +323,16 @@ def collective_cost(
     if op not in BUSBW_FACTOR:
         raise ValueError(f"unknown collective {op!r}; valid: {', '.join(OPS)}")
     if op == "all-to-all":
-        return CollectiveCost(op, size_bytes, group.num_ranks, "direct", "Simple", all_to_all_s(size_bytes, group))
+        return _cost(op, size_bytes, group, "direct", "Simple", _all_to_all(size_bytes, group))
     if op == "send-recv":
-        return CollectiveCost(op, size_bytes, group.num_ranks, "p2p", "Simple", send_recv_s(size_bytes, group))
-    measured = fitted_s(op, size_bytes, group)
+        return _cost(op, size_bytes, group, "p2p", "Simple", _send_recv(size_bytes, group))
+    measured = _fitted(op, size_bytes, group)
     if measured is not None:
-        return CollectiveCost(op, size_bytes, group.num_ranks, "measured", "fit", measured)
+        return _cost(op, size_bytes, group, "measured", "fit", measured)
     if algorithm == "hierarchical":
         if op != "all-reduce":
             raise ValueError(f"hierarchical is an all-reduce algorithm, not {op}")
-        return CollectiveCost(
-            op, size_bytes, group.num_ranks, "hierarchical", "mixed", hierarchical_all_reduce_s(size_bytes, group)
-        )
+        return _cost(op, size_bytes, group, "hierarchical", "mixed", _hierarchical(size_bytes, group))
     if algorithm in ("tree", "nvls") and op != "all-reduce":
         raise ValueError(f"{algorithm} is an all-reduce algorithm in NCCL, not {op}")
     if algorithm == "nvls" and protocol not in ("auto", "Simple"):
@@ -300,18 +353,15 @@ def best(
     """The fastest (algorithm, protocol) among those allowed, as NCCL's tuner picks."""
     protos: tuple[Protocol, ...] = PROTOCOLS if protocol == "auto" else (protocol,)
     candidates: list[CollectiveCost] = []
-    n = group.num_ranks
     for proto in protos:
         if algorithm in ("auto", "ring"):
-            candidates.append(CollectiveCost(op, size_bytes, n, "ring", proto, ring_s(op, size_bytes, group, proto)))
+            candidates.append(_cost(op, size_bytes, group, "ring", proto, _ring(op, size_bytes, group, proto)))
         if op == "all-reduce" and algorithm in ("auto", "tree"):
-            candidates.append(
-                CollectiveCost(op, size_bytes, n, "tree", proto, tree_all_reduce_s(size_bytes, group, proto))
-            )
+            candidates.append(_cost(op, size_bytes, group, "tree", proto, _tree(size_bytes, group, proto)))
     if op == "all-reduce" and algorithm in ("auto", "nvls") and allow_nvls and protocol in ("auto", "Simple"):
-        t = nvls_all_reduce_s(size_bytes, group)
-        if math.isfinite(t):
-            candidates.append(CollectiveCost(op, size_bytes, n, "nvls", "Simple", t))
+        parts = _nvls(size_bytes, group)
+        if math.isfinite(parts[0]):
+            candidates.append(_cost(op, size_bytes, group, "nvls", "Simple", parts))
     return min(candidates, key=lambda c: c.time_s)
 
 
