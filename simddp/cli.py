@@ -133,7 +133,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
 
 def cmd_buckets(args: argparse.Namespace) -> int:
     from simddp.bucketing import buckets_to_json
-    from simddp.sim.step import rank_gradients
+    from simddp.sim.plan import rank_gradients
     from simddp.workload import build_workload
 
     scenario = _load(args)

@@ -41,7 +41,7 @@ class GPU(_Frozen):
     FlashAttention and memory-bound kernels (see :mod:`simddp.compute`; each preset cites its fit data)."""
 
     name: str = Field(description="Accelerator name, e.g. 'H100-SXM5-80GB'.")
-    num_sms: int = Field(gt=0, description="Streaming multiprocessors (GEMM tiles and attention blocks spread on them).")
+    num_sms: int = Field(gt=0, description="Streaming multiprocessors (GEMM tiles, attention blocks spread on them).")
     peak_fp32_flop_per_s: float = Field(gt=0, description="Dense FP32 (non-tensor-core) peak, FLOP/s.")
     peak_tf32_flop_per_s: float = Field(gt=0, description="Dense TF32 tensor-core peak, FLOP/s.")
     peak_bf16_flop_per_s: float = Field(gt=0, description="Dense BF16 tensor-core peak, FLOP/s.")
@@ -165,9 +165,12 @@ class Cluster(_Frozen):
         default=0.0, ge=0, description="Fixed per-step host overhead (data loading, launches), seconds."
     )
     comm_compute_interference: float = Field(
-        default=0.0,
+        default=0.189,
         ge=0,
-        description="Fractional slowdown of compute while a collective runs beside it (measured; 0 = none).",
+        description="Compute slowdown while a collective of the same GPU is in flight (NCCL kernels take SMs and "
+        "memory bandwidth): kernels run 1 + this times slower. Default: the mean slowdown of overlapped compute "
+        "Agrawal et al. measured for GPT and Llama training on A100 and H100 (arXiv:2507.03114, 2025: 18.9%, max "
+        "40%); a calibration measures its own.",
     )
     collective_fits: list[CollectiveFit] = Field(
         default_factory=list, description="Measured collective fits (calibration); they replace the link model."
@@ -331,6 +334,17 @@ class Parallelism(_Frozen):
         default="1f1b", description="Pipeline schedule."
     )
     virtual_stages: int = Field(default=1, gt=0, description="Model chunks per stage (interleaved-1f1b).")
+    tp_comm_overlap: Literal["none", "backward", "full"] = Field(
+        default="backward",
+        description="Tensor-parallel communication overlap: backward (Megatron-LM's default: the input-gradient "
+        "all-reduce runs beside the weight-gradient GEMM), none (every TP collective blocks), or full "
+        "(Megatron-Core --tp-comm-overlap: collectives pipelined with the GEMMs in forward and backward).",
+    )
+    pp_p2p_overlap: bool = Field(
+        default=True,
+        description="Pipeline send/recv runs beside compute (Megatron's asynchronous batched isend/irecv); "
+        "false: a stage's compute waits until its send is done.",
+    )
 
     @model_validator(mode="after")
     def _check(self) -> Parallelism:
@@ -389,6 +403,11 @@ class DDPConfig(_Frozen):
     gradient_as_bucket_view: bool = Field(default=False, description="Gradients are views into the buckets.")
     overlap: bool = Field(default=True, description="All-reduce buckets while backward runs.")
     algorithm: Algorithm = Field(default="auto", description="All-reduce algorithm; auto = NCCL tuner's choice.")
+    overlap_param_gather: bool = Field(
+        default=False,
+        description="ZeRO-1/2: all-gather the updated parameters bucket by bucket while the next step's forward "
+        "runs (Megatron --overlap-param-gather); false (Megatron's default): after the optimizer step.",
+    )
     reduce_in_fp32: bool = Field(
         default=False, description="All-reduce 16-bit gradients in fp32 (Megatron grad_reduce_in_fp32)."
     )

@@ -70,13 +70,39 @@ class BucketTiming(_Result):
     protocol: str
 
 
+class StepPart(_Result):
+    """One named part of the step on the reported GPU; the parts add up to the step time."""
+
+    key: str = Field(description="compute, recompute, interference, tp_comm, dp_comm, pipeline_bubble, "
+                     "stage_imbalance, optimizer or host.")
+    label: str = Field(description="Human name.")
+    time_s: float = Field(ge=0, description="Seconds of the step.")
+    description: str = Field(description="What the part counts.")
+
+
+BREAKDOWN_PARTS: dict[str, tuple[str, str]] = {
+    "compute": ("compute", "forward and backward kernels at full speed"),
+    "recompute": ("recompute", "forward kernels run again inside backward (activation recompute)"),
+    "interference": ("compute slowed by NCCL", "extra kernel time while collectives share the SMs"),
+    "tp_comm": ("tensor-parallel comm (blocking)", "compute waits for tensor-parallel collectives"),
+    "dp_comm": ("data-parallel comm (exposed)", "compute or the optimizer waits for gradient reduction, "
+                "parameter gathers or the embedding sync"),
+    "pipeline_bubble": ("pipeline bubble", "waiting for other stages: (p-1)/v of a balanced stage's work"),
+    "stage_imbalance": ("stage imbalance", "waiting beyond the bubble because stages do unequal work"),
+    "optimizer": ("optimizer", "the optimizer step"),
+    "host": ("host", "cluster.host_overhead_s per step"),
+}
+
+
 class Bounds(_Result):
     """Closed-form bounds on the step time (see :mod:`simddp.analytical`)."""
 
     no_overlap_s: float = Field(description="Compute, then every all-reduce, then the optimizer.")
     perfect_overlap_s: float = Field(description="Lower bound: communication hidden as far as causality allows.")
     in_order_overlap_s: float | None = Field(
-        description="Exact FIFO recurrence of one NCCL stream (equals the sim); null for ZeRO-3/FSDP."
+        default=None,
+        description="FIFO recurrence of one NCCL stream over the bucket ready times (data parallel, pp = 1); "
+        "equals the simulation when nothing else shares the link and there is no interference.",
     )
 
 
@@ -93,17 +119,26 @@ class StepResult(_Result):
     num_micro_batches: int
     global_batch_size: int
     step_time_s: float
-    compute_time_s: float = Field(description="Forward + backward (incl. recompute) of all micro-batches.")
+    compute_time_s: float = Field(description="Forward + backward kernels (incl. recompute) of all micro-batches.")
     optimizer_time_s: float
     host_overhead_s: float
-    comm_time_s: float = Field(description="Sum of all gradient all-reduce durations.")
+    comm_time_s: float = Field(description="Data-parallel communication: gradient reductions and parameter gathers.")
     exposed_comm_time_s: float = Field(
-        description="Time the GPU waits for communication: tensor-parallel collectives plus the gradient "
-        "communication not hidden behind backward."
+        description="Data-parallel communication the GPU waits for (not hidden behind compute)."
     )
-    tp_comm_time_s: float = Field(default=0.0, description="Blocking tensor-parallel collectives (in exposed).")
+    tp_comm_time_s: float = Field(default=0.0, description="Time compute waits for tensor-parallel collectives.")
+    tp_comm_total_s: float = Field(default=0.0, description="All tensor-parallel collective time (hidden or not).")
     pipeline_bubble_time_s: float = Field(
-        default=0.0, description="Idle time of the reported pipeline rank (bubble and send/recv waits)."
+        default=0.0, description="Waiting for other pipeline stages, up to a balanced pipeline's bubble."
+    )
+    stage_imbalance_time_s: float = Field(
+        default=0.0, description="Waiting for other stages beyond the bubble (unequal stage work)."
+    )
+    recompute_time_s: float = Field(default=0.0, description="Recomputed forward kernels (part of compute).")
+    interference_time_s: float = Field(default=0.0, description="Kernel time lost to collectives sharing the SMs.")
+    breakdown: list[StepPart] = Field(default_factory=list, description="Named parts that sum to the step.")
+    link_busy_s: dict[str, float] = Field(
+        default_factory=dict, description="Seconds each link of the reported GPU carried data (intra, inter)."
     )
     samples_per_s: float
     tokens_per_s: float
@@ -120,6 +155,10 @@ class StepResult(_Result):
     @property
     def exposed_comm_fraction(self) -> float:
         return self.exposed_comm_time_s / self.step_time_s if self.step_time_s else 0.0
+
+    def part(self, key: str) -> float:
+        """Seconds of one breakdown part (0 when the step has none)."""
+        return sum(p.time_s for p in self.breakdown if p.key == key)
 
     def to_json_dict(self) -> dict[str, Any]:
         data = self.model_dump(exclude={"trace"})

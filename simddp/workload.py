@@ -396,11 +396,16 @@ def _transformer_workload(scenario: Scenario, spec: TransformerSpec) -> Workload
                 colls += [Collective("reduce-scatter", act, "fwd-post"), Collective("all-gather", act, "bwd-pre")]
             else:
                 colls.append(Collective("all-reduce", act, "fwd-post"))
+        wgrad: tuple[Kernel, ...] = ()
+        if owned(module) or kind == "vocab":
+            wgrad = (gemm_kernel("wgrad", k, n, t, a),)
+            if spec.bias and kind != "vocab":  # Megatron: grad_bias = grad_output.sum(dim=0), a pass over dy
+                wgrad += (memory_kernel("bias-grad", t * n * a),)
         return Layer(
             name, owned(module),
             fwd=(gemm_kernel("fwd", t, n, k, a),),
             dgrad=(gemm_kernel("dgrad", t, k, n, a),),
-            wgrad=(gemm_kernel("wgrad", k, n, t, a),) if owned(module) or kind == "vocab" else (),
+            wgrad=wgrad,
             collectives=tuple(colls), block=block, recompute="block" if block is not None else "none",
             model_flop=2.0 * t * h * model_n / tp,
         )
@@ -418,7 +423,9 @@ def _transformer_workload(scenario: Scenario, spec: TransformerSpec) -> Workload
 
     # Dropout (Megatron's fused bias-dropout-add): the mask is a byte per element, half a 16-bit tensor.
     mask = _MASK_BYTES / a if dropout else 0.0
-    norm_fwd, norm_bwd = 2.0, 3.0  # fused LayerNorm/RMSNorm: read x, write y; bwd read x, dy, write dx
+    # Fused LayerNorm/RMSNorm (apex, Transformer Engine): forward reads x and writes y; backward makes two
+    # passes, one reading x and dy for the weight gradient's partial sums, one reading them again to write dx.
+    norm_fwd, norm_bwd = 2.0, 5.0
     residual_fwd = 3.0 + mask  # read branch and residual, write sum (and the dropout mask)
     residual_bwd = 2.0 + mask if dropout else 0.0  # dropout's backward; the add's gradient is a pass-through
 
@@ -534,6 +541,27 @@ def _attention_core(name: str, scenario: Scenario, b: int, s: int, heads: int, k
             gemm_kernel("dk", s, head_dim, s, a, bh)]
     del kv_heads
     return Layer(name, (), fwd=tuple(fwd), dgrad=tuple(bwd), block=block, recompute="core", model_flop=model_flop)
+
+
+def fsdp_unit_layers(layers: tuple[Layer, ...]) -> tuple[list[list[int]], list[int]]:
+    """FSDP wrapping, as simddp times and sizes it: one unit per transformer block (per layer of a
+    parameter-list model); the rest (embedding, final norm, output layer, loss) is the root unit.
+
+    Returns the units as lists of positions in ``layers`` (forward order), and the root's positions.
+    Memory (:mod:`simddp.memory`) and the simulator (:mod:`simddp.sim`) both group by this one rule.
+    """
+    units: dict[int, list[int]] = {}
+    root: list[int] = []
+    transformer = any(la.block is not None for la in layers)
+    for pos, la in enumerate(layers):
+        if transformer:
+            if la.block is None:
+                root.append(pos)
+            else:
+                units.setdefault(la.block, []).append(pos)
+        else:
+            units[pos] = [pos]
+    return list(units.values()), root
 
 
 def _assign_stages_transformer(layers: list[Layer], pp: int, num_blocks: int) -> list[Layer]:

@@ -2,7 +2,8 @@
 
 Their time is the bytes they read and write at the bandwidth a streaming kernel reaches
 (``GPU.memory_efficiency`` of the HBM spec, from STREAM-like benchmarks cited in the presets), plus the
-fixed cost of a kernel (``GPU.kernel_launch_s``). Which tensors each kernel moves is the workload's business (:mod:`simddp.workload`).
+fixed cost of a kernel (``GPU.kernel_launch_s``). Which tensors each kernel moves is the workload's
+business (:mod:`simddp.workload`).
 """
 
 from __future__ import annotations

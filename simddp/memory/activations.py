@@ -24,6 +24,7 @@ from __future__ import annotations
 from simddp.config import TransformerSpec
 
 _TOKEN_ID_BYTES = 8  # int64 input ids
+_LSE_BYTES = 4  # FlashAttention's fp32 log-sum-exp per head and token
 _SOFTMAX_BYTES = 4  # fp32 softmax saved by the fused (vocab-parallel) cross-entropy
 _RECOMPUTE = ("none", "selective", "full")
 _SCHEDULES = ("1f1b", "gpipe", "interleaved-1f1b")
@@ -47,8 +48,13 @@ def transformer_layer_activation_bytes(
     recompute: str = "none",
     act_bytes: int = 2,
     dropout: bool = True,
+    attention: str = "unfused",
 ) -> int:
     """Bytes one transformer layer saves for backward, one micro-batch (Korthikanti et al. 2022, Table 2).
+
+    ``attention="unfused"`` saves the s x s softmax output, its dropout mask and the dropout output
+    (Korthikanti's 5as/h term); FlashAttention (Dao et al. 2022) saves none of them, only the softmax
+    statistics (one fp32 log-sum-exp per head and token) and regenerates dropout from the RNG state.
 
     For a GPT layer (4h MLP, no GQA, dropout, 16-bit) this is exactly sbh(34 + 5as/h) at t = 1,
     sbh(10 + 24/t + 5as/(ht)) with tensor parallelism, sbh(34/t + 5as/(ht)) with sequence parallelism;
@@ -73,6 +79,10 @@ def transformer_layer_activation_bytes(
     sharded = act_bytes * (2 * q_width + 2 * kv_width) + mlp_tensors * act_bytes * spec.ffn_hidden_size / tp
     # Softmax output, its dropout mask and dropout output: a/t heads x s keys per token.
     core = ((2 * act_bytes + mask) if dropout else act_bytes) * (a / tp) * seq_len
+    if attention == "flash":
+        core = _LSE_BYTES * (a / tp)
+    elif attention != "unfused":
+        raise ValueError(f"unknown attention {attention!r}; expected 'flash' or 'unfused'")
     per_token = replicated + sharded + (core if recompute == "none" else 0.0)
     return round(per_token * tokens)
 

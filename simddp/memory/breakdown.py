@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from simddp.config import Scenario, TransformerSpec
+from simddp.config import Scenario
 from simddp.memory.activations import (
     in_flight_micro_batches,
     transformer_embedding_activation_bytes,
@@ -20,7 +20,7 @@ from simddp.memory.buffers import buffer_items
 from simddp.memory.items import MemoryBreakdown, MemoryItem
 from simddp.memory.states import OPTIMIZER_STATE_BYTES_PER_PARAM, model_states_bytes
 from simddp.units import fmt_bytes
-from simddp.workload import PRECISION_ACT_BYTES, Workload, build_workload
+from simddp.workload import PRECISION_ACT_BYTES, Workload, build_workload, uses_dropout
 
 
 def memory_breakdown(scenario: Scenario, workload: Workload | None = None, stage: int | None = None) -> MemoryBreakdown:
@@ -134,10 +134,6 @@ def _state_note(optimizer: str) -> str:
     return f"{per_param} B/param"
 
 
-def _dropout(scenario: Scenario, spec: TransformerSpec) -> bool:
-    return scenario.memory.dropout if scenario.memory.dropout is not None else not spec.gated_mlp
-
-
 def _activation_items(scenario: Scenario, workload: Workload, stage: int, in_flight: float) -> list[MemoryItem]:
     tr, par = scenario.training, scenario.parallelism
     layers = workload.rank_layers(stage, scenario.parallelism.pp)
@@ -154,10 +150,10 @@ def _activation_items(scenario: Scenario, workload: Workload, stage: int, in_fli
         "sequence_parallel": par.sequence_parallel,
     }
     act = PRECISION_ACT_BYTES[tr.precision]
-    dropout = _dropout(scenario, spec)
-    blocks = {int(layer.name.split(".")[1]) for layer in layers if layer.is_block}
+    dropout = uses_dropout(scenario)
+    blocks = {layer.block for layer in layers if layer.block is not None}
     per_layer = transformer_layer_activation_bytes(spec, **shape, recompute=tr.recompute, act_bytes=act,
-                                                   dropout=dropout)
+                                                   dropout=dropout, attention=tr.attention)
     items = [MemoryItem(category="activations", name="transformer layers",
                         size_bytes=round(len(blocks) * per_layer * in_flight),
                         note=f"{len(blocks)} layers x {fmt_bytes(per_layer)} {k} (recompute {tr.recompute})")]
@@ -170,7 +166,8 @@ def _activation_items(scenario: Scenario, workload: Workload, stage: int, in_fli
         items.append(MemoryItem(category="activations", name="output layer and loss",
                                 size_bytes=round(out * in_flight), note=f"norm/head inputs, logits, fp32 softmax {k}"))
     if tr.recompute != "none" and blocks:
-        full = transformer_layer_activation_bytes(spec, **shape, recompute="none", act_bytes=act, dropout=dropout)
+        full = transformer_layer_activation_bytes(spec, **shape, recompute="none", act_bytes=act, dropout=dropout,
+                                                  attention=tr.attention)
         items.append(MemoryItem(category="activations", name="recompute working set", size_bytes=full - per_layer,
                                 note="one layer re-created in backward"))
     return items

@@ -10,13 +10,11 @@ fragmentation. Their defaults and sources are in :class:`simddp.config.MemoryCon
 
 from __future__ import annotations
 
-from typing import Any
-
 from simddp.bucketing import ddp_buckets
 from simddp.config import Scenario
 from simddp.memory.items import MemoryItem
 from simddp.units import dtype_bytes
-from simddp.workload import PRECISION_ACT_BYTES, Workload, grad_reduce_spec
+from simddp.workload import PRECISION_ACT_BYTES, Workload, fsdp_unit_layers, grad_reduce_spec
 
 
 def buffer_items(scenario: Scenario, workload: Workload, stage: int, ids: list[int]) -> list[MemoryItem]:
@@ -67,17 +65,19 @@ def buffer_items(scenario: Scenario, workload: Workload, stage: int, ids: list[i
 def fsdp_units(
     scenario: Scenario, workload: Workload, stage: int, ids: list[int]
 ) -> tuple[list[list[int]], list[int]]:
-    """FSDP wrapping: one unit per transformer block (or per layer of a parameter list); the rest is the root."""
-    owner: dict[int, int] = {}
-    units: dict[Any, list[int]] = {}
-    is_transformer = scenario.model.transformer is not None
-    for n, layer in enumerate(workload.rank_layers(stage, scenario.parallelism.pp)):
-        if is_transformer and not layer.is_block:
-            continue
-        key = int(layer.name.split(".")[1]) if is_transformer else n
-        for i in layer.param_indices:
-            if i not in owner:
-                owner[i] = key
-                units.setdefault(key, []).append(i)
+    """Parameter indices of each FSDP unit of ``stage``, and of the root unit.
+
+    The units are :func:`simddp.workload.fsdp_unit_layers`' (one per transformer block, or per layer of a
+    parameter list), the rule the simulator times them by; the root holds every other parameter.
+    """
+    layers = workload.rank_layers(stage, scenario.parallelism.pp)
+    unit_layers, _ = fsdp_unit_layers(layers)
+    owner: set[int] = set()
+    units: list[list[int]] = []
+    for positions in unit_layers:
+        params = [i for pos in positions for i in layers[pos].param_indices if i not in owner]
+        owner.update(params)
+        if params:
+            units.append(params)
     root = [i for i in ids if i not in owner]
-    return list(units.values()), root
+    return units, root

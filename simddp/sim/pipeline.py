@@ -11,19 +11,15 @@ Schedules give, for each pipeline rank, the order of its forward (F) and backwar
   (virtual stages ``rank + k p``); warm-up ``2 (p - rank - 1) + (v - 1) p`` forwards; micro-batches go in
   groups of ``p``. Bubble fraction (p - 1) / (v m).
 
-Execution: each rank runs its operations in order; F of virtual stage ``vs`` waits for F of ``vs - 1``
-(plus the activation send/recv time), B of ``vs`` for B of ``vs + 1`` (plus the gradient send/recv).
-Events scale with micro-batches x virtual stages, never with bytes.
+Execution (:mod:`simddp.sim.step`): each rank runs its operations in order; F of virtual stage ``vs`` waits
+for F of ``vs - 1`` (plus the activation send/recv), B of ``vs`` for B of ``vs + 1`` (plus the gradient
+send/recv). Events scale with micro-batches x virtual stages, never with bytes.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-
-import simpy
-
-from simddp.results import Span
 
 
 @dataclass(frozen=True)
@@ -91,68 +87,46 @@ def schedule(name: str, num_stages: int, num_micro: int, rank: int, num_chunks: 
     raise ValueError(f"unknown pipeline schedule {name!r}")
 
 
-@dataclass
-class PipelineClock:
-    """Completion events and times of every operation, shared by the rank processes."""
-
-    env: simpy.Environment
-    done: dict[tuple[str, int, int], simpy.Event]
-    done_at: dict[tuple[str, int, int], float]
-
-    @classmethod
-    def create(cls, env: simpy.Environment) -> PipelineClock:
-        return cls(env, {}, {})
-
-    def event(self, key: tuple[str, int, int]) -> simpy.Event:
-        if key not in self.done:
-            self.done[key] = self.env.event()
-        return self.done[key]
-
-    def finish(self, key: tuple[str, int, int]) -> None:
-        self.done_at[key] = self.env.now
-        self.event(key).succeed()
+def dependency(op: PipeOp, num_virtual_stages: int) -> tuple[str, int, int] | None:
+    """The operation ``op`` waits for: F of the previous virtual stage, B of the next one (same micro-batch)."""
+    if op.kind == "F" and op.virtual_stage > 0:
+        return ("F", op.micro_batch, op.virtual_stage - 1)
+    if op.kind == "B" and op.virtual_stage < num_virtual_stages - 1:
+        return ("B", op.micro_batch, op.virtual_stage + 1)
+    return None
 
 
-def pipeline_rank(
-    env: simpy.Environment,
-    rank: int,
-    ops: list[PipeOp],
-    num_virtual_stages: int,
-    clock: PipelineClock,
-    run_op: Callable[[PipeOp, bool], simpy.events.ProcessGenerator],
-    p2p_s: Callable[[PipeOp], float],
-    spans: list[Span],
-) -> simpy.events.ProcessGenerator:
-    """Run ``ops`` in order on one pipeline rank, waiting for each operation's upstream dependency.
+def makespan(ops: list[list[PipeOp]], num_virtual_stages: int, duration: Callable[[int, PipeOp], float],
+             transfer: Callable[[PipeOp], float]) -> list[float]:
+    """End time of each rank's schedule when operations take ``duration(rank, op)`` and a dependency arrives
+    ``transfer(op)`` after it ends (the max-plus recurrence of the schedule; no other resource)."""
+    done: dict[tuple[str, int, int], float] = {}
+    pos = [0] * len(ops)
+    clock = [0.0] * len(ops)
+    remaining = sum(len(o) for o in ops)
+    while remaining:
+        progressed = False
+        for r, rank_ops in enumerate(ops):
+            while pos[r] < len(rank_ops):
+                op = rank_ops[pos[r]]
+                dep = dependency(op, num_virtual_stages)
+                if dep is not None and dep not in done:
+                    break
+                start = clock[r] if dep is None else max(clock[r], done[dep] + transfer(op))
+                clock[r] = start + duration(r, op)
+                done[(op.kind, op.micro_batch, op.virtual_stage)] = clock[r]
+                pos[r] += 1
+                remaining -= 1
+                progressed = True
+        if not progressed:
+            raise ValueError("pipeline schedule deadlocks")  # a schedule bug, not user input
+    return clock
 
-    ``run_op(op, last)`` yields the operation's own timeouts; ``last`` is true for the final backward of
-    each virtual stage on this rank (when its gradients become ready for data-parallel reduction).
-    """
-    last_b = {}
+
+def last_backward(ops: list[PipeOp]) -> dict[int, int]:
+    """Position of the last backward of each virtual stage in a rank's operations (gradients ready)."""
+    last: dict[int, int] = {}
     for i, op in enumerate(ops):
         if op.kind == "B":
-            last_b[op.virtual_stage] = i
-    for i, op in enumerate(ops):
-        if op.kind == "F" and op.virtual_stage > 0:
-            dep = ("F", op.micro_batch, op.virtual_stage - 1)
-        elif op.kind == "B" and op.virtual_stage < num_virtual_stages - 1:
-            dep = ("B", op.micro_batch, op.virtual_stage + 1)
-        else:
-            dep = None
-        if dep is not None:
-            yield clock.event(dep)
-            arrive = clock.done_at[dep] + p2p_s(op)
-            if arrive > env.now:
-                yield env.timeout(arrive - env.now)
-        start = env.now
-        yield from run_op(op, last_b.get(op.virtual_stage) == i)
-        clock.finish((op.kind, op.micro_batch, op.virtual_stage))
-        spans.append(
-            Span(
-                name=f"{op.kind}{op.micro_batch}" + (f" vs{op.virtual_stage}" if num_virtual_stages > 1 else ""),
-                stream=f"compute {rank}",
-                start_s=start,
-                end_s=env.now,
-                args={"micro_batch": op.micro_batch, "virtual_stage": op.virtual_stage},
-            )
-        )
+            last[op.virtual_stage] = i
+    return last

@@ -1,38 +1,47 @@
-"""One training step: compute streams, DDP buckets on one NCCL stream per rank, pipeline, optimizer.
+"""One training step in simpy: compute streams, TP/DP/PP collectives on shared links, pipeline schedules.
 
 Model (PyTorch DDP, Li et al., VLDB 2020, "PyTorch Distributed"): backward runs layer by layer in
-reverse; a parameter's gradient is ready when its layer's weight-grad finishes; a bucket is all-reduced
-once all its gradients are ready, buckets in index order on one stream, overlapping the rest of
-backward; the optimizer steps after the last all-reduce. With gradient accumulation only the last
-micro-step communicates (``no_sync`` on the others). ZeRO-1/2 reduce-scatter the buckets instead and
-all-gather the updated parameters after a sharded optimizer step (Rajbhandari et al., SC'20).
+reverse; a parameter's gradient is ready when its layer's weight-grad finishes; a bucket is reduced once
+all its gradients are ready, buckets in index order on one NCCL stream, overlapping the rest of backward;
+the optimizer steps after the last reduction. With gradient accumulation only the last micro-step
+communicates (``no_sync`` on the others). ZeRO-1/2 reduce-scatter the buckets instead and all-gather the
+updated parameters after a sharded optimizer step (Rajbhandari et al., SC'20), or bucket by bucket while
+the next forward runs (``ddp.overlap_param_gather``, Megatron's distributed optimizer). ZeRO-3/FSDP
+gathers each unit's parameters before its forward and again before its backward, one unit ahead, and
+reduce-scatters its gradients after its backward, on two NCCL streams (Zhao et al., VLDB 2023).
 
-Tensor parallelism (Megatron-LM) adds blocking all-reduces (or all-gather + reduce-scatter with
-sequence parallelism) of one activation inside each block, on the compute stream. Pipeline parallelism
-runs the schedules of :mod:`simddp.sim.pipeline`, one process per pipeline rank, with activation and
-gradient send/recv between stages; each rank's gradients become ready during its last backward.
+Tensor parallelism (Megatron-LM) adds the collectives of :mod:`simddp.sim.layers` inside each layer.
+Pipeline parallelism runs the schedules of :mod:`simddp.sim.pipeline`, one process per pipeline rank,
+with activation and gradient send/recv between stages on the links; a rank's gradients become ready during
+its last backward of each virtual stage, and Megatron all-reduces a tied word embedding's gradient between
+the first and the last stage before the optimizer.
+
+Every collective runs on this GPU's link (:mod:`simddp.sim.resources`): collectives in flight at the same
+time share its bandwidth, and compute slows while any is in flight. Ranks that behave identically are
+simulated once: one GPU per pipeline stage. Pipeline operations that release no gradients run as one piece
+(their layers' own TP collectives included, timed on an otherwise idle GPU); so do the micro-batches that
+do not communicate.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from collections.abc import Callable, Generator
+from dataclasses import dataclass, field
+from typing import Any
 
 import simpy
 
-from simddp.analytical import in_order_overlap_step_s, no_overlap_step_s, perfect_overlap_step_s
-from simddp.bucketing import Bucket, ddp_buckets
-from simddp.collectives import Op, collective_cost
-from simddp.compute import LayerTiming, layer_timing, optimizer_step_s
-from simddp.config import ParameterSpec, Scenario
+from simddp.analytical import in_order_overlap_step_s
+from simddp.config import Scenario
 from simddp.memory import memory_breakdown
-from simddp.results import Bounds, BucketTiming, Span, StepResult, Trace
-from simddp.sim.fsdp import FsdpUnit, fsdp_micro_step
-from simddp.sim.pipeline import PipelineClock, PipeOp, pipeline_rank, schedule
-from simddp.sim.processes import BucketPlan, StreamState, comm_stream, compute_stream
-from simddp.topology import dp_group, group, tp_group
-from simddp.units import dtype_bytes
-from simddp.workload import Layer, Workload, build_workload, grad_reduce_spec
+from simddp.results import BREAKDOWN_PARTS, Bounds, BucketTiming, Span, StepPart, StepResult, Trace
+from simddp.sim.layers import LayerPlan, Recorder, backward, forward, pass_alone_s
+from simddp.sim.pipeline import PipeOp, dependency, last_backward, makespan
+from simddp.sim.plan import RankPlan, StepPlan, build_plan
+from simddp.sim.resources import Gpu
+
+DP_STREAM = "dp"
+ProcessGen = Generator[simpy.Event, Any, Any]
 
 
 def not_modelled(scenario: Scenario) -> list[str]:
@@ -46,232 +55,418 @@ def not_modelled(scenario: Scenario) -> list[str]:
     if par.zero_stage >= 1 and scenario.ddp.algorithm != "auto":
         notes.append(
             f"ddp.algorithm={scenario.ddp.algorithm} applies to all-reduce; ZeRO's reduce-scatter and "
-            "all-gather use NCCL's own choice (ring)"
+            "all-gather use NCCL's own choice"
         )
     if par.tp > 1 and scenario.model.transformer is None:
         notes.append(f"tp={par.tp}: tensor-parallel collectives are only timed for transformer models")
     if par.pp > 1 and scenario.model.transformer is None:
         notes.append(f"pp={par.pp}: activation send/recv between stages is not timed for parameter-list models")
+    if scenario.ddp.overlap_param_gather and par.zero_stage not in (1, 2):
+        notes.append("ddp.overlap_param_gather applies to ZeRO-1/2 only")
     return notes
 
 
 @dataclass
 class _Rank:
-    """One pipeline rank (all dp ranks of it behave the same): its layers, buckets and streams."""
+    """Runtime state of one pipeline rank."""
 
-    index: int
-    layers: tuple[Layer, ...]
-    timings: list[LayerTiming]
-    params: list[ParameterSpec]
-    local: dict[int, int]
-    buckets: list[Bucket]
-    plans: list[BucketPlan]
-    state: StreamState
-    ready_events: list[simpy.Event]
-    remaining: list[int]
-    ready_at: dict[int, float]
-    timing_of: dict[int, tuple[float, float]]
-    opt_s: float = 0.0
-    gather_s: float = 0.0
+    plan: RankPlan
+    gpu: Gpu
+    rec: Recorder
+    ready: dict[tuple[int, int], simpy.Event] = field(default_factory=dict)
+    remaining: dict[tuple[int, int], int] = field(default_factory=dict)
+    ready_at: dict[tuple[int, int], float] = field(default_factory=dict)
+    reduced: dict[tuple[int, int], tuple[float, float]] = field(default_factory=dict)
+    acct: dict[str, float] = field(default_factory=dict)
+    overlap: str = "backward"
     compute_end_s: float = 0.0
     end_s: float = 0.0
-    rounds: int = 1  # micro-batches whose gradients are communicated
-    fsdp_units: list[FsdpUnit] = field(default_factory=list)
-    _bucket_of: dict[int, int] | None = None
+    dp_comm_s: float = 0.0
 
-    def grads_of(self, layer: Layer) -> list[int]:
-        """The bucket of each of the layer's gradients (one entry per gradient)."""
-        if self._bucket_of is None:
-            self._bucket_of = {p: b.index for b in self.buckets for p in b.param_indices}
-        return [self._bucket_of[self.local[g]] for g in layer.param_indices]
+    def add(self, key: str, seconds: float) -> None:
+        self.acct[key] = self.acct.get(key, 0.0) + seconds
 
-    def grad_ready(self, env: simpy.Environment) -> Callable[[int], None]:
-        def ready(bucket_index: int) -> None:
-            self.remaining[bucket_index] -= 1
-            if self.remaining[bucket_index] == 0:
-                self.ready_at[bucket_index] = env.now
-                self.ready_events[bucket_index].succeed()
-
-        return ready
-
-    @property
-    def busy_s(self) -> float:
-        return sum(t.compute_s + t.tp_comm_s for t in self.timings)
+    def release(self, rnd: int, layer: int) -> None:
+        """The gradients of ``layer`` are ready (micro-batch round ``rnd``)."""
+        env = self.gpu.env
+        for b in self.plan.bucket_of_layer[layer]:
+            key = (rnd, b)
+            self.remaining[key] -= 1
+            if self.remaining[key] == 0:
+                self.ready_at[key] = env.now
+                self.ready[key].succeed()
 
 
-def _timings(scenario: Scenario, layers: tuple[Layer, ...]) -> list[LayerTiming]:
-    """Layer timings with tensor-parallel collectives (blocking, on the compute stream) added."""
-    tr = scenario.training
-    out = []
-    tp = tp_group(scenario)
-    gpu = scenario.cluster.gpu
-    if scenario.model.matmul_efficiency is not None:
-        gpu = gpu.model_copy(update={"matmul_efficiency": scenario.model.matmul_efficiency})
-    for layer in layers:
-        t = layer_timing(layer, gpu, tr)
-        if scenario.parallelism.tp > 1 and (layer.tp_fwd_comm_bytes or layer.tp_bwd_comm_bytes):
-            fwd = collective_cost("all-reduce", layer.tp_fwd_comm_bytes, tp).time_s
-            bwd = collective_cost("all-reduce", layer.tp_bwd_comm_bytes, tp).time_s
-            redo = fwd if (tr.recompute == "full" and layer.is_block) else 0.0
-            t = replace(t, tp_fwd_s=fwd, tp_bwd_s=bwd, recompute_tp_s=redo)
-        out.append(t)
-    return out
+class _Accounting(Recorder):
+    """A recorder that also books every wait and kernel of the compute path into breakdown parts."""
+
+    def __init__(self, spans: list[Span] | None, suffix: str, rank: _Rank | None = None) -> None:
+        super().__init__(spans, suffix)
+        self.rank = rank
+
+    def booked(self, key: str, seconds: float) -> None:
+        if self.rank is not None:
+            self.rank.add(key, seconds)
 
 
-@dataclass(frozen=True)
-class RankGradients:
-    """What DDP on one pipeline rank sees: its parameters (in the reduction dtype), ready order, buckets."""
-
-    global_ids: list[int]
-    params: list[ParameterSpec]
-    ready_order: list[int]
-    buckets: list[Bucket]
-
-
-def rank_gradients(scenario: Scenario, workload: Workload, index: int = 0) -> RankGradients:
-    """Parameters and DDP buckets of pipeline rank ``index`` (its tp shard), as the simulator uses them."""
-    ddp = scenario.ddp
-    layers = workload.rank_layers(index, scenario.parallelism.pp)
-    global_ids = sorted({i for layer in layers for i in layer.param_indices})
-    local = {g: k for k, g in enumerate(global_ids)}
-    params = [grad_reduce_spec(workload.parameters[g], ddp.reduce_in_fp32) for g in global_ids]
-    ready_order = [local[g] for g in workload.grad_ready_order if g in local]
-    buckets = ddp_buckets(params, ready_order, ddp.bucket_cap_mb) if params else []
-    return RankGradients(global_ids, params, ready_order, buckets)
-
-
-def _make_rank(scenario: Scenario, workload: Workload, index: int, env: simpy.Environment) -> _Rank:
-    par, tr, gpu = scenario.parallelism, scenario.training, scenario.cluster.gpu
-    layers = workload.rank_layers(index, par.pp)
-    grads = rank_gradients(scenario, workload, index)
-    global_ids, params, buckets = grads.global_ids, grads.params, grads.buckets
-    local = {g: k for k, g in enumerate(global_ids)}
-    working = [workload.parameters[g] for g in global_ids]
-    ddp = scenario.ddp
-
-    dp = dp_group(scenario)
-    op: Op = "reduce-scatter" if par.zero_stage >= 1 else "all-reduce"
-    algorithm = ddp.algorithm if op == "all-reduce" else "auto"
-    plans = []
-    for b in buckets:
-        cost = collective_cost(op, b.size_bytes, dp, algorithm)
-        plans.append(BucketPlan(b.index, b.size_bytes, len(b.param_indices), cost.time_s,
-                                f"{cost.algorithm}/{cost.protocol}"))
-    shard = scenario.dp if par.zero_stage >= 1 else 1
-    # ZeRO-2 keeps only its gradient shard, so it reduce-scatters every micro-batch (DeepSpeed); DDP and
-    # ZeRO-1 accumulate locally (no_sync) and communicate on the last micro-batch only.
-    rounds = scenario.num_micro_batches if (par.zero_stage == 2 and par.pp == 1) else 1
-    stage_workload = replace(workload, parameters=tuple(params))
-    opt_s = optimizer_step_s(stage_workload, gpu, tr, shard=shard) if params else 0.0
-    gather_s = 0.0
-    if par.zero_stage >= 1 and params and not (par.zero_stage == 3 and par.pp == 1):
-        gather_s = collective_cost("all-gather", sum(p.numel * dtype_bytes(p.dtype) for p in working), dp).time_s
-    return _Rank(
-        index=index,
-        layers=layers,
-        timings=_timings(scenario, layers),
-        params=params,
-        local=local,
-        buckets=buckets,
-        plans=plans,
-        state=StreamState(interference=scenario.cluster.comm_compute_interference),
-        rounds=rounds,
-        ready_events=[env.event() for _ in range(rounds) for _ in buckets],
-        remaining=[len(b.param_indices) for _ in range(rounds) for b in buckets],
-        ready_at={},
-        timing_of={},
-        opt_s=opt_s,
-        gather_s=gather_s,
-    )
-
-
-def _finish(env: simpy.Environment, rank: _Rank, compute: simpy.Event, comm: simpy.Event, spans: list[Span],
-            suffix: str) -> simpy.events.ProcessGenerator:
-    """After this rank's compute and gradient communication: optimizer step, then the ZeRO all-gather."""
-    yield compute
-    rank.compute_end_s = env.now
-    yield comm
+def _fused(st: _Rank, vs: int, kind: str, times: int = 1) -> ProcessGen:
+    """``times`` forwards (kind F) or backwards (B) through virtual stage ``vs`` that release no gradients."""
+    p = st.plan
+    alone = (p.fwd_alone_s if kind == "F" else p.bwd_alone_s)[vs] * times
+    work = (p.fwd_work_s if kind == "F" else p.bwd_work_s)[vs] * times
+    recompute = 0.0 if kind == "F" else p.bwd_recompute_s[vs] * times
+    env = st.gpu.env
     start = env.now
-    yield env.timeout(rank.opt_s)
-    spans.append(Span(name="optimizer step", stream=f"compute{suffix}", start_s=start, end_s=env.now))
-    if rank.gather_s:
-        start = env.now
-        yield env.timeout(rank.gather_s)
-        spans.append(Span(name="all-gather params", stream=f"comm{suffix}", start_s=start, end_s=env.now))
-    rank.end_s = env.now
+    yield st.gpu.run(work)
+    ran = env.now - start
+    st.add("compute", work - recompute)
+    st.add("recompute", recompute)
+    st.add("interference", ran - work)
+    if alone > work:
+        yield env.timeout(alone - work)
+        st.add("tp_comm", alone - work)  # TP collectives not hidden (and their slowdown), on an idle GPU
+    st.rec.add(f"{kind} x{times}" if times > 1 else kind, "compute", start, env.now, virtual_stage=vs)
 
 
+def _layer_forward(st: _Rank, positions: list[int], gate: Callable[[int], simpy.Event | None]) -> ProcessGen:
+    p = st.plan
+    for i in positions:
+        wait = gate(i)
+        if wait is not None:
+            t0 = st.gpu.env.now
+            yield wait
+            st.add("dp_comm", st.gpu.env.now - t0)
+        yield from _booked_layer(st, forward(st.gpu, p.plans[i], st.overlap, st.rec), p.plans[i], "F")
+
+
+def _layer_backward(st: _Rank, positions: list[int], rnd: int | None) -> ProcessGen:
+    p = st.plan
+    for i in reversed(positions):
+        done = (lambda i=i: st.release(rnd, i)) if rnd is not None else None
+        yield from _booked_layer(st, backward(st.gpu, p.plans[i], st.overlap, st.rec, done), p.plans[i], "B")
+
+
+def _booked_layer(st: _Rank, gen: ProcessGen, plan: LayerPlan, kind: str) -> ProcessGen:
+    """Run one layer pass and book its time: kernels at full speed, their slowdown, and TP waits."""
+    env = st.gpu.env
+    start = env.now
+    work = plan.timing.fwd_s if kind == "F" else plan.timing.bwd_s
+    recompute = plan.timing.recompute_s if kind == "B" else 0.0
+    busy0 = st.gpu.compute.busy_s
+    yield from gen
+    st.gpu.compute.rerate()  # settle the busy time up to now
+    ran = st.gpu.compute.busy_s - busy0
+    st.add("compute", work - recompute)
+    st.add("recompute", recompute)
+    st.add("interference", max(0.0, ran - work))
+    st.add("tp_comm", max(0.0, (env.now - start) - ran))
+
+
+def _dp_comm(st: _Rank, rounds: int, start_after: simpy.Event | None) -> ProcessGen:
+    """Gradient buckets in index order on the data-parallel stream, each once all its gradients are ready."""
+    if start_after is not None:
+        yield start_after
+    for rnd in range(rounds):
+        for b in st.plan.buckets:
+            yield st.ready[(rnd, b.index)]
+            start, end = yield from st.gpu.collective(b.reduce, DP_STREAM)
+            st.reduced[(rnd, b.index)] = (start, end)
+            st.dp_comm_s += end - start
+            st.rec.add(f"{b.reduce.op} bucket {b.index}", "comm", start, end, size_bytes=b.size_bytes,
+                       algorithm=f"{b.reduce.algorithm}/{b.reduce.protocol}")
+
+
+def _param_gathers(st: _Rank) -> dict[int, simpy.Event]:
+    """Overlapped parameter all-gathers of the previous step's update: buckets in forward order."""
+    env = st.gpu.env
+    events = {b.index: env.event() for b in st.plan.buckets}
+
+    def run() -> ProcessGen:
+        for b in reversed(st.plan.buckets):
+            assert b.gather is not None
+            start, end = yield from st.gpu.collective(b.gather, DP_STREAM)
+            st.dp_comm_s += end - start
+            st.rec.add(f"all-gather params bucket {b.index}", "comm", start, end, size_bytes=b.gather.size_bytes)
+            events[b.index].succeed()
+
+    env.process(run())
+    return events
+
+
+def _finish(st: _Rank, compute: simpy.Process, comm: simpy.Event) -> ProcessGen:
+    """After compute and gradient reduction: embedding sync, optimizer step, ZeRO parameter all-gather."""
+    env, p = st.gpu.env, st.plan
+    yield compute
+    st.compute_end_s = env.now
+    yield comm
+    st.add("dp_comm", env.now - st.compute_end_s)
+    if p.embedding_sync is not None:
+        t0 = env.now
+        start, end = yield from st.gpu.collective(p.embedding_sync, "embedding")
+        st.dp_comm_s += end - start
+        st.add("dp_comm", env.now - t0)
+        st.rec.add("all-reduce tied embedding", "comm", start, end)
+    start = env.now
+    yield st.gpu.run(p.opt_s)
+    st.add("optimizer", p.opt_s)
+    st.add("interference", env.now - start - p.opt_s)
+    st.rec.add("optimizer step", "compute", start, env.now)
+    if p.gather_after_step is not None:
+        t0 = env.now
+        start, end = yield from st.gpu.collective(p.gather_after_step, DP_STREAM)
+        st.dp_comm_s += end - start
+        st.add("dp_comm", env.now - t0)
+        st.rec.add("all-gather params", "comm", start, end)
+    st.end_s = env.now
+
+
+# ------------------------------------------------------------------------------------------ modes
+def _run_dp(env: simpy.Environment, plan: StepPlan, st: _Rank) -> None:
+    """pp = 1, DDP or ZeRO-1/2: silent micro-batches in one piece, the communicating ones layer by layer."""
+    p, m = st.plan, plan.num_micro_batches
+    ddp = plan.scenario.ddp
+    positions = list(range(len(p.layers)))
+    gathers = _param_gathers(st) if any(b.gather for b in p.buckets) else None
+    bucket_sets = [set(bs) for bs in p.bucket_of_layer]
+
+    def gate(i: int) -> simpy.Event | None:
+        if gathers is None or not bucket_sets[i]:
+            return None
+        return simpy.AllOf(env, [gathers[b] for b in bucket_sets[i]])
+
+    silent = m - p.rounds  # micro-batches that do not communicate come first
+
+    def compute() -> ProcessGen:
+        j = 0
+        if gathers is not None:  # the step's first forward waits for the parameter gathers, layer by layer
+            yield from _layer_forward(st, positions, gate)
+            if silent:
+                yield from _fused(st, 0, "B")
+            else:
+                yield from _layer_backward(st, positions, 0)
+            j = 1
+        quiet = max(0, silent - j)
+        if quiet:
+            yield from _fused(st, 0, "F", quiet)
+            yield from _fused(st, 0, "B", quiet)
+            j += quiet
+        for k in range(j, m):
+            yield from _layer_forward(st, positions, lambda i: None)
+            yield from _layer_backward(st, positions, k - silent)
+
+    proc = env.process(compute())
+    comm = env.process(_dp_comm(st, p.rounds, None if ddp.overlap else proc))
+    env.process(_finish(st, proc, comm))
+
+
+def _run_fsdp(env: simpy.Environment, plan: StepPlan, st: _Rank) -> None:
+    """ZeRO-3 / FSDP: every micro-batch gathers and reduce-scatters unit by unit; then the sharded step."""
+    p, m, gpu = st.plan, plan.num_micro_batches, st.gpu
+    units, root = p.fsdp_units, p.fsdp_root
+    reduces: list[simpy.Process] = []
+
+    def gather(unit: Any, phase: str) -> simpy.Process:
+        def run() -> ProcessGen:
+            start, end = yield from gpu.collective(unit.gather, "fsdp all-gather")
+            st.dp_comm_s += end - start
+            st.rec.add(f"all-gather {unit.name} ({phase})", "comm", start, end, size_bytes=unit.gather.size_bytes)
+        return env.process(run())
+
+    def reduce(unit: Any, record: bool) -> simpy.Process:
+        def run() -> ProcessGen:
+            ready = env.now
+            start, end = yield from gpu.collective(unit.reduce, "fsdp reduce-scatter")
+            st.dp_comm_s += end - start
+            if record:
+                st.ready_at[(0, unit.index)] = ready
+                st.reduced[(0, unit.index)] = (start, end)
+            st.rec.add(f"reduce-scatter {unit.name}", "comm reduce-scatter", start, end,
+                       size_bytes=unit.reduce.size_bytes)
+        return env.process(run())
+
+    def waited(ev: simpy.Event) -> ProcessGen:
+        t0 = env.now
+        yield ev
+        st.add("dp_comm", env.now - t0)
+
+    root_pos = list(root.layers) if root else []
+    head = [i for i in root_pos if units and i < units[0].layers[0]] if units else root_pos
+    tail = [i for i in root_pos if i not in head]
+
+    def compute() -> ProcessGen:
+        for j in range(m):
+            last = j == m - 1
+            root_ready = gather(root, "fwd") if root else None
+            ahead = gather(units[0], "fwd") if units else None
+            if root_ready is not None:
+                yield from waited(root_ready)
+            yield from _layer_forward(st, head, lambda i: None)
+            for k, unit in enumerate(units):
+                assert ahead is not None
+                yield from waited(ahead)
+                ahead = gather(units[k + 1], "fwd") if k + 1 < len(units) else None
+                yield from _layer_forward(st, list(unit.layers), lambda i: None)
+            yield from _layer_forward(st, tail, lambda i: None)
+            yield from _layer_backward(st, tail, None)
+            ahead = gather(units[-1], "bwd") if units else None
+            for k in range(len(units) - 1, -1, -1):
+                assert ahead is not None
+                yield from waited(ahead)
+                ahead = gather(units[k - 1], "bwd") if k > 0 else None
+                yield from _layer_backward(st, list(units[k].layers), None)
+                reduces.append(reduce(units[k], last))
+            yield from _layer_backward(st, head, None)
+            if root is not None:
+                reduces.append(reduce(root, last))
+
+    proc = env.process(compute())
+
+    def all_reduced() -> ProcessGen:
+        yield proc
+        yield simpy.AllOf(env, list(reduces))
+
+    env.process(_finish(st, proc, env.process(all_reduced())))
+
+
+def _run_pipeline(env: simpy.Environment, plan: StepPlan, states: list[_Rank]) -> None:
+    """One process per pipeline rank running its schedule, with send/recv and its DP comm and finish."""
+    par = plan.scenario.parallelism
+    num_vs = par.pp * par.virtual_stages
+    arrived: dict[tuple[str, int, int], simpy.Event] = {}
+
+    def arrival(key: tuple[str, int, int]) -> simpy.Event:
+        if key not in arrived:
+            arrived[key] = env.event()
+        return arrived[key]
+
+    def send(st: _Rank, op: PipeOp) -> ProcessGen:
+        """Send ``op``'s output (activation forward, gradient backward) to the next stage."""
+        boundary = op.virtual_stage if op.kind == "F" else op.virtual_stage - 1
+        cost = plan.p2p.get(boundary)
+        key = (op.kind, op.micro_batch, op.virtual_stage)
+        if cost is None:
+            arrival(key).succeed()
+            return
+        start, end = yield from st.gpu.collective(cost, f"p2p {op.kind}")
+        st.rec.add(f"send {op.kind}{op.micro_batch}", "comm p2p", start, end, size_bytes=cost.size_bytes)
+        arrival(key).succeed()
+
+    def rank(st: _Rank, ops: list[PipeOp]) -> ProcessGen:
+        last_b = last_backward(ops)
+        by_stage: dict[int, list[int]] = {}
+        for i, la in enumerate(st.plan.layers):
+            by_stage.setdefault(la.stage, []).append(i)
+        for i, op in enumerate(ops):
+            dep = dependency(op, num_vs)
+            if dep is not None:
+                t0 = env.now
+                yield arrival(dep)
+                st.add("pipeline_wait", env.now - t0)
+            if op.kind == "B" and last_b.get(op.virtual_stage) == i:
+                yield from _layer_backward(st, by_stage.get(op.virtual_stage, []), 0)
+            else:
+                yield from _fused(st, op.virtual_stage, op.kind)
+            if par.pp_p2p_overlap:
+                env.process(send(st, op))
+            else:
+                t0 = env.now
+                yield from send(st, op)
+                st.add("pipeline_wait", env.now - t0)
+
+    for st, ops in zip(states, plan.ops, strict=True):
+        proc = env.process(rank(st, ops))
+        comm = env.process(_dp_comm(st, 1, None if plan.scenario.ddp.overlap else proc))
+        env.process(_finish(st, proc, comm))
+
+
+# ----------------------------------------------------------------------------------------- result
 def simulate_step(scenario: Scenario, trace: bool = True) -> StepResult:
     """Simulate one optimizer step of ``scenario`` and return its typed breakdown."""
-    cluster, tr, ddp, par = scenario.cluster, scenario.training, scenario.ddp, scenario.parallelism
-    workload = build_workload(scenario)
+    return run_plan(build_plan(scenario), trace)
+
+
+def run_plan(plan: StepPlan, trace: bool = True) -> StepResult:
+    """Run the simpy simulation of a prepared plan (the reference every shortcut must equal)."""
     env = simpy.Environment()
-    spans: list[Span] = []
-    ranks = [_make_rank(scenario, workload, r, env) for r in range(par.pp)]
-    m = scenario.num_micro_batches
-
-    fsdp = par.zero_stage == 3 and par.pp == 1
-    if fsdp:
-        _run_fsdp(env, scenario, workload, ranks[0], spans)
-    elif par.pp == 1:
-        rank = ranks[0]
-
-        def record(plan: BucketPlan, start: float, end: float) -> None:
-            rank.timing_of[plan.index] = (start, end)
-
-        nb = len(rank.buckets)
-        compute = env.process(compute_stream(env, rank.timings, m, [rank.grads_of(la) for la in rank.layers],
-                                             rank.grad_ready(env), spans, rank.state, rank.rounds, nb))
-        plans = [replace(p, index=k * nb + p.index) for k in range(rank.rounds) for p in rank.plans]
-        comm = env.process(comm_stream(env, plans, rank.ready_events, None if ddp.overlap else compute,
-                                       record, spans, rank.state))
-        env.process(_finish(env, rank, compute, comm, spans, ""))
+    spans: list[Span] | None = [] if trace else None
+    par = plan.scenario.parallelism
+    states = []
+    for rp in plan.ranks:
+        gpu = Gpu(env, plan.interference, name=str(rp.index))
+        suffix = f" {rp.index}" if par.pp > 1 else ""
+        st = _Rank(rp, gpu, Recorder(None), overlap=plan.overlap)
+        st.rec = _Accounting(spans, suffix, st)
+        for rnd in range(rp.rounds if plan.mode == "dp" else 1):
+            for b in rp.buckets:
+                st.ready[(rnd, b.index)] = env.event()
+                st.remaining[(rnd, b.index)] = b.num_params
+        states.append(st)
+    if plan.mode == "fsdp":
+        _run_fsdp(env, plan, states[0])
+    elif plan.mode == "dp":
+        _run_dp(env, plan, states[0])
     else:
-        _run_pipeline(env, scenario, workload, ranks, spans)
+        _run_pipeline(env, plan, states)
     env.run()
-    step_s = max(r.end_s for r in ranks) + cluster.host_overhead_s
+    return _result(plan, states, spans)
+
+
+def _pipeline_parts(plan: StepPlan, st: _Rank) -> tuple[float, float]:
+    """Split the reported rank's pipeline waits into the bubble of a balanced pipeline and the rest."""
+    waits = st.acct.get("pipeline_wait", 0.0)
+    par = plan.scenario.parallelism
+    if par.pp == 1:
+        return 0.0, 0.0
+    per_micro = [sum(r.fwd_alone_s.values()) + sum(r.bwd_alone_s.values()) for r in plan.ranks]
+    balanced = (par.pp - 1) / par.virtual_stages * sum(per_micro) / len(per_micro)
+    bubble = min(waits, balanced)
+    return bubble, waits - bubble
+
+
+def _result(plan: StepPlan, states: list[_Rank], spans: list[Span] | None) -> StepResult:
+    scenario, workload = plan.scenario, plan.workload
+    cluster, tr, par = scenario.cluster, scenario.training, scenario.parallelism
+    host = cluster.host_overhead_s
+    step_s = max(st.end_s for st in states) + host
     if step_s <= 0:
         raise ValueError("the step takes no time: every layer has zero FLOP and no measured time")
-
-    # Report the rank that finishes last (ties: the busiest).
-    rank = max(ranks, key=lambda r: (r.end_s, r.busy_s))
-    last = (rank.rounds - 1) * len(rank.buckets)  # report the last communicating micro-batch
-    costs = [p.cost_s for p in rank.plans]
-    readies = [rank.ready_at[last + b.index] for b in rank.buckets]
-    compute_s = m * sum(t.compute_s for t in rank.timings)
-    tp_comm_s = m * sum(t.tp_comm_s for t in rank.timings)
-    tail_s = rank.opt_s + rank.gather_s + cluster.host_overhead_s
-    comm_s = rank.rounds * sum(costs) + rank.gather_s
-    # Waiting on the reported rank: with a pipeline, idle time inside the schedule is the bubble (and
-    # send/recv); otherwise (DDP, FSDP) any wait inside or after the compute timeline is communication.
-    pre_tail_s = rank.end_s - rank.opt_s - rank.gather_s
-    if par.pp > 1:
-        bubble_s = max(0.0, rank.compute_end_s - compute_s - tp_comm_s)
-        exposed_dp_s = max(0.0, pre_tail_s - rank.compute_end_s) + rank.gather_s
-    else:
-        bubble_s = 0.0
-        exposed_dp_s = max(0.0, pre_tail_s - compute_s - tp_comm_s) + rank.gather_s
-    if fsdp:
-        # Every micro-batch gathers each unit twice and reduce-scatters it once.
-        comm_s = m * sum(u.gather_s * 2 + u.reduce_s for u in rank.fsdp_units)
-    if fsdp or rank.rounds > 1:
-        bounds = Bounds(
-            no_overlap_s=compute_s + tp_comm_s + comm_s + tail_s,
-            perfect_overlap_s=max(compute_s + tp_comm_s, comm_s) + tail_s,
-            in_order_overlap_s=None,
-        )
-    else:
-        # Bounds take compute without interference; with a pipeline, its timeline (bubbles included).
-        end = rank.compute_end_s if par.pp > 1 else compute_s + tp_comm_s
-        bounds = Bounds(
-            no_overlap_s=no_overlap_step_s(end, costs, tail_s),
-            perfect_overlap_s=perfect_overlap_step_s(end, readies, costs, tail_s),
-            in_order_overlap_s=in_order_overlap_step_s(end, readies, costs, tail_s),
-        )
+    st = max(states, key=lambda s: (s.end_s, s.plan.kernel_s))
+    rp = st.plan
+    m = plan.num_micro_batches
+    bubble, imbalance = _pipeline_parts(plan, st)
+    values = {
+        "compute": st.acct.get("compute", 0.0),
+        "recompute": st.acct.get("recompute", 0.0),
+        "interference": st.acct.get("interference", 0.0),
+        "tp_comm": st.acct.get("tp_comm", 0.0),
+        "dp_comm": st.acct.get("dp_comm", 0.0),
+        "pipeline_bubble": bubble,
+        "stage_imbalance": imbalance,
+        "optimizer": st.acct.get("optimizer", 0.0),
+        "host": host,
+    }
+    breakdown = [StepPart(key=k, label=BREAKDOWN_PARTS[k][0], time_s=max(0.0, v), description=BREAKDOWN_PARTS[k][1])
+                 for k, v in values.items()]
+    comm_s = st.dp_comm_s
+    bounds = _bounds(plan, states, host)
     gbs = scenario.global_batch_size
     gpu = cluster.gpu
-    # The same per-GPU work (including a sharded optimizer step) without communication or bubbles.
-    one_gpu_s = compute_s + rank.opt_s + cluster.host_overhead_s
+    one_gpu_s = m * rp.kernel_s + rp.opt_s + host
+    rounds_reported = rp.rounds if plan.mode == "dp" else 1
+    last = rounds_reported - 1
+    buckets = []
+    if plan.mode == "fsdp":
+        for u in rp.fsdp_units + ([rp.fsdp_root] if rp.fsdp_root else []):
+            ready = st.ready_at.get((0, u.index), 0.0)
+            start, end = st.reduced.get((0, u.index), (ready, ready))
+            buckets.append(BucketTiming(index=u.index, size_bytes=u.grad_bytes, num_params=0, ready_s=ready,
+                                        start_s=start, end_s=end, algorithm="reduce-scatter", protocol="unit"))
+    else:
+        for b in rp.buckets:
+            start, end = st.reduced[(last, b.index)]
+            buckets.append(BucketTiming(index=b.index, size_bytes=b.size_bytes, num_params=b.num_params,
+                                        ready_s=st.ready_at[(last, b.index)], start_s=start, end_s=end,
+                                        algorithm=b.reduce.algorithm, protocol=b.reduce.protocol))
     return StepResult(
         scenario=scenario.name,
         model=scenario.model.name,
@@ -283,127 +478,96 @@ def simulate_step(scenario: Scenario, trace: bool = True) -> StepResult:
         num_micro_batches=m,
         global_batch_size=gbs,
         step_time_s=step_s,
-        compute_time_s=compute_s,
-        optimizer_time_s=rank.opt_s,
-        host_overhead_s=cluster.host_overhead_s,
+        compute_time_s=values["compute"] + values["recompute"],
+        optimizer_time_s=rp.opt_s,
+        host_overhead_s=host,
         comm_time_s=comm_s,
-        exposed_comm_time_s=exposed_dp_s + tp_comm_s,
-        tp_comm_time_s=tp_comm_s,
-        pipeline_bubble_time_s=bubble_s,
+        exposed_comm_time_s=values["dp_comm"],
+        tp_comm_time_s=values["tp_comm"],
+        tp_comm_total_s=m * rp.tp_comm_s,
+        pipeline_bubble_time_s=bubble,
+        stage_imbalance_time_s=imbalance,
+        recompute_time_s=values["recompute"],
+        interference_time_s=values["interference"],
+        breakdown=breakdown,
+        link_busy_s={tier: link.busy_s for tier, link in st.gpu.links.items()},
         samples_per_s=gbs / step_s,
         tokens_per_s=gbs * tr.seq_len / step_s,
         mfu=workload.model_flop_per_sample * gbs / step_s / (cluster.num_gpus * gpu.peak_flop_per_s(tr.precision)),
         scaling_efficiency=one_gpu_s / step_s,
-        num_params=sum(p.numel for p in rank.params),
-        reported_rank=f"pipeline stage {rank.index} of {par.pp}" if par.pp > 1 else "every rank (data parallel)",
-        buckets=[
-            BucketTiming(
-                index=b.index,
-                size_bytes=b.size_bytes,
-                num_params=len(b.param_indices),
-                ready_s=rank.ready_at[last + b.index],
-                start_s=rank.timing_of[last + b.index][0],
-                end_s=rank.timing_of[last + b.index][1],
-                algorithm=rank.plans[b.index].label.split("/")[0],
-                protocol=rank.plans[b.index].label.split("/")[1],
-            )
-            for b in rank.buckets
-        ],
+        num_params=sum(p.numel for p in rp.grads.params),
+        reported_rank=f"pipeline stage {rp.index} of {par.pp}" if par.pp > 1 else "every rank (data parallel)",
+        buckets=buckets,
         bounds=bounds,
         not_modelled=not_modelled(scenario) + workload.notes,
         memory=memory_breakdown(scenario, workload),
-        trace=Trace(spans=spans) if trace else None,
+        trace=Trace(spans=spans) if spans is not None else None,
     )
 
 
-def _run_pipeline(
-    env: simpy.Environment, scenario: Scenario, workload: Workload, ranks: list[_Rank], spans: list[Span]
-) -> None:
-    """Start one process per pipeline rank running its schedule, plus its DP comm and finish processes."""
-    par, ddp = scenario.parallelism, scenario.ddp
-    p, v, m = par.pp, par.virtual_stages, scenario.num_micro_batches
-    clock = PipelineClock.create(env)
-    neighbour = group(scenario.cluster, 2, stride=par.tp * scenario.dp)
-    p2p_bytes = workload.boundary_activation_bytes
-    p2p_s = collective_cost("send-recv", p2p_bytes, neighbour).time_s if p2p_bytes else 0.0
-
-    for rank in ranks:
-        suffix = f" {rank.index}"
-        by_stage: dict[int, list[int]] = {}
-        for i, layer in enumerate(rank.layers):
-            by_stage.setdefault(layer.stage, []).append(i)
-        fwd_s = {s: sum(rank.timings[i].fwd_total_s for i in idx) for s, idx in by_stage.items()}
-        bwd_s = {s: sum(rank.timings[i].bwd_s for i in idx) for s, idx in by_stage.items()}
-        ready = rank.grad_ready(env)
-        grads = [rank.grads_of(la) for la in rank.layers]
-
-        def run_op(op: PipeOp, last: bool, rank: _Rank = rank, by_stage=by_stage, fwd_s=fwd_s, bwd_s=bwd_s,
-                   ready=ready, grads=grads) -> simpy.events.ProcessGenerator:
-            if op.kind == "F":
-                yield env.timeout(fwd_s.get(op.virtual_stage, 0.0))
-                return
-            if not last:
-                yield env.timeout(bwd_s.get(op.virtual_stage, 0.0) * rank.state.scale())
-                return
-            # The last backward of this virtual stage: layer by layer, releasing gradients to DDP.
-            for i in reversed(by_stage.get(op.virtual_stage, [])):
-                yield env.timeout(rank.timings[i].bwd_s * rank.state.scale())
-                for b in grads[i]:
-                    ready(b)
-
-        def record(plan: BucketPlan, start: float, end: float, rank: _Rank = rank) -> None:
-            rank.timing_of[plan.index] = (start, end)
-
-        ops = schedule(par.pipeline_schedule, p, m, rank.index, v)
-        compute = env.process(pipeline_rank(env, rank.index, ops, p * v, clock, run_op, lambda op: p2p_s, spans))
-        comm = env.process(comm_stream(env, rank.plans, rank.ready_events, None if ddp.overlap else compute,
-                                       record, spans, rank.state, stream=f"comm{suffix}"))
-        env.process(_finish(env, rank, compute, comm, spans, suffix))
+def _bounds(plan: StepPlan, states: list[_Rank], host: float) -> Bounds:
+    """Closed-form bounds: every collective serialised after the compute it follows (no overlap, no sharing,
+    no interference), and the most any resource of a GPU must be busy (perfect overlap)."""
+    m = plan.num_micro_batches
+    upper, lower = [], []
+    for st in states:
+        rp = st.plan
+        dp_serial = sum(b.reduce.time_s for b in rp.buckets) * rp.rounds
+        dp_serial += sum(b.gather.time_s for b in rp.buckets if b.gather)
+        tail_serial = rp.opt_s + (rp.gather_after_step.time_s if rp.gather_after_step else 0.0)
+        tail_serial += rp.embedding_sync.time_s if rp.embedding_sync else 0.0
+        if plan.mode == "fsdp":
+            units = rp.fsdp_units + ([rp.fsdp_root] if rp.fsdp_root else [])
+            per_micro = sum(2 * u.gather.time_s + u.reduce.time_s for u in units)
+            if rp.fsdp_root:
+                per_micro -= rp.fsdp_root.gather.time_s  # the root is gathered once per micro-batch
+            dp_serial = m * per_micro
+        serial = m * (rp.kernel_s + rp.tp_comm_s)
+        kernels = m * rp.kernel_s
+        if plan.mode == "pipeline":
+            serial = _pipeline_end(plan, st.plan.index, serial=True)
+            kernels = _pipeline_end(plan, st.plan.index, serial=False)
+        upper.append(serial + dp_serial + tail_serial)
+        work_before_step = {tier: link.work_s for tier, link in st.gpu.links.items()}
+        if rp.gather_after_step is not None:
+            work_before_step[rp.gather_after_step.tier] -= rp.gather_after_step.transfer_s
+        gather_after = rp.gather_after_step.time_s if rp.gather_after_step else 0.0
+        lower.append(max(kernels, *work_before_step.values()) + rp.opt_s + gather_after)
+    in_order = None
+    if plan.mode == "dp" and plan.ranks[0].rounds == 1 and not any(b.gather for b in plan.ranks[0].buckets):
+        st = states[0]
+        readies = [st.ready_at[(0, b.index)] for b in st.plan.buckets]
+        costs = [b.reduce.time_s for b in st.plan.buckets]
+        tail = st.plan.opt_s + (st.plan.gather_after_step.time_s if st.plan.gather_after_step else 0.0) + host
+        in_order = in_order_overlap_step_s(st.compute_end_s, readies, costs, tail) if costs else None
+    return Bounds(no_overlap_s=max(upper) + host, perfect_overlap_s=max(lower) + host, in_order_overlap_s=in_order)
 
 
-def _fsdp_units(scenario: Scenario, rank: _Rank) -> list[FsdpUnit]:
-    """One unit per transformer block (root unit: embeddings, head), or per layer of other models."""
-    groups: dict[str, list[int]] = {}
-    for i, layer in enumerate(rank.layers):
-        parts = layer.name.split(".")
-        key = ".".join(parts[:2]) if parts[0] == "layers" and len(parts) > 2 else layer.name
-        if scenario.model.transformer is not None and not layer.name.startswith("layers."):
-            key = "embed" if i == 0 else "head"
-        groups.setdefault(key, []).append(i)
-    dp = dp_group(scenario)
-    units = []
-    for k, (name, idx) in enumerate(groups.items()):
-        gids = sorted({g for i in idx for g in rank.layers[i].param_indices})
-        grad_bytes = sum(rank.params[rank.local[g]].numel * dtype_bytes(rank.params[rank.local[g]].dtype)
-                         for g in gids)
-        working = sum(p.numel * dtype_bytes(p.dtype) for p in (rank.params[rank.local[g]] for g in gids))
-        gather = collective_cost("all-gather", working, dp).time_s if gids else 0.0
-        reduce = collective_cost("reduce-scatter", grad_bytes, dp).time_s if gids else 0.0
-        units.append(FsdpUnit(k, name, tuple(idx), gather, reduce, grad_bytes))
-    return units
+def _pipeline_end(plan: StepPlan, rank: int, serial: bool) -> float:
+    """End of ``rank``'s schedule: with TP and send/recv serialised (``serial``), or kernels only."""
+    par = plan.scenario.parallelism
+    num_vs = par.pp * par.virtual_stages
+
+    def duration(r: int, op: PipeOp) -> float:
+        rp = plan.ranks[r]
+        plans = [p for p, la in zip(rp.plans, rp.layers, strict=True) if la.stage == op.virtual_stage]
+        work = sum(p.timing.fwd_s if op.kind == "F" else p.timing.bwd_s for p in plans)
+        if not serial:
+            return work
+        tp = sum(_tp_part(p, op.kind) for p in plans)
+        send = plan.p2p.get(op.virtual_stage if op.kind == "F" else op.virtual_stage - 1)
+        return work + tp + (send.time_s if send is not None else 0.0)
+
+    ends = makespan(plan.ops, num_vs, duration, lambda op: 0.0)
+    return ends[rank] if serial else max(ends)
 
 
-def _run_fsdp(env: simpy.Environment, scenario: Scenario, workload: Workload, rank: _Rank,
-              spans: list[Span]) -> None:
-    """ZeRO-3 / FSDP: every micro-batch gathers and reduce-scatters unit by unit; then the sharded step."""
-    rank.fsdp_units = _fsdp_units(scenario, rank)
-    gather_lock, reduce_lock = simpy.Resource(env, 1), simpy.Resource(env, 1)
-    m = scenario.num_micro_batches
-    rank.buckets = [
-        Bucket(index=u.index, param_indices=[], size_bytes=u.grad_bytes, dtype="mixed", cap_bytes=0)
-        for u in rank.fsdp_units
-    ]
-    rank.plans = [BucketPlan(u.index, u.grad_bytes, 0, u.reduce_s, "reduce-scatter/unit") for u in rank.fsdp_units]
+def _tp_part(p: LayerPlan, kind: str) -> float:
+    fwd = sum(c.time_s for c in p.fwd_pre + p.fwd_post)
+    if kind == "F":
+        return fwd
+    bwd = sum(c.time_s for c in p.bwd_pre + p.dgrad_post + p.wgrad_pre)
+    return bwd + (fwd if p.recompute_comm else 0.0)
 
-    def record(unit: FsdpUnit, ready: float, start: float, end: float) -> None:
-        rank.ready_at[unit.index] = ready
-        rank.timing_of[unit.index] = (start, end)
 
-    def micro_steps() -> simpy.events.ProcessGenerator:
-        for k in range(m):
-            yield from fsdp_micro_step(env, rank.timings, rank.fsdp_units, gather_lock, reduce_lock, spans,
-                                       record if k == m - 1 else None, scenario.cluster.comm_compute_interference)
-
-    compute = env.process(micro_steps())
-    done = env.event().succeed()
-    env.process(_finish(env, rank, compute, done, spans, ""))
+__all__ = ["not_modelled", "pass_alone_s", "run_plan", "simulate_step"]

@@ -1,0 +1,239 @@
+"""Everything the step simulation needs, computed once from a scenario: per pipeline rank its layers with
+kernel times and tensor-parallel collectives, its DDP buckets and their collectives, pipeline send/recv,
+FSDP units, optimizer and parameter all-gather. Plain dataclasses: no pydantic object is built while the
+simulation runs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
+
+from simddp.bucketing import Bucket, ddp_buckets
+from simddp.collectives import CollectiveCost, Op, collective_cost
+from simddp.compute import LayerTiming, layer_timing, optimizer_step_s
+from simddp.config import ParameterSpec, Scenario
+from simddp.sim.layers import LayerPlan, pass_alone_s
+from simddp.sim.pipeline import PipeOp, schedule
+from simddp.topology import CommGroup, dp_group, group, tp_group
+from simddp.units import dtype_bytes
+from simddp.workload import Collective, Layer, Workload, build_workload, fsdp_unit_layers, grad_reduce_spec
+
+
+@dataclass(frozen=True)
+class RankGradients:
+    """What DDP on one pipeline rank sees: its parameters (in the reduction dtype), ready order, buckets."""
+
+    global_ids: list[int]
+    params: list[ParameterSpec]
+    ready_order: list[int]
+    buckets: list[Bucket]
+
+
+def rank_gradients(scenario: Scenario, workload: Workload, index: int = 0) -> RankGradients:
+    """Parameters and DDP buckets of pipeline rank ``index`` (its tp shard), as the simulator uses them."""
+    ddp = scenario.ddp
+    layers = workload.rank_layers(index, scenario.parallelism.pp)
+    global_ids = sorted({i for layer in layers for i in layer.param_indices})
+    local = {g: k for k, g in enumerate(global_ids)}
+    params = [grad_reduce_spec(workload.parameters[g], ddp.reduce_in_fp32) for g in global_ids]
+    ready_order = [local[g] for g in workload.grad_ready_order if g in local]
+    buckets = ddp_buckets(params, ready_order, ddp.bucket_cap_mb) if params else []
+    return RankGradients(global_ids, params, ready_order, buckets)
+
+
+@dataclass(frozen=True)
+class BucketPlan:
+    """A gradient bucket: its collective, and the parameter all-gather of the same bucket (ZeRO)."""
+
+    index: int
+    size_bytes: int
+    num_params: int
+    reduce: CollectiveCost
+    gather: CollectiveCost | None
+
+
+@dataclass(frozen=True)
+class FsdpUnitPlan:
+    """An FSDP unit (one block, or the root): layer positions, parameter all-gather, gradient reduce-scatter."""
+
+    index: int
+    name: str
+    layers: tuple[int, ...]
+    gather: CollectiveCost
+    reduce: CollectiveCost
+    grad_bytes: int
+
+
+@dataclass
+class RankPlan:
+    """One pipeline rank (its data- and tensor-parallel peers behave the same)."""
+
+    index: int
+    layers: tuple[Layer, ...]
+    plans: list[LayerPlan]
+    grads: RankGradients
+    bucket_of_layer: list[list[int]]  # bucket index of each gradient a layer releases
+    buckets: list[BucketPlan]
+    rounds: int  # micro-batches whose gradients are reduced (1: no_sync accumulation)
+    opt_s: float
+    gather_after_step: CollectiveCost | None  # ZeRO-1/2 parameter all-gather of the whole shard
+    embedding_sync: CollectiveCost | None  # tied embedding gradient all-reduce, first and last stage
+    fsdp_units: list[FsdpUnitPlan] = field(default_factory=list)
+    fsdp_root: FsdpUnitPlan | None = None
+    fwd_alone_s: dict[int, float] = field(default_factory=dict)  # virtual stage -> forward, idle GPU
+    bwd_alone_s: dict[int, float] = field(default_factory=dict)
+    fwd_work_s: dict[int, float] = field(default_factory=dict)  # kernels only
+    bwd_work_s: dict[int, float] = field(default_factory=dict)
+    bwd_recompute_s: dict[int, float] = field(default_factory=dict)
+
+    @property
+    def kernel_s(self) -> float:
+        """Kernel time (forward, recompute, backward) of one micro-batch on this rank."""
+        return sum(p.timing.compute_s for p in self.plans)
+
+    @property
+    def recompute_s(self) -> float:
+        return sum(p.timing.recompute_s for p in self.plans)
+
+    @property
+    def tp_comm_s(self) -> float:
+        return sum(p.tp_comm_s for p in self.plans)
+
+
+@dataclass
+class StepPlan:
+    scenario: Scenario
+    workload: Workload
+    ranks: list[RankPlan]
+    num_micro_batches: int
+    mode: str  # "dp" (pp = 1, DDP / ZeRO-1/2), "fsdp" (ZeRO-3, pp = 1) or "pipeline"
+    ops: list[list[PipeOp]]  # pipeline schedule of each rank
+    p2p: dict[int, CollectiveCost]  # virtual stage boundary (vs -> vs + 1) -> activation/gradient send
+    overlap: str  # parallelism.tp_comm_overlap
+    interference: float
+
+
+def _tp_costs(colls: Sequence[Collective], where: str, tp: CommGroup) -> tuple[CollectiveCost, ...]:
+    return tuple(collective_cost(c.op, c.size_bytes, tp) for c in colls if c.where == where)
+
+
+def layer_plans(scenario: Scenario, layers: Sequence[Layer]) -> list[LayerPlan]:
+    """Kernel times and TP collective costs of ``layers``."""
+    tr, par = scenario.training, scenario.parallelism
+    gpu = scenario.cluster.gpu
+    eff = scenario.model.compute_efficiency or 1.0
+    tp = tp_group(scenario)
+    out = []
+    for layer in layers:
+        t: LayerTiming = layer_timing(layer, gpu, tr, eff)
+        if par.tp > 1 and layer.collectives:
+            cs = layer.collectives
+            out.append(LayerPlan(
+                t, fwd_pre=_tp_costs(cs, "fwd-pre", tp), fwd_post=_tp_costs(cs, "fwd-post", tp),
+                bwd_pre=_tp_costs(cs, "bwd-pre", tp), dgrad_post=_tp_costs(cs, "dgrad-post", tp),
+                wgrad_pre=_tp_costs(cs, "wgrad-pre", tp), recompute_comm=t.recompute_s > 0,
+            ))
+        else:
+            out.append(LayerPlan(t))
+    return out
+
+
+def boundary_group(scenario: Scenario, virtual_stage: int) -> CommGroup:
+    """The pair of ranks that send/recv between virtual stage ``vs`` and ``vs + 1`` (pipeline neighbours)."""
+    par = scenario.parallelism
+    del virtual_stage
+    return group(scenario.cluster, 2, stride=par.tp * scenario.dp)
+
+
+def build_plan(scenario: Scenario, workload: Workload | None = None) -> StepPlan:
+    """Everything the simulation of ``scenario``'s step needs (costs computed once)."""
+    workload = workload or build_workload(scenario)
+    par, tr, ddp, cluster = scenario.parallelism, scenario.training, scenario.ddp, scenario.cluster
+    m = scenario.num_micro_batches
+    dp = dp_group(scenario)
+    mode = "fsdp" if (par.zero_stage == 3 and par.pp == 1) else ("pipeline" if par.pp > 1 else "dp")
+    op: Op = "reduce-scatter" if par.zero_stage >= 1 else "all-reduce"
+    algorithm = ddp.algorithm if op == "all-reduce" else "auto"
+    shard = scenario.dp if par.zero_stage >= 1 else 1
+    # ZeRO-2 keeps only its gradient shard, so it reduce-scatters every micro-batch (DeepSpeed); DDP and
+    # ZeRO-1 accumulate locally (no_sync) and communicate on the last micro-batch only.
+    rounds = m if (par.zero_stage == 2 and par.pp == 1) else 1
+    ranks = []
+    for r in range(par.pp):
+        layers = workload.rank_layers(r, par.pp)
+        grads = rank_gradients(scenario, workload, r)
+        local = {g: k for k, g in enumerate(grads.global_ids)}
+        bucket_of_param = {p: b.index for b in grads.buckets for p in b.param_indices}
+        bucket_of_layer = [[bucket_of_param[local[g]] for g in la.param_indices] for la in layers]
+        working = [workload.parameters[g] for g in grads.global_ids]
+        buckets = []
+        for b in grads.buckets:
+            gather = None
+            if par.zero_stage in (1, 2) and ddp.overlap_param_gather:
+                gather = collective_cost("all-gather", sum(working[i].numel * dtype_bytes(working[i].dtype)
+                                                           for i in b.param_indices), dp)
+            buckets.append(BucketPlan(b.index, b.size_bytes, len(b.param_indices),
+                                      collective_cost(op, b.size_bytes, dp, algorithm), gather))
+        stage_workload = replace(workload, parameters=tuple(grads.params))
+        opt_s = optimizer_step_s(stage_workload, cluster.gpu, tr, shard=shard) if grads.params else 0.0
+        gather_after = None
+        if par.zero_stage >= 1 and grads.params and mode != "fsdp" and not ddp.overlap_param_gather:
+            gather_after = collective_cost("all-gather", sum(p.numel * dtype_bytes(p.dtype) for p in working), dp)
+        rank = RankPlan(r, layers, layer_plans(scenario, layers), grads, bucket_of_layer, buckets, rounds,
+                        opt_s, gather_after, _embedding_sync(scenario, workload, r))
+        for vs in sorted({la.stage for la in layers}):
+            idx = [i for i, la in enumerate(layers) if la.stage == vs]
+            stage_plans = [rank.plans[i] for i in idx]
+            interference = cluster.comm_compute_interference
+            rank.fwd_alone_s[vs] = pass_alone_s(stage_plans, par.tp_comm_overlap, "F", interference)
+            rank.bwd_alone_s[vs] = pass_alone_s(stage_plans, par.tp_comm_overlap, "B", interference)
+            rank.fwd_work_s[vs] = sum(p.timing.fwd_s for p in stage_plans)
+            rank.bwd_work_s[vs] = sum(p.timing.bwd_s for p in stage_plans)
+            rank.bwd_recompute_s[vs] = sum(p.timing.recompute_s for p in stage_plans)
+        if mode == "fsdp":
+            rank.fsdp_units, rank.fsdp_root = _fsdp_plans(scenario, workload, rank, dp)
+        ranks.append(rank)
+    ops = [schedule(par.pipeline_schedule, par.pp, m, r, par.virtual_stages) for r in range(par.pp)] \
+        if mode == "pipeline" else [[] for _ in range(par.pp)]
+    p2p: dict[int, CollectiveCost] = {}
+    if mode == "pipeline" and workload.boundary_activation_bytes:
+        for vs in range(workload.num_stages - 1):
+            p2p[vs] = collective_cost("send-recv", workload.boundary_activation_bytes, boundary_group(scenario, vs))
+    return StepPlan(scenario, workload, ranks, m, mode, ops, p2p, par.tp_comm_overlap,
+                    cluster.comm_compute_interference)
+
+
+def _embedding_sync(scenario: Scenario, workload: Workload, rank: int) -> CollectiveCost | None:
+    """Megatron all-reduces the tied word-embedding gradient between the first and the last stage."""
+    tf, pp = scenario.model.transformer, scenario.parallelism.pp
+    if tf is None or not tf.tied_embeddings or pp == 1 or rank not in (0, pp - 1):
+        return None
+    word = workload.parameters[0]
+    spec = grad_reduce_spec(word, scenario.ddp.reduce_in_fp32)
+    pair = group(scenario.cluster, 2, stride=scenario.parallelism.tp * scenario.dp * (pp - 1))
+    return collective_cost("all-reduce", spec.numel * dtype_bytes(spec.dtype), pair)
+
+
+def _fsdp_plans(scenario: Scenario, workload: Workload, rank: RankPlan,
+                dp: CommGroup) -> tuple[list[FsdpUnitPlan], FsdpUnitPlan | None]:
+    """Per-unit all-gather (parameters in their own dtype) and reduce-scatter (gradients in the reduction
+    dtype) of the FSDP units of :func:`simddp.workload.fsdp_unit_layers`."""
+    units, root = fsdp_unit_layers(rank.layers)
+    local = {g: k for k, g in enumerate(rank.grads.global_ids)}
+
+    def plan(index: int, name: str, positions: Sequence[int]) -> FsdpUnitPlan:
+        gids = sorted({g for i in positions for g in rank.layers[i].param_indices})
+        param_bytes = sum(workload.parameters[g].numel * dtype_bytes(workload.parameters[g].dtype) for g in gids)
+        grad_bytes = sum(rank.grads.params[local[g]].numel * dtype_bytes(rank.grads.params[local[g]].dtype)
+                         for g in gids)
+        return FsdpUnitPlan(index, name, tuple(positions), collective_cost("all-gather", param_bytes, dp),
+                            collective_cost("reduce-scatter", grad_bytes, dp), grad_bytes)
+
+    plans = []
+    for k, positions in enumerate(units):
+        first = rank.layers[positions[0]]
+        name = f"block {first.block}" if first.block is not None else first.name
+        plans.append(plan(k, name, positions))
+    root_plan = plan(len(plans), "root", root) if root else None
+    return plans, root_plan
