@@ -49,7 +49,7 @@ def _xla_matrix() -> None:
         c = predict(r)
         cells[(r.op, r.groups, r.ranks or 0)][r.size_bytes] = (
             f"{r.busbw_gb_per_s:.0f} / {c.busbw_bytes_per_s / GB:.0f} ({error(r):+.0%})")
-    print("| op | groups x GPUs | simddp picks | " + " | ".join(_size(s) for s in sizes) + " |")
+    print(f"| op | groups x GPUs | simddp picks ({_size(sizes[-1])}) | " + " | ".join(_size(s) for s in sizes) + " |")
     print("|---|---|---|" + "---|" * len(sizes))
     for (op, groups, ranks), by_size in sorted(cells.items()):
         algo = predict(next(r for r in rows if (r.op, r.groups, r.ranks) == (op, groups, ranks)
@@ -73,6 +73,9 @@ def main() -> None:
         print("\n### Held-out nccl-tests rows, < 1 MiB\n")
         _table([r for r in everything if r.held_out and r.size_bytes < MiB])
     print("\n### Held-out: OpenXLA's measured H100 collectives, >= 64 MiB\n")
+    print("Times are medians of a whole XLA executable (a 20-100 us launch floor at small sizes), so only sizes\n"
+          "where the transfer dominates (>= 64 MiB) are compared. The table says sm_90 only: assumed H100 SXM\n"
+          "(dgx-h100-80gb).\n")
     _xla_matrix()
 
 
