@@ -24,11 +24,12 @@ by the link parameters of the scenario instead of NCCL's hard-coded ones:
   G GPUs) gives the wire rate, algbw x (G+1)/G; reduce-scatter and all-gather then run at algbw = wire
   (slower than a ring at large sizes, as NCCL's maintainers say, but one hop of latency).
 * NVLS-tree (all-reduce across nodes, NCCL's ``NVLS_TREE``): NVLS inside each node, and a tree over the
-  NICs between nodes; each GPU heads 1/N of the data on its own NIC share. Between two nodes the tree is a
-  pairwise exchange (S/N each way per NIC); beyond, a double binary tree (2S/N each way), as NCCL's
-  tuner takes ``bwInter`` (two nodes) or ``bwInter/2``. The stages are pipelined: algbw = min(intra NVLS,
-  NIC stage); latency = NVLS hop + 2 x log2(nNodes) x NET NVLSTree hop. NVLS (not tree) across nodes and
-  NVLS reduce-scatter / all-gather across nodes need IB SHARP (CollNet), which simddp does not model.
+  NICs between nodes; each of the r ranks of a node heads 1/r of the data on its own NIC share. Between two
+  nodes the tree is a pairwise exchange (S/r each way per NIC); beyond, a double binary tree (2S/r each
+  way), as NCCL's tuner takes ``bwInter`` (two nodes) or ``bwInter/2``. The stages are pipelined:
+  algbw = min(intra NVLS, NIC stage); latency = NVLS hop + 2 x log2(nNodes) x NET NVLSTree hop. NVLS (not
+  tree) across nodes and NVLS reduce-scatter / all-gather across nodes need IB SHARP (CollNet), which simddp
+  does not model.
 
 ``auto`` picks the fastest (algorithm, protocol) pair, as NCCL's tuner does. Hierarchical all-reduce
 (intra-node reduce-scatter, inter-node all-reduce, intra-node all-gather; Horovod / torch 2D style) is
