@@ -1,18 +1,35 @@
-"""Cost of collectives: ring, double binary tree, NVLS and hierarchical algorithms in the alpha-beta model.
+"""Cost of collectives: ring, double binary tree, NVLS, NVLS-tree and hierarchical algorithms, alpha-beta.
 
-The model is NCCL's own tuning model (NVIDIA/nccl ``src/graph/tuning.cc``, 2.19/2.20 series), driven by
-the link parameters of the scenario instead of NCCL's hard-coded ones:
+The model is NCCL's own tuning model (NVIDIA/nccl ``src/graph/tuning.cc`` @ b6475625, NCCL 2.20.3), driven
+by the link parameters of the scenario instead of NCCL's hard-coded ones:
 
 * time = latency + bytes / algbw, where algbw = busbw x (nRanks / nsteps) for rings and 0.5 x busbw for
   trees (``ncclTopoTuneModel``: ``ratio``).
 * busbw = the slowest tier the collective crosses: the intra-node ring bandwidth, or the group's share of
-  the node's NICs; then NCCL's protocol factors: ring LL 1/4 (all-reduce) or 1/3, LL128 0.92 (120/128);
-  tree x0.92, tree LL 1/3.8, tree LL128 x7/9 (one node) or x120/128.
+  the node's NICs; then NCCL's protocol factors: ring LL 1/4 (all-reduce) or 1/3, ring LL128 0.92
+  (120/128) with >= 2 ranks per node and 0.7 with one (``ppn < 2``: the GPU sends and receives through its
+  NIC); tree x0.92, tree LL 1/3.8, tree LL128 x7/9 (one node) or x120/128.
 * ring latency = baseLat + (nsteps - nInterSteps) x intraLat + nInterSteps x interLat (x1.4 for
   multi-node Simple all-reduce, NCCL's "plateau effect" on Ampere and newer);
   tree latency = baseLat + 2 x ((ranksPerNode - 1) x intraLat + log2(nNodes) x interLat).
-* Per-hop latencies: the link's ``latency_s`` is NCCL's ring/Simple ``hwLat`` for that tier; the other
-  algorithm/protocol latencies keep NCCL's ratios to it (``HW_LAT_US`` below).
+* Per-hop latencies: a link's ``latency_s`` is NCCL's ring/Simple ``hwLat`` for its tier (NVLink 3.4 us,
+  PCIe 5.7 us, NET 14 us); every other algorithm and protocol on that tier (LL, LL128, tree, NVLS) keeps
+  NCCL's ratio to it (``HW_LAT_US`` below), so a slower fabric slows every protocol alike.
+* NVLS (NVLink SHARP, one node). NCCL's NVLS all-reduce is a reduce-scatter through the switch (``multimem
+  ld_reduce``) followed by an all-gather (``multimem st``) (``src/device/all_reduce.h``: scatter, "Reduce
+  through NVLS", broadcast through NVLS, gather; ``reduce_scatter.h`` runs the first half alone). Per GPU
+  and per direction the reduce-scatter moves S one way and S/N the other, the all-gather the mirror image
+  (S. Jeaugey, NVIDIA/nccl#1083, #1506), so the pipelined all-reduce moves S(N+1)/N each way:
+  algbw = wire x N/(N+1) (NVIDIA/nccl-tests#239). ``nvls_algbw_bytes_per_s`` (measured on a full node of
+  G GPUs) gives the wire rate, algbw x (G+1)/G; reduce-scatter and all-gather then run at algbw = wire
+  (slower than a ring at large sizes, as NCCL's maintainers say, but one hop of latency).
+* NVLS-tree (all-reduce across nodes, NCCL's ``NVLS_TREE``): NVLS inside each node, and a tree over the
+  NICs between nodes; each of the r ranks of a node heads 1/r of the data on its own NIC share. Between two
+  nodes the tree is a pairwise exchange (S/r each way per NIC); beyond, a double binary tree (2S/r each
+  way), as NCCL's tuner takes ``bwInter`` (two nodes) or ``bwInter/2``. The stages are pipelined:
+  algbw = min(intra NVLS, NIC stage); latency = NVLS hop + 2 x log2(nNodes) x NET NVLSTree hop. NVLS (not
+  tree) across nodes and NVLS reduce-scatter / all-gather across nodes need IB SHARP (CollNet), which simddp
+  does not model.
 
 ``auto`` picks the fastest (algorithm, protocol) pair, as NCCL's tuner does. Hierarchical all-reduce
 (intra-node reduce-scatter, inter-node all-reduce, intra-node all-gather; Horovod / torch 2D style) is
@@ -45,31 +62,41 @@ AlgorithmName = Literal["auto", "ring", "tree", "nvls", "hierarchical"]
 ALGORITHMS: tuple[AlgorithmName, ...] = ("auto", "ring", "tree", "nvls", "hierarchical")
 Protocol = Literal["LL", "LL128", "Simple"]
 PROTOCOLS: tuple[Protocol, ...] = ("LL", "LL128", "Simple")
+#: Collectives NCCL 2.20's tuner allows on NVLS (tuning.cc: reduce-scatter and all-gather skip every
+#: algorithm but ring, NVLS and CollNet-direct).
+NVLS_OPS: tuple[Op, ...] = ("all-reduce", "reduce-scatter", "all-gather")
 
-# NCCL tuning.cc (b6475625, 2.19/2.20): baseLat[algo][proto] and hwLat[tier][algo][proto], microseconds.
+# NCCL tuning.cc (b6475625, 2.20.3): baseLat[algo][proto] and hwLat[tier][algo][proto], microseconds.
 BASE_LAT_US: dict[str, dict[Protocol, float]] = {
     "tree": {"LL": 6.8, "LL128": 14.0, "Simple": 0.0},
     "ring": {"LL": 6.6, "LL128": 14.0, "Simple": 8.4},
     "nvls": {"LL": 0.0, "LL128": 0.0, "Simple": 0.0},
+    "nvls_tree": {"LL": 0.0, "LL128": 0.0, "Simple": 0.0},
 }
 HW_LAT_US: dict[str, dict[str, dict[Protocol, float]]] = {
     "nvlink": {
         "tree": {"LL": 0.6, "LL128": 1.25, "Simple": 28.0},
         "ring": {"LL": 0.6, "LL128": 1.9, "Simple": 3.4},
         "nvls": {"LL": 0.0, "LL128": 0.0, "Simple": 23.0},
+        "nvls_tree": {"LL": 0.0, "LL128": 0.0, "Simple": 23.0},
     },
     "pcie": {
         "tree": {"LL": 1.0, "LL128": 1.9, "Simple": 28.0},
         "ring": {"LL": 1.0, "LL128": 2.5, "Simple": 5.7},
         "nvls": {"LL": 0.0, "LL128": 0.0, "Simple": 0.0},
+        "nvls_tree": {"LL": 0.0, "LL128": 0.0, "Simple": 0.0},
     },
     "net": {
         "tree": {"LL": 5.0, "LL128": 8.5, "Simple": 28.0},
         "ring": {"LL": 2.7, "LL128": 4.0, "Simple": 14.0},
-        "nvls": {"LL": 0.0, "LL128": 0.0, "Simple": 14.0},  # NVLSTree inter-node hop
+        "nvls": {"LL": 0.0, "LL128": 0.0, "Simple": 18.0},  # NVLS over IB SHARP: not modelled
+        "nvls_tree": {"LL": 0.0, "LL128": 0.0, "Simple": 14.0},
     },
 }
 RING_MULTINODE_SIMPLE_PLATEAU = 1.4
+#: Ring LL128 bandwidth factor (tuning.cc): 120/128 with >= 2 ranks per node, 0.7 with one.
+LL128_RING_FACTOR = 0.92
+LL128_RING_FACTOR_ONE_PER_NODE = 0.7
 
 BUSBW_FACTOR = {
     "all-reduce": lambda n: 2 * (n - 1) / n,
@@ -114,22 +141,19 @@ class CollectiveCost:
 
 
 def _hop_latency_s(group: CommGroup, tier: str, algo: str, proto: Protocol) -> float:
-    """Per-hop latency on ``tier`` ('intra' or 'inter').
+    """Per-hop latency of ``algo``/``proto`` on ``tier`` ('intra' or 'inter').
 
-    Simple-protocol latencies scale with the link's ``latency_s`` (its ring/Simple hop latency, which a
-    calibration can fit) keeping NCCL's ratios between algorithms; LL and LL128 use NCCL's table as is.
+    NCCL's table value scaled by the link's ``latency_s`` over NCCL's ring/Simple hop for that tier, so
+    the link's latency (which a calibration can fit, or a user can raise) moves every algorithm and
+    protocol and keeps NCCL's ratios between them. The intra-node NVLS hop is the link's own
+    ``nvls_latency_s``, scaled the same way.
     """
-    kind: str
-    if tier == "intra":
-        kind, base = group.intra.kind, group.intra.latency_s
-        if algo == "nvls":
-            return group.intra.nvls_latency_s
-    else:
-        kind, base = "net", group.inter.latency_s
-    table = HW_LAT_US[kind]
-    if proto == "Simple":
-        return base * table[algo]["Simple"] / table["ring"]["Simple"]
-    return table[algo][proto] * US
+    kind = group.intra.kind if tier == "intra" else "net"
+    latency_s = group.intra.latency_s if tier == "intra" else group.inter.latency_s
+    scale = latency_s / (HW_LAT_US[kind]["ring"]["Simple"] * US)
+    if tier == "intra" and algo in ("nvls", "nvls_tree"):
+        return group.intra.nvls_latency_s * scale
+    return HW_LAT_US[kind][algo][proto] * US * scale
 
 
 def _raw_busbw(group: CommGroup) -> float:
@@ -169,7 +193,7 @@ def _ring(op: Op, size_bytes: int, group: CommGroup, proto: Protocol) -> tuple[f
     if proto == "LL":
         busbw *= 1 / 4 if (group.num_nodes > 1 or op in ("all-reduce", "reduce")) else 1 / 3
     elif proto == "LL128":
-        busbw *= 0.92
+        busbw *= LL128_RING_FACTOR if group.ranks_per_node >= 2 else LL128_RING_FACTOR_ONE_PER_NODE
     return latency_s, data * size_bytes / busbw
 
 
@@ -195,21 +219,42 @@ def _tree(size_bytes: int, group: CommGroup, proto: Protocol) -> tuple[float, fl
 
 
 def nvls_all_reduce_s(size_bytes: int, group: CommGroup) -> float:
-    """NVLink SHARP: the switch reduces; across nodes NVLSTree adds a tree over the NICs (Simple only)."""
-    return sum(_nvls(size_bytes, group))
+    """NVLink SHARP all-reduce: NVLS inside one node, NVLS-tree across nodes (Simple protocol only)."""
+    return sum(_nvls("all-reduce", size_bytes, group))
 
 
-def _nvls(size_bytes: int, group: CommGroup) -> tuple[float, float]:
+def nvls_wire_bytes_per_s(group: CommGroup) -> float | None:
+    """Per-GPU NVLink bandwidth, each direction, that NVLS multimem traffic reaches (None: no NVLS).
+
+    A full-node NVLS all-reduce over G GPUs moves S(G+1)/G each way at algbw ``nvls_algbw_bytes_per_s``
+    (NVIDIA/nccl-tests#239: algbw = wire x G/(G+1)).
+    """
     algbw = group.intra.nvls_algbw_bytes_per_s
-    if algbw is None or group.ranks_per_node < 2:
+    if algbw is None:
+        return None
+    g = group.gpus_per_node
+    return algbw * (g + 1) / g
+
+
+def _nvls(op: str, size_bytes: int, group: CommGroup) -> tuple[float, float]:
+    """(latency, transfer) of NVLS (one node) or NVLS-tree (all-reduce across nodes); inf when unavailable."""
+    wire = nvls_wire_bytes_per_s(group)
+    r, nodes = group.ranks_per_node, group.num_nodes
+    if wire is None or r < 2 or op not in NVLS_OPS or (nodes > 1 and op != "all-reduce"):
         return math.inf, math.inf
     if group.num_ranks == 1 or size_bytes == 0:
         return 0.0, 0.0
-    latency_s = _hop_latency_s(group, "intra", "nvls", "Simple")
-    if group.num_nodes > 1:
-        latency_s += _hop_latency_s(group, "inter", "nvls", "Simple")
-        algbw = min(algbw, 0.5 * 0.92 * group.inter_bus_bandwidth_bytes_per_s)
-    return latency_s, size_bytes / algbw
+    # All-reduce: S(r+1)/r each way per GPU; reduce-scatter sends S, all-gather receives S.
+    algbw = wire * r / (r + 1) if op == "all-reduce" else wire
+    if nodes == 1:
+        return _hop_latency_s(group, "intra", "nvls", "Simple"), size_bytes / algbw
+    # NVLS-tree: each GPU heads 1/r of the data over its NIC share; a 2-node tree is a pairwise exchange
+    # (S/r each way), a double binary tree moves 2S/r each way (tuning.cc: bwInter vs bwInter/2).
+    nic_algbw = group.inter_bus_bandwidth_bytes_per_s / (1 if nodes == 2 else 2)
+    latency_s = _hop_latency_s(group, "intra", "nvls_tree", "Simple") + 2 * math.log2(nodes) * _hop_latency_s(
+        group, "inter", "nvls_tree", "Simple"
+    )
+    return latency_s, size_bytes / min(algbw, nic_algbw)
 
 
 def _subgroup(group: CommGroup, num_ranks: int, num_nodes: int, ranks_per_node: int) -> CommGroup:
@@ -227,6 +272,8 @@ def _fitted(op: str, size_bytes: int, group: CommGroup) -> tuple[float, float] |
 
     The fit's per-step latency and bus bandwidth carry to other world sizes through the ring step count
     and the nccl-tests data factor; this is the extrapolation assumption documented in docs/calibration.md.
+    An inter-node fit's bus bandwidth scales with the group's share of the node's NICs over the share it
+    was measured with: a tp=8 data-parallel group (one rank per node) gets 1/8 of a world-group fit.
     """
     tier = "inter" if group.num_nodes > 1 else "intra"
     segments = [f for f in group.fits if f.op == op and f.tier == tier]
@@ -238,7 +285,12 @@ def _fitted(op: str, size_bytes: int, group: CommGroup) -> tuple[float, float] |
     )
     n = group.num_ranks
     steps = 2 * (n - 1) if op == "all-reduce" else n - 1
-    return steps * fit.latency_per_step_s, size_bytes * BUSBW_FACTOR[op](n) / fit.bus_bandwidth_bytes_per_s
+    busbw = fit.bus_bandwidth_bytes_per_s
+    if tier == "inter":
+        # The fit measured the NIC share of its communicator (ranks_per_node / gpus_per_node of each node's
+        # NICs); this group crosses nodes on its own share (topology.CommGroup.inter_bus_bandwidth_bytes_per_s).
+        busbw *= group.nic_share / (fit.ranks_per_node / fit.gpus_per_node)
+    return steps * fit.latency_per_step_s, size_bytes * BUSBW_FACTOR[op](n) / busbw
 
 
 def hierarchical_all_reduce_s(size_bytes: int, group: CommGroup) -> float:
@@ -333,12 +385,19 @@ def collective_cost(
         if op != "all-reduce":
             raise ValueError(f"hierarchical is an all-reduce algorithm, not {op}")
         return _cost(op, size_bytes, group, "hierarchical", "mixed", _hierarchical(size_bytes, group))
-    if algorithm in ("tree", "nvls") and op != "all-reduce":
-        raise ValueError(f"{algorithm} is an all-reduce algorithm in NCCL, not {op}")
-    if algorithm == "nvls" and protocol not in ("auto", "Simple"):
-        raise ValueError(f"nvls runs only the Simple protocol (got {protocol})")
-    if algorithm == "nvls" and group.intra.nvls_algbw_bytes_per_s is None:
-        raise ValueError("nvls needs an intra-node link with nvls_algbw_bytes_per_s (NVSwitch with SHARP)")
+    if algorithm == "tree" and op != "all-reduce":
+        raise ValueError(f"tree is an all-reduce algorithm in NCCL, not {op}")
+    if algorithm == "nvls":
+        if op not in NVLS_OPS:
+            raise ValueError(f"nvls runs {', '.join(NVLS_OPS)} in NCCL, not {op}")
+        if protocol not in ("auto", "Simple"):
+            raise ValueError(f"nvls runs only the Simple protocol (got {protocol})")
+        if group.intra.nvls_algbw_bytes_per_s is None:
+            raise ValueError("nvls needs an intra-node link with nvls_algbw_bytes_per_s (NVSwitch with SHARP)")
+        if group.ranks_per_node < 2:
+            raise ValueError(f"nvls needs >= 2 ranks per node (group has {group.ranks_per_node})")
+        if group.num_nodes > 1 and op != "all-reduce":
+            raise ValueError(f"nvls {op} across nodes ({group.num_nodes}) needs IB SHARP (CollNet), not modelled")
     return best(op, size_bytes, group, algorithm, protocol)
 
 
@@ -358,15 +417,19 @@ def best(
             candidates.append(_cost(op, size_bytes, group, "ring", proto, _ring(op, size_bytes, group, proto)))
         if op == "all-reduce" and algorithm in ("auto", "tree"):
             candidates.append(_cost(op, size_bytes, group, "tree", proto, _tree(size_bytes, group, proto)))
-    if op == "all-reduce" and algorithm in ("auto", "nvls") and allow_nvls and protocol in ("auto", "Simple"):
-        parts = _nvls(size_bytes, group)
+    if op in NVLS_OPS and algorithm in ("auto", "nvls") and allow_nvls and protocol in ("auto", "Simple"):
+        parts = _nvls(op, size_bytes, group)
         if math.isfinite(parts[0]):
-            candidates.append(_cost(op, size_bytes, group, "nvls", "Simple", parts))
+            name = "nvls" if group.num_nodes == 1 else "nvls-tree"
+            candidates.append(_cost(op, size_bytes, group, name, "Simple", parts))
+    if not candidates:
+        raise ValueError(f"no algorithm runs {op} with algorithm={algorithm}, protocol={protocol} on this group")
     return min(candidates, key=lambda c: c.time_s)
 
 
 __all__ = [
     "ALGORITHMS",
+    "NVLS_OPS",
     "OPS",
     "PROTOCOLS",
     "CollectiveCost",
@@ -376,6 +439,7 @@ __all__ = [
     "fitted_s",
     "hierarchical_all_reduce_s",
     "nvls_all_reduce_s",
+    "nvls_wire_bytes_per_s",
     "ring_s",
     "send_recv_s",
     "tree_all_reduce_s",

@@ -98,7 +98,8 @@ class Link(_Frozen):
     kind: Literal["nvlink", "pcie"] = Field(description="Link technology; selects NCCL's latency table row.")
     latency_s: float = Field(
         ge=0,
-        description="Per-hop latency of the ring/Simple protocol (NCCL hwLat: NVLink 3.4 us, PCIe 5.7 us), s.",
+        description="Per-hop latency of the ring/Simple protocol (NCCL hwLat: NVLink 3.4 us, PCIe 5.7 us); the "
+        "other protocols and algorithms keep NCCL's ratios to it, s.",
     )
     bandwidth_bytes_per_s: float = Field(
         gt=0, description="Per-GPU unidirectional bandwidth into the fabric (spec sheet), bytes/s."
@@ -109,10 +110,12 @@ class Link(_Frozen):
     nvls_algbw_bytes_per_s: float | None = Field(
         default=None,
         gt=0,
-        description="NVLink SHARP (NVLS) all-reduce algorithm bandwidth, bytes/s; null = no NVLS.",
+        description="NVLink SHARP (NVLS) all-reduce algorithm bandwidth over all GPUs of a node, bytes/s; "
+        "null = no NVLS.",
     )
     nvls_latency_s: float = Field(
-        default=23e-6, ge=0, description="NVLS all-reduce latency (NCCL hwLat NVLink/NVLS: 23 us), seconds."
+        default=23e-6, ge=0, description="NVLS latency at NCCL's default hop latency (NCCL hwLat NVLink/NVLS: "
+        "23 us); scales with latency_s like every other algorithm, seconds."
     )
 
     @property
@@ -126,7 +129,10 @@ class Network(_Frozen):
     kind: Literal["infiniband", "roce", "efa", "ethernet"] = Field(description="Network technology.")
     nics_per_node: int = Field(gt=0, description="NICs per node used by NCCL (one per GPU on DGX).")
     nic_bandwidth_bytes_per_s: float = Field(gt=0, description="Line rate of one NIC, bytes/s.")
-    latency_s: float = Field(ge=0, description="Per-hop latency of NCCL's ring/Simple protocol (hwLat NET), s.")
+    latency_s: float = Field(
+        ge=0, description="Per-hop latency of NCCL's ring/Simple protocol (hwLat NET 14 us); the other protocols "
+        "and algorithms keep NCCL's ratios to it, s."
+    )
     efficiency: float = Field(gt=0, le=1, description="Fraction of line rate NCCL reaches (measured).")
 
     @property
@@ -150,6 +156,22 @@ class CollectiveFit(_Frozen):
     bus_bandwidth_bytes_per_s: float = Field(gt=0, description="Fitted bus bandwidth, bytes/s.")
     rel_residual: float = Field(default=0.0, ge=0, description="Relative RMS residual of the fit.")
     measured_ranks: int = Field(default=2, gt=1, description="World size the fit was measured on.")
+    ranks_per_node: int = Field(
+        default=1, gt=0, description="Ranks per node of the measured communicator (1 with the defaults: the "
+        "whole node's NICs)."
+    )
+    gpus_per_node: int = Field(
+        default=1, gt=0, description="Ranks per node of the measured run: the communicator crossed nodes on "
+        "ranks_per_node / gpus_per_node of each node's NICs; an inter-node fit scales to a group's own share."
+    )
+
+    @model_validator(mode="after")
+    def _share_at_most_one(self) -> CollectiveFit:
+        if self.ranks_per_node > self.gpus_per_node:
+            raise ValueError(
+                f"ranks_per_node({self.ranks_per_node}) must be <= gpus_per_node({self.gpus_per_node})"
+            )
+        return self
 
 
 class Cluster(_Frozen):

@@ -142,8 +142,13 @@ def fit_piecewise(op: str, num_ranks: int, sizes: Sequence[int], times_s: Sequen
     return best[1]
 
 
-def fit_collectives(cases: Sequence[CommCase]) -> list[FitReport]:
-    """Piecewise fits per (op, group) of the measured medians; one FitReport per segment."""
+def fit_collectives(cases: Sequence[CommCase], gpus_per_node: int | None = None) -> list[FitReport]:
+    """Piecewise fits per (op, group) of the measured medians; one FitReport per segment.
+
+    Each fit records the NIC share it was measured with: its communicator's ranks per node over the run's
+    ranks per node (``gpus_per_node``, :attr:`RunInfo.ranks_per_node`; default: the communicator's own, a
+    share of 1). The inter-node group (one rank per host, every local rank at once) has 1/ranks_per_node.
+    """
     reports: list[FitReport] = []
     keys = list(dict.fromkeys((c.op, c.group) for c in cases))
     for op, group in keys:
@@ -151,6 +156,8 @@ def fit_collectives(cases: Sequence[CommCase]) -> list[FitReport]:
         if len(pts) < 2:
             continue
         n, tier = pts[0].num_ranks, pts[0].tier
+        per_node = max(1, n // pts[0].num_nodes)
+        run_per_node = max(per_node, gpus_per_node or per_node)
         sizes = [c.size_bytes for c in pts]
         times = [c.stats.median_s for c in pts]
         segments = fit_piecewise(op, n, sizes, times)
@@ -160,7 +167,8 @@ def fit_collectives(cases: Sequence[CommCase]) -> list[FitReport]:
             inv_bw = seg.inv_bandwidth_s_per_byte if seg.inv_bandwidth_s_per_byte > 0 else NO_BANDWIDTH_TERM
             fit = CollectiveFit(op=op, tier=tier, min_bytes=lo_bytes, max_bytes=hi_bytes,
                                 latency_per_step_s=seg.latency_per_step_s, bus_bandwidth_bytes_per_s=1.0 / inv_bw,
-                                rel_residual=seg.rel_rms, measured_ranks=n)
+                                rel_residual=seg.rel_rms, measured_ranks=n, ranks_per_node=per_node,
+                                gpus_per_node=run_per_node)
             points = [
                 (sizes[i], times[i],
                  ring_steps(op, n) * seg.latency_per_step_s + sizes[i] * BUSBW_FACTOR[op](n) * inv_bw)
@@ -238,7 +246,7 @@ def fit_profile(comm: CommMeasurements, compute: ComputeMeasurements,
         raise ScenarioError("comm measurements hold no collective timings; re-run calibration.collectives")
     if not compute.layers:
         raise ScenarioError("compute measurements hold no layer timings; re-run calibration.compute")
-    fits = fit_collectives(comm.cases)
+    fits = fit_collectives(comm.cases, gpus_per_node=comm.run.ranks_per_node)
     # The simulator reads one set of segments per (op, tier): world for its tier, intra-node for intra.
     used: list[FitReport] = []
     for r in fits:

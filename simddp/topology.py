@@ -36,6 +36,11 @@ class CommGroup:
         return self.ranks_per_node * self.inter.node_bandwidth_bytes_per_s / self.gpus_per_node
 
     @property
+    def nic_share(self) -> float:
+        """Share of each node's NICs this group crosses nodes on (its ranks per node over the node's GPUs)."""
+        return self.ranks_per_node / self.gpus_per_node
+
+    @property
     def inter_rank_bandwidth_bytes_per_s(self) -> float:
         """Network bandwidth of one rank when every GPU of the node uses the network at once."""
         return self.inter.node_bandwidth_bytes_per_s / self.gpus_per_node
@@ -46,6 +51,10 @@ def group(cluster: Cluster, num_ranks: int, stride: int = 1) -> CommGroup:
     per_node_slots = max(1, cluster.gpus_per_node // stride) if stride <= cluster.gpus_per_node else 1
     ranks_per_node = min(num_ranks, per_node_slots)
     num_nodes = -(-num_ranks // ranks_per_node)
+    return _make(cluster, num_ranks, num_nodes, ranks_per_node)
+
+
+def _make(cluster: Cluster, num_ranks: int, num_nodes: int, ranks_per_node: int) -> CommGroup:
     return CommGroup(
         num_ranks=num_ranks,
         num_nodes=num_nodes,
@@ -67,10 +76,49 @@ def tp_group(scenario: Scenario) -> CommGroup:
     return group(scenario.cluster, scenario.parallelism.tp, stride=1)
 
 
+def pp_boundary_crosses_nodes(scenario: Scenario, stage: int) -> bool:
+    """Whether any (tp, dp) pair of the boundary between pipeline stages ``stage`` and ``stage + 1`` crosses
+    a node.
+
+    The two stages hold the consecutive global ranks [stage x S, (stage + 2) x S), S = tp x dp, and the pair
+    of a (tp, dp) coordinate is (a, a + S). A node boundary k x G inside that span splits some pair: the
+    one with a = max(stage x S, k x G - S). So the boundary crosses nodes exactly when the span does.
+    """
+    pp = scenario.parallelism.pp
+    if not 0 <= stage < pp - 1:
+        raise ValueError(f"stage({stage}) must be in 0..{pp - 2}: pp({pp}) has {pp - 1} stage boundaries")
+    span = scenario.parallelism.tp * scenario.dp
+    gpus = scenario.cluster.gpus_per_node
+    return stage * span // gpus != ((stage + 2) * span - 1) // gpus
+
+
+def pp_boundary_group(scenario: Scenario, stage: int) -> CommGroup:
+    """The send/recv pair between pipeline stages ``stage`` and ``stage + 1``.
+
+    Inter-node when any (tp, dp) pair of the boundary crosses a node: all pairs exchange activations at once
+    and the slowest replica gates the data-parallel step, so one pair on the network sets the boundary's
+    time. :func:`group` with a stride decides by the stride alone (intra-node whenever stride < GPUs per
+    node), which misses boundaries that straddle a node.
+    """
+    if pp_boundary_crosses_nodes(scenario, stage):
+        return _make(scenario.cluster, 2, 2, 1)
+    return _make(scenario.cluster, 2, 1, 2)
+
+
 def world_group(cluster: Cluster, num_nodes: int | None = None) -> CommGroup:
     """All GPUs of ``num_nodes`` nodes (default: the whole cluster)."""
     nodes = num_nodes or cluster.num_nodes
     return group(cluster, nodes * cluster.gpus_per_node)
 
 
-__all__ = ["CommGroup", "Link", "Network", "dp_group", "group", "tp_group", "world_group"]
+__all__ = [
+    "CommGroup",
+    "Link",
+    "Network",
+    "dp_group",
+    "group",
+    "pp_boundary_crosses_nodes",
+    "pp_boundary_group",
+    "tp_group",
+    "world_group",
+]

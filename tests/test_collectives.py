@@ -7,25 +7,29 @@ import math
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from scenarios import base_scenario
 
 from simddp.collectives import (
     BUSBW_FACTOR,
+    OPS,
     collective_cost,
     hierarchical_all_reduce_s,
     ring_s,
     tree_all_reduce_s,
 )
-from simddp.config import Cluster, Link, Network
-from simddp.topology import CommGroup, group, world_group
-from simddp.units import GB, US
+from simddp.config import Cluster, CollectiveFit, Link, Network, Scenario
+from simddp.topology import CommGroup, group, pp_boundary_crosses_nodes, pp_boundary_group, world_group
+from simddp.units import GB, MS, US, GiB, MiB
 
 
-def _group(n: int = 8, nodes: int = 1, bw: float = 100 * GB, lat: float = 2 * US) -> CommGroup:
-    link = Link(kind="nvlink", latency_s=lat, bandwidth_bytes_per_s=bw, efficiency=1.0)
-    net = Network(kind="infiniband", nics_per_node=8, nic_bandwidth_bytes_per_s=bw / 2, latency_s=10 * US,
+def _group(n: int = 8, nodes: int = 1, bw: float = 100 * GB, lat: float = 2 * US, net_lat: float = 10 * US,
+           nvls: float | None = None, gpus_per_node: int | None = None) -> CommGroup:
+    link = Link(kind="nvlink", latency_s=lat, bandwidth_bytes_per_s=bw, efficiency=1.0, nvls_algbw_bytes_per_s=nvls)
+    net = Network(kind="infiniband", nics_per_node=8, nic_bandwidth_bytes_per_s=bw / 2, latency_s=net_lat,
                   efficiency=1.0)
-    return CommGroup(num_ranks=n, num_nodes=nodes, ranks_per_node=n // nodes, gpus_per_node=n // nodes,
-                     intra=link, inter=net)
+    per_node = n // nodes
+    return CommGroup(num_ranks=n, num_nodes=nodes, ranks_per_node=per_node,
+                     gpus_per_node=gpus_per_node or per_node, intra=link, inter=net)
 
 
 def test_ring_all_reduce_hand_derived_single_node() -> None:
@@ -121,6 +125,10 @@ def test_invalid_requests() -> None:
         collective_cost("all-gather", 10, g, "tree")
     with pytest.raises(ValueError, match="nvls needs"):
         collective_cost("all-reduce", 10, g, "nvls")
+    with pytest.raises(ValueError, match="nvls runs"):
+        collective_cost("broadcast", 10, _group(nvls=200 * GB), "nvls")
+    with pytest.raises(ValueError, match="IB SHARP"):
+        collective_cost("reduce-scatter", 10, _group(16, 2, nvls=200 * GB), "nvls")
 
 
 sizes = st.integers(min_value=1, max_value=2**34)
@@ -158,3 +166,174 @@ def test_busbw_never_exceeds_link_for_rings() -> None:
         c = collective_cost("all-reduce", size, g, "ring")
         assert c.busbw_bytes_per_s <= 100 * GB + 1
         assert math.isfinite(c.time_s)
+
+
+# --- issue 9, item 3: the collective model's corrections ------------------------------------------------
+def test_link_latency_moves_every_protocol() -> None:
+    # A 1 ms NVLink hop: NCCL's LL / LL128 hops keep their ratio to the ring/Simple hop (0.6/3.4, 1.9/3.4),
+    # so an 8-rank ring all-reduce's 14 hops cost 14 x 1 ms x ratio on top of the base latency.
+    slow = _group(lat=1 * MS)
+    for proto, ratio, base_us in (("LL", 0.6 / 3.4, 6.6), ("LL128", 1.9 / 3.4, 14.0), ("Simple", 1.0, 8.4)):
+        cost = collective_cost("all-reduce", 2**20, slow, "ring", proto)  # type: ignore[arg-type]
+        assert cost.latency_s == pytest.approx(base_us * US + 14 * 1 * MS * ratio, rel=1e-12)
+    # Tree and NVLS hops scale too, intra and inter: twice the link latencies, twice the hop part.
+    fast, double = _group(32, 4, lat=2 * US), _group(32, 4, lat=4 * US, net_lat=20 * US)
+    for proto in ("LL", "LL128", "Simple"):
+        a = collective_cost("all-reduce", 8, fast, "tree", proto).latency_s  # type: ignore[arg-type]
+        b = collective_cost("all-reduce", 8, double, "tree", proto).latency_s  # type: ignore[arg-type]
+        base = {"LL": 6.8, "LL128": 14.0, "Simple": 0.0}[proto] * US
+        assert b - base == pytest.approx(2 * (a - base), rel=1e-12)
+    nvls = collective_cost("all-reduce", 2**20, _group(lat=3.4 * US * 10, nvls=200 * GB), "nvls")
+    assert nvls.latency_s == pytest.approx(23 * US * 10, rel=1e-12)
+
+
+def test_nvls_reduce_scatter_and_all_gather_are_half_an_nvls_all_reduce() -> None:
+    # NVLS all-reduce = reduce-scatter (multimem ld_reduce) + all-gather (multimem st): S(N+1)/N each way
+    # per GPU, so algbw = wire x N/(N+1); reduce-scatter sends S and all-gather receives S: algbw = wire.
+    c = Cluster.model_validate({"preset": "dgx-h100-80gb", "num_nodes": 1})
+    g = world_group(c)
+    wire = 275 * GB * 9 / 8
+    size = 1 * GiB
+    for op in ("reduce-scatter", "all-gather"):
+        cost = collective_cost(op, size, g, "nvls")  # type: ignore[arg-type]
+        assert (cost.algorithm, cost.protocol) == ("nvls", "Simple")
+        assert cost.latency_s == pytest.approx(60 * US, rel=1e-12)
+        assert cost.transfer_s == pytest.approx(size / wire, rel=1e-12)
+        # At 1 GiB the ring (370 GB/s busbw, (N-1)/N of S each way) beats it, as NCCL's maintainers say.
+        assert collective_cost(op, size, g).algorithm == "ring"  # type: ignore[arg-type]
+    ar = collective_cost("all-reduce", size, g, "nvls")
+    assert ar.transfer_s == pytest.approx(size / (wire * 8 / 9), rel=1e-12)
+    # Fewer ranks in the node: algbw = wire x r/(r+1) (4 GPUs: 247.5 GB/s).
+    four = group(c, 4)
+    assert collective_cost("all-reduce", size, four, "nvls").transfer_s == pytest.approx(size / (wire * 0.8))
+    # With NCCL's own NVLS latency (23 us) auto picks NVLS for a mid-size reduce-scatter: one hop beats
+    # the ring's 7 steps.
+    g23 = world_group(Cluster.model_validate({"preset": "dgx-h100-80gb", "num_nodes": 1,
+                                             "intra_node": {"nvls_latency_s": 23 * US}}))
+    assert collective_cost("reduce-scatter", 4 * MiB, g23).algorithm == "nvls"
+
+
+def test_ll128_ring_factor_is_0_7_with_one_rank_per_node() -> None:
+    # NCCL tuning.cc: busBw * (ppn < 2 ? 0.7 : 0.92) for ring/LL128 (the GPU sends and receives on its NIC).
+    size = 2**26
+    one = _group(4, 4)  # 4 nodes, 1 rank each: only the network tier, its NIC share 8 x 50 / 1 = 400 GB/s
+    cost = collective_cost("all-reduce", size, one, "ring", "LL128")
+    assert cost.transfer_s == pytest.approx(2 * 3 / 4 * size / (0.7 * one.inter_bus_bandwidth_bytes_per_s))
+    two = _group(8, 4)  # 2 ranks per node keep 0.92 (of the 100 GB/s intra link, the slower tier)
+    assert collective_cost("all-reduce", size, two, "ring", "LL128").transfer_s == pytest.approx(
+        2 * 7 / 8 * size / (0.92 * 100 * GB))
+
+
+def test_inter_node_fit_scales_to_the_groups_nic_share() -> None:
+    # A world-group fit (8 ranks per node of 8: the whole node's NICs) used by a tp=8 data-parallel group
+    # (one rank per node: 1/8 of the NICs) gives that group 1/8 of the fitted bus bandwidth.
+    fit = CollectiveFit(op="all-reduce", tier="inter", min_bytes=0, max_bytes=2**34, latency_per_step_s=10 * US,
+                        bus_bandwidth_bytes_per_s=178 * GB, measured_ranks=16, ranks_per_node=8, gpus_per_node=8)
+    c = Cluster.model_validate({"preset": "dgx-h100-80gb", "num_nodes": 4, "collective_fits": [fit.model_dump()],
+                                "inter_node": {"nics_per_node": 1, "nic_bandwidth_bytes_per_s": 25 * GB}})
+    dp = group(c, 4, stride=8)
+    size = 1 * GiB
+    cost = collective_cost("all-reduce", size, dp)
+    assert cost.algorithm == "measured"
+    assert cost.busbw_bytes_per_s == pytest.approx(178 * GB / 8, rel=0.01)
+    # A fit measured on one rank per node of 8 (calibration's inter-node group) applies as measured.
+    narrow = fit.model_copy(update={"ranks_per_node": 1})
+    c1 = c.model_copy(update={"collective_fits": [narrow]})
+    assert collective_cost("all-reduce", size, group(c1, 4, stride=8)).busbw_bytes_per_s == pytest.approx(
+        178 * GB, rel=0.01)
+    with pytest.raises(ValueError, match="ranks_per_node"):
+        CollectiveFit(op="all-reduce", tier="inter", min_bytes=0, max_bytes=1, latency_per_step_s=0,
+                      bus_bandwidth_bytes_per_s=1, ranks_per_node=8, gpus_per_node=4)
+
+
+def _pp_scenario(tp: int, dp: int, pp: int, nodes: int) -> Scenario:
+    return Scenario.model_validate(base_scenario(
+        cluster={"preset": "dgx-a100-80gb", "num_nodes": nodes},
+        parallelism={"tp": tp, "dp": dp, "pp": pp}))
+
+
+def _brute_force_crosses(tp: int, dp: int, stage: int, gpus: int) -> bool:
+    span = tp * dp
+    return any((a // gpus) != ((a + span) // gpus) for a in range(stage * span, (stage + 1) * span))
+
+
+def test_pp_boundary_that_straddles_a_node_is_inter_node() -> None:
+    # tp=2, dp=2, pp=4 on 2 x 8 GPUs: stages hold ranks 0-3, 4-7 | 8-11, 12-15. The stride (4) is under the
+    # 8 GPUs per node, so group(..., stride=4) says intra-node for every boundary, but the 1|2 boundary pairs
+    # rank 4 with rank 8 (node 0 -> node 1).
+    sc = _pp_scenario(2, 2, 4, 2)
+    assert group(sc.cluster, 2, stride=2 * 2).num_nodes == 1
+    assert [pp_boundary_group(sc, s).num_nodes for s in range(3)] == [1, 2, 1]
+    inter = pp_boundary_group(sc, 1)
+    assert (inter.num_ranks, inter.ranks_per_node, inter.gpus_per_node) == (2, 1, 8)
+    assert collective_cost("send-recv", 2**24, inter).tier == "inter"
+    assert collective_cost("send-recv", 2**24, pp_boundary_group(sc, 0)).tier == "intra"
+    # tp=2, dp=3, pp=4 on 3 nodes (stages 0-5, 6-11, 12-17, 18-23): every boundary straddles a node.
+    assert [pp_boundary_group(_pp_scenario(2, 3, 4, 3), s).num_nodes for s in range(3)] == [2, 2, 2]
+    with pytest.raises(ValueError, match="stage"):
+        pp_boundary_group(sc, 3)
+
+
+@settings(max_examples=200, deadline=None)
+@given(tp=st.sampled_from([1, 2, 4]), dp=st.integers(1, 12), pp=st.sampled_from([2, 3, 4, 6]),
+       gpus=st.sampled_from([4, 8]))
+def test_pp_boundary_closed_form_matches_brute_force(tp: int, dp: int, pp: int, gpus: int) -> None:
+    if tp > gpus or (tp * dp * pp) % gpus:
+        return
+    sc = Scenario.model_validate(base_scenario(
+        cluster={"preset": "dgx-a100-80gb", "num_nodes": tp * dp * pp // gpus, "gpus_per_node": gpus},
+        model={"preset": "gpt2"}, parallelism={"tp": tp, "dp": dp, "pp": pp}))
+    for stage in range(pp - 1):
+        assert pp_boundary_crosses_nodes(sc, stage) == _brute_force_crosses(tp, dp, stage, gpus)
+
+
+def test_multi_node_nvls_is_nvls_tree_with_log_latency() -> None:
+    # DGX H100: NVLS inside each node, a tree over the NICs: latency = NVLS hop (60 us) + 2 log2(N) x 14 us;
+    # algbw = min(NVLS intra 275 GB/s, NIC stage: node NICs (8 x 50 x 0.94 = 376 GB/s), halved beyond 2 nodes).
+    size = 1 * GiB
+    node_bw = 8 * 50 * GB * 0.94
+    times = {}
+    for nodes in (2, 16, 128):
+        g = world_group(Cluster.model_validate({"preset": "dgx-h100-80gb", "num_nodes": nodes}))
+        cost = collective_cost("all-reduce", size, g, "nvls")
+        assert (cost.algorithm, cost.tier) == ("nvls-tree", "inter")
+        assert cost.latency_s == pytest.approx(60 * US + 2 * math.log2(nodes) * 14 * US, rel=1e-12)
+        algbw = min(275 * GB, node_bw if nodes == 2 else node_bw / 2)
+        assert cost.transfer_s == pytest.approx(size / algbw, rel=1e-12)
+        times[nodes] = cost.time_s
+    # No longer flat from 16 to 128 nodes: the tree's log2 latency grows (7 x 28 us vs 4 x 28 us).
+    assert times[128] - times[16] == pytest.approx(3 * 2 * 14 * US, rel=1e-9)
+    # auto picks it at scale (the ring's 2(n-1) hops cost milliseconds there).
+    g128 = world_group(Cluster.model_validate({"preset": "dgx-h100-80gb", "num_nodes": 128}))
+    assert collective_cost("all-reduce", size, g128).algorithm == "nvls-tree"
+
+
+# --- properties every code path keeps (the simulator shares the transfer part of a link) -----------------
+_ALGOS = st.sampled_from(["auto", "ring", "tree", "nvls", "hierarchical"])
+_LAYOUTS = st.sampled_from([(8, 1, None), (16, 2, None), (64, 8, None), (4, 4, 8), (8, 4, 8), (32, 4, 8)])
+
+
+def _cost_or_none(op: str, size: int, g: CommGroup, algo: str):  # type: ignore[no-untyped-def]
+    try:
+        return collective_cost(op, size, g, algo)  # type: ignore[arg-type]
+    except ValueError:
+        return None  # an (op, algorithm) pair NCCL does not run
+
+
+@settings(max_examples=300, deadline=None)
+@given(op=st.sampled_from(OPS), algo=_ALGOS, layout=_LAYOUTS, a=sizes, b=sizes, bw=bandwidths,
+       factor=st.floats(1.0, 10.0), nvls=st.sampled_from([None, 150 * GB, 300 * GB]))
+def test_latency_within_time_and_monotonic(op: str, algo: str, layout: tuple[int, int, int | None], a: int,
+                                           b: int, bw: float, factor: float, nvls: float | None) -> None:
+    n, nodes, gpus = layout
+    g = _group(n, nodes, bw, nvls=nvls, gpus_per_node=gpus)
+    lo, hi = sorted((a, b))
+    small, large = _cost_or_none(op, lo, g, algo), _cost_or_none(op, hi, g, algo)
+    if small is None or large is None:
+        return
+    for c in (small, large):
+        assert 0.0 <= c.latency_s <= c.time_s
+        assert c.tier == ("inter" if nodes > 1 else "intra")
+    assert small.time_s <= large.time_s * (1 + 1e-12)
+    fast = _cost_or_none(op, hi, _group(n, nodes, bw * factor, nvls=nvls, gpus_per_node=gpus), algo)
+    assert fast is not None and fast.time_s <= large.time_s * (1 + 1e-12)

@@ -187,3 +187,23 @@ def test_timing_stats_median_ignores_outliers() -> None:
     assert stats.num_outliers == 1
     assert stats.max_s == 50.0
     assert math.isfinite(stats.spread)
+
+
+def test_inter_node_fits_record_their_nic_share() -> None:
+    # 2 hosts x 4 ranks: the world group crosses nodes on all 4 local ranks' NICs (share 4/4), the
+    # inter-node group (one rank per host, all 4 local groups at once) on 1/4 of them. A data-parallel group
+    # with one rank per node then reads the world fit at 1/4 of its bus bandwidth.
+    alpha, busbw = 20e-6, 8e9
+    cases = []
+    for name, n in (("world", 8), ("inter-node", 2)):
+        cases += [CommCase(op="all-reduce", group=name, tier="inter", num_ranks=n, num_nodes=2, size_bytes=s,
+                           stats=timing_stats([ring_time("all-reduce", n, s, alpha, busbw)])) for s in SIZES]
+    fits = {r.group: r.fit for r in fit_collectives(cases, gpus_per_node=4)}
+    assert (fits["world"].ranks_per_node, fits["world"].gpus_per_node) == (4, 4)
+    assert (fits["inter-node"].ranks_per_node, fits["inter-node"].gpus_per_node) == (1, 4)
+    c = Cluster.model_validate({"preset": "dgx-a100-80gb", "num_nodes": 2, "gpus_per_node": 4,
+                                "collective_fits": [fits["world"].model_dump()]})
+    one_per_node = group(c, 2, stride=4)
+    size = 2**28
+    expected = ring_time("all-reduce", 2, size, alpha, busbw / 4)
+    assert fitted_s("all-reduce", size, one_per_node) == pytest.approx(expected, rel=1e-6)
