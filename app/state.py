@@ -32,10 +32,10 @@ WIDGET_PREFIX = "w:"  # session-state keys of widgets that mirror the scenario d
 
 # ------------------------------------------------------------------------------------ scenario dict
 def default_scenario_dict() -> dict[str, Any]:
-    """The embedded default scenario, with dp left to follow the GPUs so that resizing stays valid.
+    """The embedded default scenario; dp follows the GPUs (it is not pinned), so resizing stays valid.
 
-    The YAML pins ``dp: 128`` (= its 128 GPUs); dropping it gives the same scenario, and lets the
-    number-of-nodes control change the cluster without a dp mismatch.
+    A scenario file that does pin ``dp`` would stop the number-of-nodes control from resizing it, so a pinned
+    value is dropped here too (the embedded default does not pin it).
     """
     data = read_mapping(default_scenario_path())
     data.get("parallelism", {}).pop("dp", None)

@@ -9,14 +9,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import sys
 from collections.abc import Callable, Sequence
 from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from simddp import units
+from simddp import __version__, units
 from simddp.config import Cluster, Scenario, ScenarioError, format_validation_error, load_scenario
 from simddp.presets import CLUSTER_PRESETS, MODEL_PRESETS
 
@@ -37,12 +36,11 @@ def _load(args: argparse.Namespace) -> Scenario:
 
 
 def parse_size(text: str) -> int:
-    """Bytes from '1048576', '64K', '256M', '8G' (binary multiples, as nccl-tests' -b/-e flags)."""
-    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([KMGT]?)i?B?\s*", text, flags=re.IGNORECASE)
-    if not m:
-        raise UsageError(f"--bytes {text!r}: expected a size such as 1048576, 64K, 256M or 8G")
-    scale = {"": 1, "K": units.KiB, "M": units.MiB, "G": units.GiB, "T": 1024**4}[m.group(2).upper()]
-    value = int(float(m.group(1)) * scale)
+    """Bytes from '1048576', '256MiB' (binary), '256MB' (decimal) or '1Gbit' (:func:`units.parse_size`)."""
+    try:
+        value = units.parse_size(text)
+    except ValueError as err:
+        raise UsageError(f"--bytes {text!r}: {err}") from None
     if value <= 0:
         raise UsageError(f"--bytes {text!r}: must be > 0")
     return value
@@ -428,6 +426,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="simddp", description="Simulate distributed deep-learning training steps (DDP, ZeRO, TP, PP)."
     )
+    parser.add_argument("--version", action="version", version=f"simddp {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
 
     def scenario_args(p: argparse.ArgumentParser) -> None:
@@ -458,7 +457,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("collective", help="time of one collective (nccl-tests algbw/busbw)")
     p.add_argument("op", choices=OPS)
-    p.add_argument("--bytes", help="message size (e.g. 256M); omitted: an nccl-tests-like sweep 8 B .. 8 GiB")
+    p.add_argument("--bytes", help="message size: bytes, or 256MiB (binary, 2^20), 256MB (decimal, 10^6), 1Gbit; "
+                   "omitted: an nccl-tests-like sweep 8 B .. 8 GiB")
     p.add_argument("--cluster", default="dgx-h100-80gb", choices=sorted(CLUSTER_PRESETS))
     p.add_argument("--num-nodes", type=positive_int, default=1)
     p.add_argument("--gpus-per-node", type=positive_int)
