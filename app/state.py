@@ -32,14 +32,8 @@ WIDGET_PREFIX = "w:"  # session-state keys of widgets that mirror the scenario d
 
 # ------------------------------------------------------------------------------------ scenario dict
 def default_scenario_dict() -> dict[str, Any]:
-    """The embedded default scenario; dp follows the GPUs (it is not pinned), so resizing stays valid.
-
-    A scenario file that does pin ``dp`` would stop the number-of-nodes control from resizing it, so a pinned
-    value is dropped here too (the embedded default does not pin it).
-    """
-    data = read_mapping(default_scenario_path())
-    data.get("parallelism", {}).pop("dp", None)
-    return data
+    """The embedded default scenario; it does not pin dp (dp follows the GPUs), so resizing stays valid."""
+    return read_mapping(default_scenario_path())
 
 
 def scenario_dict() -> dict[str, Any]:

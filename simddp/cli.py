@@ -288,6 +288,15 @@ def _cluster_error(err: Exception) -> str:
 
 
 def cmd_presets(args: argparse.Namespace) -> int:
+    if getattr(args, "presets_command", None) == "show":
+        from simddp.schema import preset_values, preset_yaml
+
+        if args.show_json:
+            section, values = preset_values(args.name)
+            print(json.dumps({section: values}, indent=2))
+        else:
+            print(preset_yaml(args.name), end="")
+        return 0
     groups = {"clusters": CLUSTER_PRESETS, "models": MODEL_PRESETS}
     if args.json:
         print(json.dumps({k: {n: {"description": p.description, "source": p.source} for n, p in v.items()}
@@ -297,6 +306,26 @@ def cmd_presets(args: argparse.Namespace) -> int:
         print(f"{title}:")
         for name, p in presets.items():
             print(f"  {name:<18} {p.description}  [{p.source}]")
+    return 0
+
+
+def cmd_schema(args: argparse.Namespace) -> int:
+    from simddp.schema import schema_keys
+
+    keys = schema_keys(args.path or "")
+    if args.json:
+        print(json.dumps([k.model_dump(mode="json") for k in keys], indent=2))
+        return 0
+    print("\n".join(k.to_text() for k in keys))
+    return 0
+
+
+def cmd_init(args: argparse.Namespace) -> int:
+    from simddp.config import read_mapping
+    from simddp.schema import starter_scenario
+
+    base = read_mapping(default_scenario_path())
+    print(starter_scenario(base, args.model, args.cluster, args.num_nodes), end="")
     return 0
 
 
@@ -467,9 +496,24 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_collective)
 
-    p = sub.add_parser("presets", help="list cluster and model presets")
+    p = sub.add_parser("presets", help="list cluster and model presets; `presets show NAME` prints one's values")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_presets)
+    shows = p.add_subparsers(dest="presets_command")
+    q = shows.add_parser("show", help="every value of a preset, as YAML to paste into a scenario")
+    q.add_argument("name", help="a cluster or model preset (see `simddp presets`)")
+    q.add_argument("--json", dest="show_json", action="store_true", help="print JSON")
+
+    p = sub.add_parser("schema", help="every scenario key with its type, unit, default, bounds and description")
+    p.add_argument("path", nargs="?", metavar="KEY.PATH", help="only this key or section, e.g. cluster.inter_node")
+    p.add_argument("--json", action="store_true", help="print JSON")
+    p.set_defaults(func=cmd_schema)
+
+    p = sub.add_parser("init", help="print a starter scenario with every key commented (simddp init > scenario.yaml)")
+    p.add_argument("--model", choices=sorted(MODEL_PRESETS), help="model preset (default: the embedded default's)")
+    p.add_argument("--cluster", choices=sorted(CLUSTER_PRESETS), help="cluster preset (default: dgx-h100-80gb)")
+    p.add_argument("--num-nodes", type=positive_int, help="nodes (default: the embedded default's 16)")
+    p.set_defaults(func=cmd_init)
 
     p = sub.add_parser("calibrate", help="fit a calibration profile from torch measurements; validate it")
     cal = p.add_subparsers(dest="calibrate_command", required=True)
