@@ -72,8 +72,18 @@ def positive_float(text: str) -> float:
 
 
 # ------------------------------------------------------------------------------------- commands
+def _verdict_lines(memory: Any) -> list[str]:
+    """The first lines of a report whose layout does not fit in memory (none when it fits)."""
+    from simddp.verdict import HYPOTHETICAL, MemoryVerdict
+
+    if memory is None or memory.fits:
+        return []
+    return [MemoryVerdict.of(memory).headline(), HYPOTHETICAL, ""]
+
+
 def cmd_simulate(args: argparse.Namespace) -> int:
     from simddp.sim import simulate_step
+    from simddp.verdict import MemoryVerdict, verdict_json
 
     scenario = _load(args)
     result = simulate_step(scenario, trace=bool(args.trace))
@@ -81,11 +91,12 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         assert result.trace is not None
         result.trace.write(args.trace)
     if args.json:
-        print(json.dumps(result.to_json_dict(), indent=2))
+        print(json.dumps({**verdict_json(result.memory), **result.to_json_dict()}, indent=2))
         return 0
     f, ms = units.fmt_time, result.step_time_s
     algos = sorted({f"{b.algorithm}/{b.protocol}" for b in result.buckets})
     lines = [
+        *_verdict_lines(result.memory),
         f"Scenario   {result.scenario}: {result.model} on {scenario.cluster.num_nodes} x "
         f"{result.cluster} ({result.num_gpus} GPUs), dp={result.dp} tp={result.tp} pp={result.pp}",
         f"Batch      {result.global_batch_size} samples x {scenario.training.seq_len} tokens, "
@@ -116,8 +127,8 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     ]
     if result.memory is not None:
         mem = result.memory
-        lines.append(f"  memory per GPU         {units.fmt_bytes(mem.total_bytes):>12}   {mem.verdict()} "
-                     f"(rank {mem.rank}, stage {mem.stage}; see `simddp memory`)")
+        lines.append(f"  memory per GPU         {units.fmt_bytes(mem.total_bytes):>12}   "
+                     f"{MemoryVerdict.of(mem).short()} (rank {mem.rank}, stage {mem.stage}; see `simddp memory`)")
     for note in result.not_modelled:
         lines.append(f"  not modelled: {note}")
     if result.memory is not None:
@@ -168,6 +179,7 @@ _MEMORY_LABELS = {
 
 def cmd_memory(args: argparse.Namespace) -> int:
     from simddp.memory import max_micro_batch_that_fits, memory_breakdown, smallest_layout_that_fits
+    from simddp.verdict import MemoryVerdict, verdict_json
 
     scenario = _load(args)
     if args.num_gpus is not None and not args.fit_layout:
@@ -176,7 +188,7 @@ def cmd_memory(args: argparse.Namespace) -> int:
     max_mb = max_micro_batch_that_fits(scenario) if args.max_micro_batch else None
     layout = smallest_layout_that_fits(scenario, args.num_gpus) if args.fit_layout else None
     if args.json:
-        out = mem.to_json_dict()
+        out = {**verdict_json(mem), **mem.to_json_dict()}
         if max_mb is not None:
             out["max_micro_batch"] = max_mb
         if layout is not None:
@@ -186,6 +198,7 @@ def cmd_memory(args: argparse.Namespace) -> int:
     fb, tr, par = units.fmt_bytes, scenario.training, scenario.parallelism
     flight = f"{mem.in_flight_micro_batches:g}"
     lines = [
+        *_verdict_lines(mem)[:1], *([""] if not mem.fits else []),
         f"Memory     {scenario.name}: {mem.model} on {scenario.cluster.num_nodes} x "
         f"{scenario.cluster.preset or 'custom'} ({mem.num_gpus} x {mem.gpu}), dp={mem.dp} tp={mem.tp} pp={mem.pp}, "
         f"ZeRO-{mem.zero_stage}{', SP' if par.sequence_parallel else ''}",
@@ -206,7 +219,7 @@ def cmd_memory(args: argparse.Namespace) -> int:
             lines.append(f"    {i.name:<26}{fb(i.size_bytes):>12}   {i.note}")
     lines += [
         f"  {'-' * 40}",
-        f"  {'total':<28}{fb(mem.total_bytes):>12}   {mem.verdict()}",
+        f"  {'total':<28}{fb(mem.total_bytes):>12}   {MemoryVerdict.of(mem).short()}",
     ]
     if mem.pp > 1:
         stages = ", ".join(f"{s}: {fb(b)}" for s, b in enumerate(mem.stage_total_bytes))

@@ -168,3 +168,29 @@ def test_result_names_what_was_simulated_after_overrides() -> None:
     assert "llama2-7b" not in r.stdout
     r = run("simulate", str(ROOT / "examples/resnet50-pcie.yaml"), "--set", "ddp.bucket_cap_mb=5", "--json")
     assert json.loads(r.stdout)["scenario"] == "resnet50-ddp-pcie (modified: ddp.bucket_cap_mb=5)"
+
+
+def test_verdict_first_when_the_layout_does_not_fit() -> None:
+    args = ("--set", "parallelism.zero_stage=0", "--set", "cluster.gpu.hbm_bytes=40GiB")
+    r = run("simulate", *args)
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    assert lines[0] == "DOES NOT FIT: needs 134.9 GiB per GPU, 40.0 GiB available (94.9 GiB over)"
+    assert lines[1].startswith("Hypothetical: the figures below are what this layout would cost if it fitted")
+    assert "  memory per GPU           134.93 GiB   DOES NOT FIT: 40.00 GiB available, 94.93 GiB over" in r.stdout
+    data = json.loads(run("simulate", "--json", *args).stdout)
+    assert list(data)[:3] == ["fits", "memory_bytes", "capacity_bytes"]
+    assert data["fits"] is False and data["capacity_bytes"] == 40 * 1024**3
+    assert data["memory_bytes"] == data["memory"]["total_bytes"]
+    assert (data["memory_bytes"] - data["capacity_bytes"]) / 1024**3 == pytest.approx(94.93, abs=0.005)
+    r = run("memory", *args)
+    assert r.stdout.splitlines()[0] == lines[0]
+    assert json.loads(run("memory", "--json", *args).stdout)["fits"] is False
+
+
+def test_no_verdict_line_when_it_fits() -> None:
+    r = run("simulate")
+    assert r.stdout.startswith("Scenario   llama2-7b-zero1-128xH100: ")
+    memory_line = next(line for line in r.stdout.splitlines() if line.startswith("  memory per GPU"))
+    assert "   fits, " in memory_line and "headroom" in memory_line and "DOES NOT FIT" not in r.stdout
+    assert json.loads(run("simulate", "--json").stdout)["fits"] is True

@@ -81,6 +81,7 @@ scenario = state.current_scenario()
 shown = scenario or state.last_valid_scenario()
 result = state.simulate(data) if scenario is not None else None
 if result is not None:
+    widgets.fit_banner(result)
     left, right = st.columns([3, 2], gap="medium", vertical_alignment="center")
     with left:
         headline(result)
