@@ -86,10 +86,14 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     from simddp.verdict import MemoryVerdict, verdict_json
 
     scenario = _load(args)
-    result = simulate_step(scenario, trace=bool(args.trace))
+    result = simulate_step(scenario, trace=bool(args.trace or args.csv))
     if args.trace:
         assert result.trace is not None
         result.trace.write(args.trace)
+    if args.csv:
+        from simddp.exports import write_step_csv
+
+        written = write_step_csv(args.csv, scenario, result, verdict_json(result.memory))
     if args.json:
         print(json.dumps({**verdict_json(result.memory), **result.to_json_dict()}, indent=2))
         return 0
@@ -136,34 +140,35 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         lines += [f"  memory note: {note}" for note in result.memory.notes if note not in shown]
     if args.trace:
         lines.append(f"  trace written to {args.trace} (open in https://ui.perfetto.dev)")
+    if args.csv:
+        lines.append(f"  tables written: {', '.join(str(p) for p in written)}")
     print("\n".join(lines))
     return 0
 
 
 def cmd_buckets(args: argparse.Namespace) -> int:
-    from simddp.bucketing import buckets_to_json
-    from simddp.sim.step import rank_gradients
-    from simddp.workload import build_workload
+    from simddp.exports import bucket_export
 
     scenario = _load(args)
-    workload = build_workload(scenario)
-    grads = rank_gradients(scenario, workload, 0)
+    export = bucket_export(scenario)
     if args.json:
-        print(json.dumps(buckets_to_json(grads.buckets)))
+        print(json.dumps(export.to_json_dict()))
         return 0
+    if args.csv:
+        print(export.to_csv(), end="")
+        return 0
+    buckets = export.buckets
     par = scenario.parallelism
     where = f"pipeline stage 0 of {par.pp}, " if par.pp > 1 else ""
-    print(f"{len(grads.buckets)} buckets, {units.fmt_bytes(sum(b.size_bytes for b in grads.buckets))} of gradients "
+    print(f"{len(buckets)} buckets, {units.fmt_bytes(sum(b.size_bytes for b in buckets))} of gradients "
           f"({where}tp shard {(par.tp > 1 and f'1 of {par.tp}') or 'whole model'}; parameter indices are this "
           "rank's, in model.parameters() order)")
     if par.zero_stage == 3:
         print("note: with zero_stage 3, FSDP reduce-scatters per unit instead (see simddp simulate --trace)")
     print(f"{'#':>4} {'size':>12} {'dtype':>9} {'params':>7}  first .. last parameter")
-    for b in grads.buckets:
-        first = grads.params[b.param_indices[0]].name
-        last = grads.params[b.param_indices[-1]].name
-        print(f"{b.index:>4} {units.fmt_bytes(b.size_bytes):>12} {b.dtype:>9} {len(b.param_indices):>7}  "
-              f"{first} .. {last}")
+    for b in buckets:
+        print(f"{b.index:>4} {units.fmt_bytes(b.size_bytes):>12} {b.dtype:>9} {len(b.params):>7}  "
+              f"{b.params[0].name} .. {b.params[-1].name}")
     return 0
 
 
@@ -480,10 +485,12 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("simulate", help="simulate one training step")
     scenario_args(p)
     p.add_argument("--trace", metavar="FILE", help="write a Chrome/Perfetto trace of the timeline")
+    p.add_argument("--csv", metavar="DIR", help="write summary.csv, buckets.csv and layers.csv into DIR")
     p.set_defaults(func=cmd_simulate)
 
     p = sub.add_parser("buckets", help="DDP gradient buckets, exactly as torch builds them")
     scenario_args(p)
+    p.add_argument("--csv", action="store_true", help="print CSV: one row per parameter, with its bucket")
     p.set_defaults(func=cmd_buckets)
 
     p = sub.add_parser("memory", help="per-GPU memory: model states, activations, buffers; does it fit?")
