@@ -236,19 +236,32 @@ def cmd_memory(args: argparse.Namespace) -> int:
         lines += ["", f"Largest micro-batch that fits: {max_mb}{kept}" if max_mb else
                   "No micro-batch fits, not even 1"]
     if layout is not None:
-        lines += ["", f"Layouts on {layout.num_gpus} GPUs ({layout.num_layouts} valid layouts evaluated):"]
-        rows = [("current", layout.current), ("smallest ZeRO stage", layout.smallest_zero_stage),
-                ("smallest tp", layout.smallest_tp), ("smallest pp", layout.smallest_pp),
-                ("least model parallel", layout.best)]
-        for name, fit in rows:
-            if fit is None:
-                lines.append(f"  {name:<22}none fits" if name != "current" else f"  {name:<22}invalid layout")
-                continue
-            verdict = "fits" if fit.fits else "does not fit"
-            lines.append(f"  {name:<22}ZeRO-{fit.zero_stage} tp={fit.tp} pp={fit.pp} dp={fit.dp}"
-                         f"{fb(fit.total_bytes):>14}   {verdict}")
+        lines += ["", *_layout_lines(layout)]
     print("\n".join(lines))
     return 0
+
+
+def _layout_lines(layout: Any) -> list[str]:
+    """The answers of `memory --fit-layout`, then every layout it evaluated (fitting ones first)."""
+    fb = units.fmt_bytes
+    fitting = sum(f.fits for f in layout.evaluated)
+    lines = [f"Layouts on {layout.num_gpus} GPUs: {layout.num_layouts} evaluated (ZeRO stage x tp x pp x sequence "
+             f"parallelism x recompute), {fitting} fit"]
+    rows = [("current", layout.current), ("smallest ZeRO stage", layout.smallest_zero_stage),
+            ("least recompute", layout.least_recompute), ("smallest tp", layout.smallest_tp),
+            ("smallest pp", layout.smallest_pp), ("least model parallel", layout.best)]
+    for name, fit in rows:
+        if fit is None:
+            lines.append(f"  {name:<22}{'invalid layout' if name == 'current' else 'none fits'}")
+            continue
+        lines.append(f"  {name:<22}{fit.label():<52}{fb(fit.total_bytes):>12}   "
+                     f"{'fits' if fit.fits else 'does not fit'}")
+    lines += ["", "Every layout evaluated (fitting first, most preferred first: least tp x pp, recompute, ZeRO, pp):",
+              f"  {'fits':<5} {'ZeRO':>4} {'tp':>3} {'pp':>3} {'dp':>5} {'SP':<4}{'recompute':<10}{'memory':>12}"]
+    for f in layout.evaluated:
+        lines.append(f"  {'yes' if f.fits else 'no':<5} {f.zero_stage:>4} {f.tp:>3} {f.pp:>3} {f.dp:>5} "
+                     f"{'on' if f.sequence_parallel else 'off':<4}{f.recompute:<10}{fb(f.total_bytes):>12}")
+    return lines
 
 
 def cmd_collective(args: argparse.Namespace) -> int:
@@ -498,7 +511,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--stage", type=int, help="report this pipeline stage (default: the most loaded)")
     p.add_argument("--max-micro-batch", action="store_true", help="also find the largest micro-batch that fits")
     p.add_argument("--fit-layout", action="store_true",
-                   help="also find the smallest ZeRO stage, tp or pp that fits")
+                   help="also search ZeRO stage x tp x pp x sequence parallelism x recompute for layouts that fit, "
+                   "and list every layout evaluated")
     p.add_argument("--num-gpus", type=int, help="GPUs for --fit-layout (default: the scenario's cluster)")
     p.set_defaults(func=cmd_memory)
 
