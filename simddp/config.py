@@ -538,7 +538,9 @@ def _expand(data: Any, key: str, presets: dict[str, Any], field: str) -> Any:
         return data
     name = data[key]
     if name not in presets:
-        raise ValueError(f"unknown preset {name!r}; valid: {', '.join(sorted(presets))}")
+        guess = closest_key(str(name), list(presets))
+        hint = f" (did you mean {guess!r}?)" if guess else ""
+        raise ValueError(f"unknown preset {name!r}{hint}; valid: {', '.join(sorted(presets))}")
     return deep_merge(presets[name].build(), data)
 
 

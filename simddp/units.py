@@ -100,13 +100,14 @@ SIZE_UNITS_HELP = (
 _QUANTITY = re.compile(r"\s*(?P<num>[+-]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][+-]?\d+)?)\s*(?P<unit>[A-Za-z/]*)\s*")
 
 
-def parse_quantity(text: str) -> tuple[Decimal, Literal["number", "size", "rate"]]:
+def parse_quantity(text: str, rate_hint: bool = False) -> tuple[Decimal, Literal["number", "size", "rate"]]:
     """A number with an optional size or rate unit, in bytes or bytes/s: ``(value, kind)``.
 
     ``kind`` is ``"number"`` for a bare number (already in base units), ``"size"`` for ``256MiB`` or
     ``1Gbit``, ``"rate"`` for ``25GB/s``, ``400Gbit/s`` or ``400Gbps``. Units are case-sensitive where
     the case carries meaning: ``B`` is a byte, ``b``/``bit`` a bit; ``M``, ``G``, ``T`` are upper case.
-    A prefix without ``B`` or ``bit`` ("8G") is refused: it could mean GB, GiB or Gbit.
+    A prefix without ``B`` or ``bit`` ("8G") is refused: it could mean GB, GiB or Gbit (``rate_hint``: the
+    message suggests rates, GB/s, GiB/s or Gbit/s).
     """
     m = _QUANTITY.fullmatch(text)
     if not m:
@@ -121,12 +122,12 @@ def parse_quantity(text: str) -> tuple[Decimal, Literal["number", "size", "rate"
     elif base.endswith(("bit", "b")):
         prefix, per_unit = base.removesuffix("bit").removesuffix("b"), Decimal("0.125")
     else:
-        n = m.group("num")
+        n, ps = m.group("num"), "/s" if rate or rate_hint else ""
         if base in SIZE_PREFIXES and base.endswith("i"):
-            raise ValueError(f"unit {unit!r} lacks B: write {n}{base}B")
+            raise ValueError(f"unit {unit!r} lacks B: write {n}{base}B{ps}")
         if base in SIZE_PREFIXES:
-            raise ValueError(f"unit {unit!r} is ambiguous: write {n}{base}B (decimal), {n}{base}iB (binary) "
-                             f"or {n}{base}bit")
+            raise ValueError(f"unit {unit!r} is ambiguous: write {n}{base}B{ps} (decimal), {n}{base}iB{ps} (binary) "
+                             f"or {n}{base}bit{ps}")
         raise ValueError(f"unknown unit {unit!r} ({SIZE_UNITS_HELP})")
     if prefix not in SIZE_PREFIXES or (per_unit != 1 and prefix.endswith("i")):
         raise ValueError(f"unknown unit {unit!r} ({SIZE_UNITS_HELP})")
@@ -145,7 +146,7 @@ def parse_size(text: str) -> int:
 
 def parse_rate(text: str) -> float:
     """Bytes/s from ``'25e9'``, ``'25GB/s'`` (decimal, as vendors quote), ``'400Gbit/s'`` or ``'400Gbps'``."""
-    value, kind = parse_quantity(text)
+    value, kind = parse_quantity(text, rate_hint=True)
     if kind == "size":
         raise ValueError(f"{text.strip()!r} is a size; expected a rate such as 25GB/s or 400Gbit/s")
     return float(value)

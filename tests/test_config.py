@@ -41,7 +41,7 @@ def test_gradient_accumulation_steps() -> None:
         ({"training": {"seq_len": -5}}, "training.seq_len: Input should be greater than 0 (got -5)"),
         ({"cluster": {"preset": "dgx-a100-80gb", "num_nodes": 0}}, "cluster.num_nodes: Input should be greater"),
         ({"cluster": {"preset": "dgx-z", "num_nodes": 1}}, "unknown preset 'dgx-z'; valid: aws-p4d-24xlarge, dgx-a100"),
-        ({"model": {"preset": "gpt5"}}, "unknown preset 'gpt5'; valid: bert-large"),
+        ({"model": {"preset": "gpt5"}}, "unknown preset 'gpt5' (did you mean 'gpt2'?); valid: bert-large"),
         ({"ddp": {"bucket_cap": 25}}, "ddp.bucket_cap: unknown key"),
         ({"parallelism": {"dp": 3}}, "dp(3) * tp(1) * pp(1) = 3 does not match 16 GPUs (2 nodes x 8)"),
         ({"parallelism": {"tp": 8}, "model": {"transformer": {"num_layers": 2, "hidden_size": 768,
@@ -213,7 +213,8 @@ def test_yaml_file_sizes_with_units(tmp_path) -> None:
     ("override", "message"),
     [
         ("cluster.inter_node.nic_bandwidth_bytes_per_s=25G",
-         "cluster.inter_node.nic_bandwidth_bytes_per_s: unit 'G' is ambiguous: write 25GB (decimal)"),
+         "cluster.inter_node.nic_bandwidth_bytes_per_s: unit 'G' is ambiguous: write 25GB/s (decimal), 25GiB/s "
+         "(binary) or 25Gbit/s"),
         ("cluster.gpu.hbm_bytes=25GB/s", "cluster.gpu.hbm_bytes: '25GB/s' is a rate; expected a size"),
         ("cluster.inter_node.nic_bandwidth_bytes_per_s=-5GB/s",
          "cluster.inter_node.nic_bandwidth_bytes_per_s: Input should be greater than 0"),
