@@ -330,8 +330,10 @@ def cmd_presets(args: argparse.Namespace) -> int:
         return 0
     groups = {"clusters": CLUSTER_PRESETS, "models": MODEL_PRESETS}
     if args.json:
-        print(json.dumps({k: {n: {"description": p.description, "source": p.source} for n, p in v.items()}
-                          for k, v in groups.items()}, indent=2))
+        from simddp.schema import preset_values
+
+        print(json.dumps({k: {n: {"description": p.description, "source": p.source, "values": preset_values(n)[1]}
+                              for n, p in v.items()} for k, v in groups.items()}, indent=2))
         return 0
     for title, presets in groups.items():
         print(f"{title}:")
@@ -492,7 +494,9 @@ def build_parser() -> argparse.ArgumentParser:
     def scenario_args(p: argparse.ArgumentParser) -> None:
         p.add_argument("scenario", nargs="?", help="scenario YAML/JSON (default: the embedded Llama-2-7B on 128 H100s)")
         p.add_argument("--set", action="append", default=[], metavar="KEY.PATH=VALUE",
-                       help="override a scenario key, e.g. --set ddp.bucket_cap_mb=50 (repeatable)")
+                       help="override a scenario key, e.g. --set ddp.bucket_cap_mb=50 (repeatable; `simddp schema` "
+                       "lists the keys). Sizes and rates take units: 80GiB (binary), 80GB (decimal), 25GB/s, "
+                       "400Gbit/s; a bare number is bytes or bytes/s")
         p.add_argument("--json", action="store_true", help="print JSON")
 
     p = sub.add_parser("simulate", help="simulate one training step")

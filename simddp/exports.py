@@ -225,3 +225,8 @@ def _dicts_to_csv(rows: list[dict[str, Any]], columns: list[str]) -> str:
     writer.writeheader()
     writer.writerows(rows)
     return buf.getvalue()
+
+
+__all__ = ["BucketEntry", "BucketExport", "BucketParamRow", "BucketTimingRow", "LayerRow", "ParamEntry",
+           "bucket_export", "bucket_timing_rows", "layer_rows", "rows_to_csv", "rows_to_dataframe", "summary_rows",
+           "write_step_csv"]

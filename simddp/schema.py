@@ -334,3 +334,7 @@ def starter_scenario(base: dict[str, Any], model: str | None, cluster: str | Non
         "# accept units: 80GiB (binary), 80GB (decimal), 25GB/s, 400Gbit/s; a bare number is bytes or bytes/s.",
     ]
     return "\n".join([*head, _render(body)]) + "\n"
+
+
+__all__ = ["KeyDoc", "find_preset", "human", "preset_values", "preset_yaml", "schema_keys", "starter_scenario",
+           "unit_of"]

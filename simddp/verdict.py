@@ -58,3 +58,6 @@ def verdict_json(memory: MemoryBreakdown | None) -> dict[str, Any]:
     if memory is None:
         return {"fits": None, "memory_bytes": None, "capacity_bytes": None}
     return MemoryVerdict.of(memory).model_dump()
+
+
+__all__ = ["HYPOTHETICAL", "MemoryVerdict", "verdict_json"]

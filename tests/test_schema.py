@@ -111,6 +111,9 @@ def test_presets_show_cli() -> None:
     r = run("presets", "show", "llama-7b")
     assert r.returncode == 2 and "unknown preset 'llama-7b'; did you mean 'llama2-7b'?" in r.stderr
     assert "resnet50" in run("presets").stdout  # the listing still works
+    listing = json.loads(run("presets", "--json").stdout)
+    assert listing["clusters"]["dgx-h100-80gb"]["values"]["inter_node"]["nic_bandwidth_bytes_per_s"] == 50e9
+    assert listing["models"]["llama3-70b"]["values"]["transformer"]["num_kv_heads"] == 8
 
 
 def _uncomment(text: str) -> str:
