@@ -52,20 +52,21 @@ class KeyDoc(BaseModel):
     unit: str | None = Field(description="Unit of the value (from the key name); null = none.")
     accepts_units: bool = Field(description="A string with a unit is accepted (256MiB, 25GB/s, 400Gbit/s).")
     required: bool = Field(description="The key has no default.")
+    preset_sets: bool = Field(default=False, description="Every cluster preset sets it (cluster.preset fills it).")
     default: Any = Field(description="Default value (JSON); null when required or null by default.")
     nullable: bool = Field(description="null is a valid value.")
     bounds: str | None = Field(description="Bounds, e.g. '> 0', '>= 0, <= 1'; null = none.")
     description: str = Field(description="What the key means (the CLI and dashboard help text).")
 
     def to_text(self) -> str:
-        facts = [self.type]
+        facts = [self.type + (" or null" if self.nullable else "")]
         if self.unit:
             facts.append(self.unit + (" (accepts units: 256MiB, 80GB, 25GB/s, 400Gbit/s)" if self.accepts_units
                                       else ""))
         if self.bounds:
             facts.append(self.bounds)
         if self.required:
-            facts.append("required")
+            facts.append("required" + (" (cluster.preset fills it)" if self.preset_sets else ""))
         elif self.type != "section":
             facts.append(f"default {_yaml_scalar(self.default)}")
         return f"{self.path}\n    {', '.join(facts)}\n    {self.description}"
@@ -137,7 +138,22 @@ def _default(field: FieldInfo) -> Any:
     return None if field.default is PydanticUndefined else field.default
 
 
-def _walk(model: type[BaseModel], prefix: str) -> Iterator[KeyDoc]:
+def _key_paths(data: dict[str, Any], prefix: str) -> set[str]:
+    out = set()
+    for k, v in data.items():
+        out.add(prefix + k)
+        if isinstance(v, dict):
+            out |= _key_paths(v, prefix + k + ".")
+    return out
+
+
+def _cluster_preset_paths() -> set[str]:
+    """Keys every cluster preset sets."""
+    sets = [_key_paths(p.build(), "cluster.") for p in CLUSTER_PRESETS.values()]
+    return set.intersection(*sets) if sets else set()
+
+
+def _walk(model: type[BaseModel], prefix: str, from_preset: set[str]) -> Iterator[KeyDoc]:
     for name, field in model.model_fields.items():
         path = f"{prefix}{name}"
         _, nullable, parses = _strip(field.annotation)
@@ -147,15 +163,15 @@ def _walk(model: type[BaseModel], prefix: str) -> Iterator[KeyDoc]:
         yield KeyDoc(
             path=path, type=type_name, unit=unit_of(name), accepts_units=parses, required=field.is_required(),
             default=None if type_name == "section" else _default(field), nullable=nullable,
-            bounds=_bounds(field), description=field.description or "",
+            bounds=_bounds(field), description=field.description or "", preset_sets=path in from_preset,
         )
         if sub:
-            yield from _walk(sub[0], path + ("[]." if type_name.startswith("list of") else "."))
+            yield from _walk(sub[0], path + ("[]." if type_name.startswith("list of") else "."), from_preset)
 
 
 def schema_keys(path: str = "") -> list[KeyDoc]:
     """Every key of a scenario, or the keys at and under ``path`` ('ddp', 'cluster.inter_node', ...)."""
-    keys = list(_walk(Scenario, ""))
+    keys = list(_walk(Scenario, "", _cluster_preset_paths()))
     if not path:
         return keys
     wanted = path.replace("[]", "").strip(".")
@@ -276,15 +292,6 @@ def preset_yaml(name: str) -> str:
 
 
 # ------------------------------------------------------------------------------------------ init
-def _paths(data: dict[str, Any], prefix: str = "") -> set[str]:
-    out = set()
-    for k, v in data.items():
-        out.add(prefix + k)
-        if isinstance(v, dict):
-            out |= _paths(v, prefix + k + ".")
-    return out
-
-
 def starter_scenario(base: dict[str, Any], model: str | None, cluster: str | None,
                      num_nodes: int | None) -> str:
     """A starter scenario with every key, each with its description.
@@ -310,7 +317,7 @@ def starter_scenario(base: dict[str, Any], model: str | None, cluster: str | Non
     full["name"] = scenario.name
     # the model alternatives a preset does not use are left out; other keys whose default is null stay
     full["model"] = {k: v for k, v in full["model"].items() if v is not None or k not in ("transformer", "parameters")}
-    live = _paths(data)
+    live = _key_paths(data, "")
 
     def comment(path: str, field: FieldInfo, value: Any) -> str | None:
         text = _described(path, field, value)

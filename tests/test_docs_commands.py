@@ -203,10 +203,14 @@ def server_command(command: str) -> str | None:
     return f"_serve {port} {shlex.join([*args, '--port', str(port)])}"
 
 
+#: Repository entries a scratch directory does not link: git, the environment, tool caches.
+SCRATCH_SKIPS = {".git", ".venv", ".mypy_cache", ".ruff_cache", ".pytest_cache", "__pycache__", ".hypothesis"}
+
+
 def scratch(tmp: Path) -> Path:
     """A directory that looks like the repository (links to its files) plus .venv, to run commands in."""
     for entry in ROOT.iterdir():
-        if entry.name not in {".git", ".venv"} and not entry.name.startswith("."):
+        if entry.name not in SCRATCH_SKIPS:
             (tmp / entry.name).symlink_to(entry)
     (tmp / ".venv").symlink_to(Path(sys.prefix))
     return tmp

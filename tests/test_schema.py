@@ -44,6 +44,8 @@ def test_schema_key_has_type_unit_default_bounds_and_description() -> None:
                          description="Bucket cap in MiB, as torch reads it; null = torch's 25 (1 MiB first).")
     (nic,) = schema_keys("cluster.inter_node.nic_bandwidth_bytes_per_s")
     assert (nic.type, nic.unit, nic.accepts_units, nic.required, nic.bounds) == ("float", "bytes/s", True, True, "> 0")
+    assert nic.preset_sets and "required (cluster.preset fills it)" in nic.to_text()
+    assert not schema_keys("cluster.host_overhead_s")[0].preset_sets  # a default, no preset sets it
     (frag,) = schema_keys("memory.fragmentation_fraction")
     assert (frag.default, frag.bounds, frag.unit) == (0.1, ">= 0, < 1", "fraction of 1")
     (zero,) = schema_keys("parallelism.zero_stage")
