@@ -372,6 +372,14 @@ def strategy_table(sweep: StrategySweep) -> Any:
     return out
 
 
+def layout_table(search: Any) -> Any:
+    """Every layout a LayoutSearch evaluated, memory in GiB (fitting first, most preferred first)."""
+    df = search.to_dataframe()
+    out = df[["fits", "zero_stage", "tp", "pp", "dp", "sequence_parallel", "recompute"]].copy()
+    out["memory / GPU (GiB)"] = df["total_bytes"] / units.GiB
+    return out
+
+
 def memory_items(memory: Any) -> Any:
     """A MemoryBreakdown's items in GiB."""
     df = memory.to_dataframe()

@@ -32,14 +32,8 @@ WIDGET_PREFIX = "w:"  # session-state keys of widgets that mirror the scenario d
 
 # ------------------------------------------------------------------------------------ scenario dict
 def default_scenario_dict() -> dict[str, Any]:
-    """The embedded default scenario, with dp left to follow the GPUs so that resizing stays valid.
-
-    The YAML pins ``dp: 128`` (= its 128 GPUs); dropping it gives the same scenario, and lets the
-    number-of-nodes control change the cluster without a dp mismatch.
-    """
-    data = read_mapping(default_scenario_path())
-    data.get("parallelism", {}).pop("dp", None)
-    return data
+    """The embedded default scenario; it does not pin dp (dp follows the GPUs), so resizing stays valid."""
+    return read_mapping(default_scenario_path())
 
 
 def scenario_dict() -> dict[str, Any]:

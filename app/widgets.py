@@ -14,11 +14,21 @@ import streamlit as st
 from pydantic import BaseModel
 
 from app import state
+from simddp.results import StepResult
+from simddp.verdict import MemoryVerdict
 
 
 def field_help(model: type[BaseModel], name: str) -> str:
     """The config field's description: the same help text as the CLI's."""
     return model.model_fields[name].description or ""
+
+
+def fit_banner(result: StepResult) -> None:
+    """The memory verdict first, as the CLI's first line: a banner when the layout does not fit."""
+    memory = getattr(result, "memory", None)
+    if memory is not None and not memory.fits:
+        st.error(f"**{MemoryVerdict.of(memory).headline()}**. The figures below are hypothetical: what this layout "
+                 "would cost if it fitted (the Memory page finds layouts that do).", icon=":material/memory:")
 
 
 def _key(path: str) -> str:

@@ -9,14 +9,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import sys
 from collections.abc import Callable, Sequence
 from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from simddp import units
+from simddp import __version__, units
 from simddp.config import Cluster, Scenario, ScenarioError, format_validation_error, load_scenario
 from simddp.presets import CLUSTER_PRESETS, MODEL_PRESETS
 
@@ -37,12 +36,11 @@ def _load(args: argparse.Namespace) -> Scenario:
 
 
 def parse_size(text: str) -> int:
-    """Bytes from '1048576', '64K', '256M', '8G' (binary multiples, as nccl-tests' -b/-e flags)."""
-    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([KMGT]?)i?B?\s*", text, flags=re.IGNORECASE)
-    if not m:
-        raise UsageError(f"--bytes {text!r}: expected a size such as 1048576, 64K, 256M or 8G")
-    scale = {"": 1, "K": units.KiB, "M": units.MiB, "G": units.GiB, "T": 1024**4}[m.group(2).upper()]
-    value = int(float(m.group(1)) * scale)
+    """Bytes from '1048576', '256MiB' (binary), '256MB' (decimal) or '1Gbit' (:func:`units.parse_size`)."""
+    try:
+        value = units.parse_size(text)
+    except ValueError as err:
+        raise UsageError(f"--bytes {text!r}: {err}") from None
     if value <= 0:
         raise UsageError(f"--bytes {text!r}: must be > 0")
     return value
@@ -74,20 +72,35 @@ def positive_float(text: str) -> float:
 
 
 # ------------------------------------------------------------------------------------- commands
+def _verdict_lines(memory: Any) -> list[str]:
+    """The first lines of a report whose layout does not fit in memory (none when it fits)."""
+    from simddp.verdict import HYPOTHETICAL, MemoryVerdict
+
+    if memory is None or memory.fits:
+        return []
+    return [MemoryVerdict.of(memory).headline(), HYPOTHETICAL, ""]
+
+
 def cmd_simulate(args: argparse.Namespace) -> int:
     from simddp.sim import simulate_step
+    from simddp.verdict import MemoryVerdict, verdict_json
 
     scenario = _load(args)
-    result = simulate_step(scenario, trace=bool(args.trace))
+    result = simulate_step(scenario, trace=bool(args.trace or args.csv))
     if args.trace:
         assert result.trace is not None
         result.trace.write(args.trace)
+    if args.csv:
+        from simddp.exports import write_step_csv
+
+        written = write_step_csv(args.csv, scenario, result, verdict_json(result.memory))
     if args.json:
-        print(json.dumps(result.to_json_dict(), indent=2))
+        print(json.dumps({**verdict_json(result.memory), **result.to_json_dict()}, indent=2))
         return 0
     f, ms = units.fmt_time, result.step_time_s
     algos = sorted({f"{b.algorithm}/{b.protocol}" for b in result.buckets})
     lines = [
+        *_verdict_lines(result.memory),
         f"Scenario   {result.scenario}: {result.model} on {scenario.cluster.num_nodes} x "
         f"{result.cluster} ({result.num_gpus} GPUs), dp={result.dp} tp={result.tp} pp={result.pp}",
         f"Batch      {result.global_batch_size} samples x {scenario.training.seq_len} tokens, "
@@ -118,8 +131,8 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     ]
     if result.memory is not None:
         mem = result.memory
-        lines.append(f"  memory per GPU         {units.fmt_bytes(mem.total_bytes):>12}   {mem.verdict()} "
-                     f"(rank {mem.rank}, stage {mem.stage}; see `simddp memory`)")
+        lines.append(f"  memory per GPU         {units.fmt_bytes(mem.total_bytes):>12}   "
+                     f"{MemoryVerdict.of(mem).short()} (rank {mem.rank}, stage {mem.stage}; see `simddp memory`)")
     for note in result.not_modelled:
         lines.append(f"  not modelled: {note}")
     if result.memory is not None:
@@ -127,34 +140,35 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         lines += [f"  memory note: {note}" for note in result.memory.notes if note not in shown]
     if args.trace:
         lines.append(f"  trace written to {args.trace} (open in https://ui.perfetto.dev)")
+    if args.csv:
+        lines.append(f"  tables written: {', '.join(str(p) for p in written)}")
     print("\n".join(lines))
     return 0
 
 
 def cmd_buckets(args: argparse.Namespace) -> int:
-    from simddp.bucketing import buckets_to_json
-    from simddp.sim.plan import rank_gradients
-    from simddp.workload import build_workload
+    from simddp.exports import bucket_export
 
     scenario = _load(args)
-    workload = build_workload(scenario)
-    grads = rank_gradients(scenario, workload, 0)
+    export = bucket_export(scenario)
     if args.json:
-        print(json.dumps(buckets_to_json(grads.buckets)))
+        print(json.dumps(export.to_json_dict()))
         return 0
+    if args.csv:
+        print(export.to_csv(), end="")
+        return 0
+    buckets = export.buckets
     par = scenario.parallelism
     where = f"pipeline stage 0 of {par.pp}, " if par.pp > 1 else ""
-    print(f"{len(grads.buckets)} buckets, {units.fmt_bytes(sum(b.size_bytes for b in grads.buckets))} of gradients "
+    print(f"{len(buckets)} buckets, {units.fmt_bytes(sum(b.size_bytes for b in buckets))} of gradients "
           f"({where}tp shard {(par.tp > 1 and f'1 of {par.tp}') or 'whole model'}; parameter indices are this "
           "rank's, in model.parameters() order)")
     if par.zero_stage == 3:
         print("note: with zero_stage 3, FSDP reduce-scatters per unit instead (see simddp simulate --trace)")
     print(f"{'#':>4} {'size':>12} {'dtype':>9} {'params':>7}  first .. last parameter")
-    for b in grads.buckets:
-        first = grads.params[b.param_indices[0]].name
-        last = grads.params[b.param_indices[-1]].name
-        print(f"{b.index:>4} {units.fmt_bytes(b.size_bytes):>12} {b.dtype:>9} {len(b.param_indices):>7}  "
-              f"{first} .. {last}")
+    for b in buckets:
+        print(f"{b.index:>4} {units.fmt_bytes(b.size_bytes):>12} {b.dtype:>9} {len(b.params):>7}  "
+              f"{b.params[0].name} .. {b.params[-1].name}")
     return 0
 
 
@@ -170,6 +184,7 @@ _MEMORY_LABELS = {
 
 def cmd_memory(args: argparse.Namespace) -> int:
     from simddp.memory import max_micro_batch_that_fits, memory_breakdown, smallest_layout_that_fits
+    from simddp.verdict import MemoryVerdict, verdict_json
 
     scenario = _load(args)
     if args.num_gpus is not None and not args.fit_layout:
@@ -178,7 +193,7 @@ def cmd_memory(args: argparse.Namespace) -> int:
     max_mb = max_micro_batch_that_fits(scenario) if args.max_micro_batch else None
     layout = smallest_layout_that_fits(scenario, args.num_gpus) if args.fit_layout else None
     if args.json:
-        out = mem.to_json_dict()
+        out = {**verdict_json(mem), **mem.to_json_dict()}
         if max_mb is not None:
             out["max_micro_batch"] = max_mb
         if layout is not None:
@@ -188,6 +203,7 @@ def cmd_memory(args: argparse.Namespace) -> int:
     fb, tr, par = units.fmt_bytes, scenario.training, scenario.parallelism
     flight = f"{mem.in_flight_micro_batches:g}"
     lines = [
+        *_verdict_lines(mem)[:1], *([""] if not mem.fits else []),
         f"Memory     {scenario.name}: {mem.model} on {scenario.cluster.num_nodes} x "
         f"{scenario.cluster.preset or 'custom'} ({mem.num_gpus} x {mem.gpu}), dp={mem.dp} tp={mem.tp} pp={mem.pp}, "
         f"ZeRO-{mem.zero_stage}{', SP' if par.sequence_parallel else ''}",
@@ -208,7 +224,7 @@ def cmd_memory(args: argparse.Namespace) -> int:
             lines.append(f"    {i.name:<26}{fb(i.size_bytes):>12}   {i.note}")
     lines += [
         f"  {'-' * 40}",
-        f"  {'total':<28}{fb(mem.total_bytes):>12}   {mem.verdict()}",
+        f"  {'total':<28}{fb(mem.total_bytes):>12}   {MemoryVerdict.of(mem).short()}",
     ]
     if mem.pp > 1:
         stages = ", ".join(f"{s}: {fb(b)}" for s, b in enumerate(mem.stage_total_bytes))
@@ -220,19 +236,32 @@ def cmd_memory(args: argparse.Namespace) -> int:
         lines += ["", f"Largest micro-batch that fits: {max_mb}{kept}" if max_mb else
                   "No micro-batch fits, not even 1"]
     if layout is not None:
-        lines += ["", f"Layouts on {layout.num_gpus} GPUs ({layout.num_layouts} valid layouts evaluated):"]
-        rows = [("current", layout.current), ("smallest ZeRO stage", layout.smallest_zero_stage),
-                ("smallest tp", layout.smallest_tp), ("smallest pp", layout.smallest_pp),
-                ("least model parallel", layout.best)]
-        for name, fit in rows:
-            if fit is None:
-                lines.append(f"  {name:<22}none fits" if name != "current" else f"  {name:<22}invalid layout")
-                continue
-            verdict = "fits" if fit.fits else "does not fit"
-            lines.append(f"  {name:<22}ZeRO-{fit.zero_stage} tp={fit.tp} pp={fit.pp} dp={fit.dp}"
-                         f"{fb(fit.total_bytes):>14}   {verdict}")
+        lines += ["", *_layout_lines(layout)]
     print("\n".join(lines))
     return 0
+
+
+def _layout_lines(layout: Any) -> list[str]:
+    """The answers of `memory --fit-layout`, then every layout it evaluated (fitting ones first)."""
+    fb = units.fmt_bytes
+    fitting = sum(f.fits for f in layout.evaluated)
+    lines = [f"Layouts on {layout.num_gpus} GPUs: {layout.num_layouts} evaluated (ZeRO stage x tp x pp x sequence "
+             f"parallelism x recompute), {fitting} fit"]
+    rows = [("current", layout.current), ("smallest ZeRO stage", layout.smallest_zero_stage),
+            ("least recompute", layout.least_recompute), ("smallest tp", layout.smallest_tp),
+            ("smallest pp", layout.smallest_pp), ("least model parallel", layout.best)]
+    for name, fit in rows:
+        if fit is None:
+            lines.append(f"  {name:<22}{'invalid layout' if name == 'current' else 'none fits'}")
+            continue
+        lines.append(f"  {name:<22}{fit.label():<52}{fb(fit.total_bytes):>12}   "
+                     f"{'fits' if fit.fits else 'does not fit'}")
+    lines += ["", "Every layout evaluated (fitting first, most preferred first: least tp x pp, recompute, ZeRO, pp):",
+              f"  {'fits':<5} {'ZeRO':>4} {'tp':>3} {'pp':>3} {'dp':>5} {'SP':<4}{'recompute':<10}{'memory':>12}"]
+    for f in layout.evaluated:
+        lines.append(f"  {'yes' if f.fits else 'no':<5} {f.zero_stage:>4} {f.tp:>3} {f.pp:>3} {f.dp:>5} "
+                     f"{'on' if f.sequence_parallel else 'off':<4}{f.recompute:<10}{fb(f.total_bytes):>12}")
+    return lines
 
 
 def cmd_collective(args: argparse.Namespace) -> int:
@@ -290,15 +319,46 @@ def _cluster_error(err: Exception) -> str:
 
 
 def cmd_presets(args: argparse.Namespace) -> int:
+    if getattr(args, "presets_command", None) == "show":
+        from simddp.schema import preset_values, preset_yaml
+
+        if args.show_json:
+            section, values = preset_values(args.name)
+            print(json.dumps({section: values}, indent=2))
+        else:
+            print(preset_yaml(args.name), end="")
+        return 0
     groups = {"clusters": CLUSTER_PRESETS, "models": MODEL_PRESETS}
     if args.json:
-        print(json.dumps({k: {n: {"description": p.description, "source": p.source} for n, p in v.items()}
-                          for k, v in groups.items()}, indent=2))
+        from simddp.schema import preset_values
+
+        print(json.dumps({k: {n: {"description": p.description, "source": p.source, "values": preset_values(n)[1]}
+                              for n, p in v.items()} for k, v in groups.items()}, indent=2))
         return 0
     for title, presets in groups.items():
         print(f"{title}:")
         for name, p in presets.items():
             print(f"  {name:<18} {p.description}  [{p.source}]")
+    return 0
+
+
+def cmd_schema(args: argparse.Namespace) -> int:
+    from simddp.schema import schema_keys
+
+    keys = schema_keys(args.path or "")
+    if args.json:
+        print(json.dumps([k.model_dump(mode="json") for k in keys], indent=2))
+        return 0
+    print("\n".join(k.to_text() for k in keys))
+    return 0
+
+
+def cmd_init(args: argparse.Namespace) -> int:
+    from simddp.config import read_mapping
+    from simddp.schema import starter_scenario
+
+    base = read_mapping(default_scenario_path())
+    print(starter_scenario(base, args.model, args.cluster, args.num_nodes), end="")
     return 0
 
 
@@ -428,21 +488,26 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="simddp", description="Simulate distributed deep-learning training steps (DDP, ZeRO, TP, PP)."
     )
+    parser.add_argument("--version", action="version", version=f"simddp {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
 
     def scenario_args(p: argparse.ArgumentParser) -> None:
         p.add_argument("scenario", nargs="?", help="scenario YAML/JSON (default: the embedded Llama-2-7B on 128 H100s)")
         p.add_argument("--set", action="append", default=[], metavar="KEY.PATH=VALUE",
-                       help="override a scenario key, e.g. --set ddp.bucket_cap_mb=50 (repeatable)")
+                       help="override a scenario key, e.g. --set ddp.bucket_cap_mb=50 (repeatable; `simddp schema` "
+                       "lists the keys). Sizes and rates take units: 80GiB (binary), 80GB (decimal), 25GB/s, "
+                       "400Gbit/s; a bare number is bytes or bytes/s")
         p.add_argument("--json", action="store_true", help="print JSON")
 
     p = sub.add_parser("simulate", help="simulate one training step")
     scenario_args(p)
     p.add_argument("--trace", metavar="FILE", help="write a Chrome/Perfetto trace of the timeline")
+    p.add_argument("--csv", metavar="DIR", help="write summary.csv, buckets.csv and layers.csv into DIR")
     p.set_defaults(func=cmd_simulate)
 
     p = sub.add_parser("buckets", help="DDP gradient buckets, exactly as torch builds them")
     scenario_args(p)
+    p.add_argument("--csv", action="store_true", help="print CSV: one row per parameter, with its bucket")
     p.set_defaults(func=cmd_buckets)
 
     p = sub.add_parser("memory", help="per-GPU memory: model states, activations, buffers; does it fit?")
@@ -450,7 +515,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--stage", type=int, help="report this pipeline stage (default: the most loaded)")
     p.add_argument("--max-micro-batch", action="store_true", help="also find the largest micro-batch that fits")
     p.add_argument("--fit-layout", action="store_true",
-                   help="also find the smallest ZeRO stage, tp or pp that fits")
+                   help="also search ZeRO stage x tp x pp x sequence parallelism x recompute for layouts that fit, "
+                   "and list every layout evaluated")
     p.add_argument("--num-gpus", type=int, help="GPUs for --fit-layout (default: the scenario's cluster)")
     p.set_defaults(func=cmd_memory)
 
@@ -458,7 +524,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("collective", help="time of one collective (nccl-tests algbw/busbw)")
     p.add_argument("op", choices=OPS)
-    p.add_argument("--bytes", help="message size (e.g. 256M); omitted: an nccl-tests-like sweep 8 B .. 8 GiB")
+    p.add_argument("--bytes", help="message size: bytes, or 256MiB (binary, 2^20), 256MB (decimal, 10^6), 1Gbit; "
+                   "omitted: an nccl-tests-like sweep 8 B .. 8 GiB")
     p.add_argument("--cluster", default="dgx-h100-80gb", choices=sorted(CLUSTER_PRESETS))
     p.add_argument("--num-nodes", type=positive_int, default=1)
     p.add_argument("--gpus-per-node", type=positive_int)
@@ -467,9 +534,24 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_collective)
 
-    p = sub.add_parser("presets", help="list cluster and model presets")
+    p = sub.add_parser("presets", help="list cluster and model presets; `presets show NAME` prints one's values")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_presets)
+    shows = p.add_subparsers(dest="presets_command")
+    q = shows.add_parser("show", help="every value of a preset, as YAML to paste into a scenario")
+    q.add_argument("name", help="a cluster or model preset (see `simddp presets`)")
+    q.add_argument("--json", dest="show_json", action="store_true", help="print JSON")
+
+    p = sub.add_parser("schema", help="every scenario key with its type, unit, default, bounds and description")
+    p.add_argument("path", nargs="?", metavar="KEY.PATH", help="only this key or section, e.g. cluster.inter_node")
+    p.add_argument("--json", action="store_true", help="print JSON")
+    p.set_defaults(func=cmd_schema)
+
+    p = sub.add_parser("init", help="print a starter scenario with every key commented (simddp init > scenario.yaml)")
+    p.add_argument("--model", choices=sorted(MODEL_PRESETS), help="model preset (default: the embedded default's)")
+    p.add_argument("--cluster", choices=sorted(CLUSTER_PRESETS), help="cluster preset (default: dgx-h100-80gb)")
+    p.add_argument("--num-nodes", type=positive_int, help="nodes (default: the embedded default's 16)")
+    p.set_defaults(func=cmd_init)
 
     p = sub.add_parser("calibrate", help="fit a calibration profile from torch measurements; validate it")
     cal = p.add_subparsers(dest="calibrate_command", required=True)

@@ -14,17 +14,42 @@ from __future__ import annotations
 import copy
 import json
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    PrivateAttr,
+    ValidationError,
+    field_serializer,
+    field_validator,
+    model_validator,
+)
 
+from simddp.keys import closest_key, submodels, unknown_key_message
 from simddp.presets import CLUSTER_PRESETS, MODEL_PRESETS
-from simddp.units import DTYPE_BYTES, KiB, MiB
+from simddp.units import DTYPE_BYTES, KiB, MiB, parse_rate, parse_size
 
 Precision = Literal["fp32", "bf16-mixed", "fp16-mixed"]
 Optimizer = Literal["adamw", "adam", "sgd", "sgd-momentum", "adafactor"]
 Algorithm = Literal["auto", "ring", "tree", "nvls", "hierarchical"]
+
+
+def _size(value: Any) -> Any:
+    return parse_size(value) if isinstance(value, str) else value
+
+
+def _rate(value: Any) -> Any:
+    return parse_rate(value) if isinstance(value, str) else value
+
+
+#: A size in bytes: a number of bytes, or a string with a unit ("80GiB", "256MB"; :func:`units.parse_size`).
+Bytes = Annotated[int, BeforeValidator(_size)]
+#: A rate in bytes/s: a number, or a string with a unit ("25GB/s", "400Gbit/s"; :func:`units.parse_rate`).
+BytesPerS = Annotated[float, BeforeValidator(_rate)]
 
 
 class ScenarioError(ValueError):
@@ -46,8 +71,8 @@ class GPU(_Frozen):
     peak_tf32_flop_per_s: float = Field(gt=0, description="Dense TF32 tensor-core peak, FLOP/s.")
     peak_bf16_flop_per_s: float = Field(gt=0, description="Dense BF16 tensor-core peak, FLOP/s.")
     peak_fp16_flop_per_s: float = Field(gt=0, description="Dense FP16 tensor-core peak, FLOP/s.")
-    hbm_bytes: int = Field(gt=0, description="Device memory capacity, bytes.")
-    hbm_bandwidth_bytes_per_s: float = Field(gt=0, description="Device memory bandwidth (spec sheet), bytes/s.")
+    hbm_bytes: Bytes = Field(gt=0, description="Device memory capacity, bytes.")
+    hbm_bandwidth_bytes_per_s: BytesPerS = Field(gt=0, description="Device memory bandwidth (spec sheet), bytes/s.")
     memory_efficiency: float = Field(
         gt=0, le=1, description="Fraction of the memory bandwidth streaming kernels reach (STREAM add/triad)."
     )
@@ -101,13 +126,13 @@ class Link(_Frozen):
         description="Per-hop latency of the ring/Simple protocol (NCCL hwLat: NVLink 3.4 us, PCIe 5.7 us); the "
         "other protocols and algorithms keep NCCL's ratios to it, s.",
     )
-    bandwidth_bytes_per_s: float = Field(
+    bandwidth_bytes_per_s: BytesPerS = Field(
         gt=0, description="Per-GPU unidirectional bandwidth into the fabric (spec sheet), bytes/s."
     )
     efficiency: float = Field(
         gt=0, le=1, description="Fraction of bandwidth NCCL's ring reaches at large messages (measured)."
     )
-    nvls_algbw_bytes_per_s: float | None = Field(
+    nvls_algbw_bytes_per_s: BytesPerS | None = Field(
         default=None,
         gt=0,
         description="NVLink SHARP (NVLS) all-reduce algorithm bandwidth over all GPUs of a node, bytes/s; "
@@ -128,7 +153,7 @@ class Network(_Frozen):
 
     kind: Literal["infiniband", "roce", "efa", "ethernet"] = Field(description="Network technology.")
     nics_per_node: int = Field(gt=0, description="NICs per node used by NCCL (one per GPU on DGX).")
-    nic_bandwidth_bytes_per_s: float = Field(gt=0, description="Line rate of one NIC, bytes/s.")
+    nic_bandwidth_bytes_per_s: BytesPerS = Field(gt=0, description="Line rate of one NIC, bytes/s.")
     latency_s: float = Field(
         ge=0, description="Per-hop latency of NCCL's ring/Simple protocol (hwLat NET 14 us); the other protocols "
         "and algorithms keep NCCL's ratios to it, s."
@@ -150,10 +175,10 @@ class CollectiveFit(_Frozen):
 
     op: Literal["all-reduce", "reduce-scatter", "all-gather", "broadcast"] = Field(description="Collective.")
     tier: Literal["intra", "inter"] = Field(description="Link tier the measurement exercised.")
-    min_bytes: int = Field(ge=0, description="Smallest message size this segment covers, bytes.")
-    max_bytes: int = Field(gt=0, description="Largest message size this segment covers, bytes.")
+    min_bytes: Bytes = Field(ge=0, description="Smallest message size this segment covers, bytes.")
+    max_bytes: Bytes = Field(gt=0, description="Largest message size this segment covers, bytes.")
     latency_per_step_s: float = Field(ge=0, description="Fitted latency per ring step, seconds.")
-    bus_bandwidth_bytes_per_s: float = Field(gt=0, description="Fitted bus bandwidth, bytes/s.")
+    bus_bandwidth_bytes_per_s: BytesPerS = Field(gt=0, description="Fitted bus bandwidth, bytes/s.")
     rel_residual: float = Field(default=0.0, ge=0, description="Relative RMS residual of the fit.")
     measured_ranks: int = Field(default=2, gt=1, description="World size the fit was measured on.")
     ranks_per_node: int = Field(
@@ -438,13 +463,13 @@ class DDPConfig(_Frozen):
 class MemoryConfig(_Frozen):
     """Per-GPU memory overheads beyond model states and activations (see :mod:`simddp.memory`)."""
 
-    cuda_context_bytes: int = Field(
+    cuda_context_bytes: Bytes = Field(
         default=512 * MiB,
         ge=0,
         description="CUDA context, loaded kernels and library workspaces, bytes; ~300-400 MiB at init with lazy "
         "module loading (pytorch/pytorch#107667, #109888), more once cuBLAS/NCCL kernels load.",
     )
-    nccl_bytes_per_communicator: int = Field(
+    nccl_bytes_per_communicator: Bytes = Field(
         default=32 * 2 * (4 * MiB + 4_915_200 + 512 * KiB),
         ge=0,
         description="NCCL buffers of one communicator, bytes: 32 channels x 2 ring peers x (Simple NCCL_BUFFSIZE "
@@ -467,7 +492,11 @@ class MemoryConfig(_Frozen):
 class Scenario(_Frozen):
     """One question: this model, on this cluster, with this layout and these options."""
 
-    name: str = Field(default="scenario", description="A label for reports.")
+    name: str = Field(
+        default="",
+        description="A label for reports; empty or null = derived from model, layout and cluster "
+        "(e.g. 'llama2-7b-zero1-128xH100').",
+    )
     cluster: Cluster = Field(description="Hardware.")
     model: ModelConfig = Field(description="The model to train.")
     parallelism: Parallelism = Field(default_factory=Parallelism, description="Parallel layout.")
@@ -475,6 +504,24 @@ class Scenario(_Frozen):
     ddp: DDPConfig = Field(default_factory=DDPConfig, description="DDP options.")
     memory: MemoryConfig = Field(default_factory=MemoryConfig, description="Memory-model overheads.")
     calibration: str | None = Field(default=None, description="Path to a calibration profile (JSON).")
+    _name_derived: bool = PrivateAttr(default=False)
+
+    @field_validator("name", mode="before")
+    @classmethod
+    def _null_name(cls, value: Any) -> Any:
+        return "" if value is None else value
+
+    @field_serializer("name")
+    def _dump_name(self, name: str) -> str | None:
+        # A derived name is dumped as null, so that a variant built from the dump derives its own.
+        return None if self._name_derived else name
+
+    @model_validator(mode="after")
+    def _derive_name(self) -> Scenario:
+        if not self.name:
+            object.__setattr__(self, "name", derived_name(self))  # frozen: set once, while validating
+            self._name_derived = True
+        return self
 
     @model_validator(mode="after")
     def _check_layout(self) -> Scenario:
@@ -484,7 +531,8 @@ class Scenario(_Frozen):
         if par.dp is not None and par.dp * par.tp * par.pp != gpus:
             raise ValueError(
                 f"dp({par.dp}) * tp({par.tp}) * pp({par.pp}) = {par.dp * par.tp * par.pp} "
-                f"does not match {gpus} GPUs ({nodes} nodes x {per_node})"
+                f"does not match {gpus} GPUs ({nodes} nodes x {per_node}); leave parallelism.dp out "
+                "(or null) to derive it"
             )
         if par.dp is None and gpus % (par.tp * par.pp):
             raise ValueError(
@@ -536,6 +584,25 @@ class Scenario(_Frozen):
         return self.global_batch_size // (self.training.micro_batch_size * self.dp)
 
 
+def derived_name(scenario: Scenario) -> str:
+    """'llama2-7b-zero1-128xH100', 'gpt3-175b-tp8-sp-pp8v2-zero1-1024xA100': model, layout, GPUs."""
+    par, model = scenario.parallelism, scenario.model
+    tf = model.transformer
+    if model.preset:
+        parts = [model.preset]
+    elif tf is not None:
+        parts = [f"transformer-{tf.num_layers}L-{tf.hidden_size}h"]
+    else:
+        parts = [f"custom-{len(model.parameters or [])}params"]
+    if par.tp > 1:
+        parts.append(f"tp{par.tp}" + ("-sp" if par.sequence_parallel else ""))
+    if par.pp > 1:
+        parts.append(f"pp{par.pp}" + (f"v{par.virtual_stages}" if par.virtual_stages > 1 else ""))
+    parts.append(f"zero{par.zero_stage}" if par.zero_stage else "ddp")
+    parts.append(f"{scenario.cluster.num_gpus}x{scenario.cluster.gpu.name.split('-')[0]}")
+    return "-".join(parts)
+
+
 # ----------------------------------------------------------------------------------- loading
 def _expand(data: Any, key: str, presets: dict[str, Any], field: str) -> Any:
     """Fill a dict from the named preset, the user's own keys overriding the preset's (deep merge)."""
@@ -543,7 +610,9 @@ def _expand(data: Any, key: str, presets: dict[str, Any], field: str) -> Any:
         return data
     name = data[key]
     if name not in presets:
-        raise ValueError(f"unknown preset {name!r}; valid: {', '.join(sorted(presets))}")
+        guess = closest_key(str(name), list(presets))
+        hint = f" (did you mean {guess!r}?)" if guess else ""
+        raise ValueError(f"unknown preset {name!r}{hint}; valid: {', '.join(sorted(presets))}")
     return deep_merge(presets[name].build(), data)
 
 
@@ -583,19 +652,37 @@ def set_path(data: dict[str, Any], dotted: str, raw_value: str) -> dict[str, Any
 
 
 def format_validation_error(err: ValidationError) -> str:
-    """One line naming the field, the value and the problem, for each error."""
+    """One line naming the field, the value and the problem, for each error.
+
+    An unknown key names the closest valid key and lists the keys valid at its level.
+    """
+    root = _CONFIG_MODELS.get(err.title)
     parts = []
     for e in err.errors():
-        loc = ".".join(str(p) for p in e["loc"] if not str(p).startswith("function-"))
+        path = [p for p in e["loc"] if not str(p).startswith("function-")]
+        loc = ".".join(str(p) for p in path)
         msg = e["msg"].removeprefix("Value error, ")
         if e["type"] == "extra_forbidden":
-            msg = "unknown key"
+            msg = unknown_key_message(root, path) if root is not None else "unknown key"
         elif e["type"] == "missing":
             msg = "missing required key"
         elif "input" in e and not isinstance(e["input"], dict | list):
             msg = f"{msg} (got {e['input']!r})"
         parts.append(f"{loc}: {msg}" if loc else msg)
     return "; ".join(parts)
+
+
+def _models_under(model: type[BaseModel], found: dict[str, type[BaseModel]]) -> dict[str, type[BaseModel]]:
+    if model.__name__ not in found:
+        found[model.__name__] = model
+        for field in model.model_fields.values():
+            for sub in submodels(field.annotation):
+                _models_under(sub, found)
+    return found
+
+
+#: Every config model by class name (a ValidationError's ``title``), for the unknown-key suggestions.
+_CONFIG_MODELS = _models_under(Scenario, {})
 
 
 def scenario_from_dict(data: dict[str, Any]) -> Scenario:
@@ -660,4 +747,12 @@ def load_scenario(path: str | Path, overrides: list[str] | None = None) -> Scena
             raise ScenarioError(f"--set {item!r}: expected key.path=value")
         key, value = item.split("=", 1)
         data = set_path(data, key.strip(), value)
-    return scenario_from_dict(data)
+    return scenario_from_dict(_mark_modified(data, overrides or []))
+
+
+def _mark_modified(data: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
+    """A named scenario changed by ``--set`` says so in its name (an unnamed one derives its name anyway)."""
+    keys = [item.split("=", 1)[0].strip() for item in overrides]
+    if not data.get("name") or not keys or "name" in keys:
+        return data
+    return {**data, "name": f"{data['name']} (modified: {', '.join(o.strip() for o in overrides)})"}

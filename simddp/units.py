@@ -3,10 +3,15 @@
 Inside simddp every quantity is in base SI-like units: bytes (int), seconds, FLOP, bytes/s and
 FLOP/s. This module is the only place where other units appear. Vendors quote bandwidth in decimal
 GB/s (10^9 bytes/s) and memory in binary GiB; torch's ``bucket_cap_mb`` is MiB (2^20 bytes).
-This module imports nothing from simddp.
+It also parses sizes and rates written with units (:func:`parse_size`, :func:`parse_rate`): one parser
+for ``--set``, ``--bytes`` and scenario fields in bytes or bytes/s. This module imports nothing from simddp.
 """
 
 from __future__ import annotations
+
+import re
+from decimal import Decimal
+from typing import Literal
 
 KiB = 1024
 MiB = 1024**2
@@ -79,3 +84,69 @@ def fmt_bandwidth(bytes_per_s: float) -> str:
 def fmt_flop_rate(flop_per_s: float) -> str:
     """A FLOP rate in TFLOP/s."""
     return f"{flop_per_s / TFLOP:.1f} TFLOP/s"
+
+
+# ------------------------------------------------------------------------------------ parsing
+#: Prefixes of the size parser. Decimal (SI) prefixes step by 1000, binary (IEC) ones by 1024; both
+#: k and K mean 1000.
+SIZE_PREFIXES: dict[str, int] = {
+    "": 1, "k": KB, "K": KB, "M": MB, "G": GB, "T": TB, "P": 1000**5,
+    "Ki": KiB, "Mi": MiB, "Gi": GiB, "Ti": 1024**4, "Pi": 1024**5,
+}
+SIZE_UNITS_HELP = (
+    "a bare number is bytes (bytes/s); units: B kB MB GB TB (decimal, x1000), KiB MiB GiB TiB (binary, x1024), "
+    "bit kbit Mbit Gbit Tbit (or Gb: bits, /8); rates end in /s or bps: 25GB/s, 400Gbit/s, 400Gbps"
+)
+_QUANTITY = re.compile(r"\s*(?P<num>[+-]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][+-]?\d+)?)\s*(?P<unit>[A-Za-z/]*)\s*")
+
+
+def parse_quantity(text: str, rate_hint: bool = False) -> tuple[Decimal, Literal["number", "size", "rate"]]:
+    """A number with an optional size or rate unit, in bytes or bytes/s: ``(value, kind)``.
+
+    ``kind`` is ``"number"`` for a bare number (already in base units), ``"size"`` for ``256MiB`` or
+    ``1Gbit``, ``"rate"`` for ``25GB/s``, ``400Gbit/s`` or ``400Gbps``. Units are case-sensitive where
+    the case carries meaning: ``B`` is a byte, ``b``/``bit`` a bit; ``M``, ``G``, ``T`` are upper case.
+    A prefix without ``B`` or ``bit`` ("8G") is refused: it could mean GB, GiB or Gbit (``rate_hint``: the
+    message suggests rates, GB/s, GiB/s or Gbit/s).
+    """
+    m = _QUANTITY.fullmatch(text)
+    if not m:
+        raise ValueError(f"expected a number with an optional unit ({SIZE_UNITS_HELP})")
+    value, unit = Decimal(m.group("num")), m.group("unit")
+    if not unit:
+        return value, "number"
+    rate = unit.endswith(("/s", "bps"))
+    base = unit[:-2] if unit.endswith("/s") else unit[:-2] + "it" if unit.endswith("bps") else unit
+    if base.endswith("B"):
+        prefix, per_unit = base[:-1], Decimal(1)
+    elif base.endswith(("bit", "b")):
+        prefix, per_unit = base.removesuffix("bit").removesuffix("b"), Decimal("0.125")
+    else:
+        n, ps = m.group("num"), "/s" if rate or rate_hint else ""
+        if base in SIZE_PREFIXES and base.endswith("i"):
+            raise ValueError(f"unit {unit!r} lacks B: write {n}{base}B{ps}")
+        if base in SIZE_PREFIXES:
+            raise ValueError(f"unit {unit!r} is ambiguous: write {n}{base}B{ps} (decimal), {n}{base}iB{ps} (binary) "
+                             f"or {n}{base}bit{ps}")
+        raise ValueError(f"unknown unit {unit!r} ({SIZE_UNITS_HELP})")
+    if prefix not in SIZE_PREFIXES or (per_unit != 1 and prefix.endswith("i")):
+        raise ValueError(f"unknown unit {unit!r} ({SIZE_UNITS_HELP})")
+    return value * SIZE_PREFIXES[prefix] * per_unit, "rate" if rate else "size"
+
+
+def parse_size(text: str) -> int:
+    """Bytes from ``'1048576'``, ``'256MiB'`` (2^20 steps), ``'80GB'`` (10^9) or ``'1Gbit'`` (bits / 8)."""
+    value, kind = parse_quantity(text)
+    if kind == "rate":
+        raise ValueError(f"{text.strip()!r} is a rate; expected a size such as 256MiB or 80GB")
+    if value != value.to_integral_value():
+        raise ValueError(f"{text.strip()!r} is not a whole number of bytes")
+    return int(value)
+
+
+def parse_rate(text: str) -> float:
+    """Bytes/s from ``'25e9'``, ``'25GB/s'`` (decimal, as vendors quote), ``'400Gbit/s'`` or ``'400Gbps'``."""
+    value, kind = parse_quantity(text, rate_hint=True)
+    if kind == "size":
+        raise ValueError(f"{text.strip()!r} is a size; expected a rate such as 25GB/s or 400Gbit/s")
+    return float(value)

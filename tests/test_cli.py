@@ -5,8 +5,11 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def run(*args: str, cwd=None) -> subprocess.CompletedProcess:
@@ -45,7 +48,7 @@ def test_buckets_json_shape() -> None:
 
 
 def test_collective_json_reports_nccl_tests_bandwidths() -> None:
-    r = run("collective", "all-reduce", "--bytes", "8G", "--cluster", "dgx-a100-80gb", "--num-nodes", "1",
+    r = run("collective", "all-reduce", "--bytes", "8GiB", "--cluster", "dgx-a100-80gb", "--num-nodes", "1",
             "--json")
     assert r.returncode == 0, r.stderr
     d = json.loads(r.stdout)
@@ -77,8 +80,8 @@ def test_presets_lists_everything() -> None:
         (("simulate", "--set", "ddp.frobnicate=1"), "ddp.frobnicate: unknown key"),
         (("simulate", "--set", "nodots"), "expected key.path=value"),
         (("collective", "all-reduce", "--bytes", "12Q"), "--bytes '12Q'"),
-        (("collective", "all-gather", "--bytes", "1M", "--algorithm", "tree"), "tree is an all-reduce"),
-        (("collective", "all-reduce", "--bytes", "1M", "--algorithm", "nvls", "--protocol", "LL"),
+        (("collective", "all-gather", "--bytes", "1MiB", "--algorithm", "tree"), "tree is an all-reduce"),
+        (("collective", "all-reduce", "--bytes", "1MiB", "--algorithm", "nvls", "--protocol", "LL"),
          "nvls runs only the Simple protocol"),
         (("collective", "all-reduce", "--bytes", "8", "--gpus-per-node", "1"), "needs at least 2 ranks"),
     ],
@@ -101,7 +104,7 @@ def test_malformed_yaml(tmp_path) -> None:
 def test_unknown_flag_is_argparse_error() -> None:
     r = run("simulate", "--bogus")
     assert r.returncode == 2 and "unrecognized arguments: --bogus" in r.stderr
-    r = run("collective", "all-reduce", "--bytes", "1M", "--num-nodes", "0")
+    r = run("collective", "all-reduce", "--bytes", "1MiB", "--num-nodes", "0")
     assert r.returncode == 2 and "argument --num-nodes: 0 must be > 0" in r.stderr and "Traceback" not in r.stderr
 
 
@@ -121,3 +124,73 @@ def test_buckets_follow_the_pipeline_stage_like_the_simulator() -> None:
     assert len(buckets) == len(sim["buckets"])
     assert [b["size_bytes"] for b in buckets] == [b["size_bytes"] for b in sim["buckets"]]
     assert "pipeline stage 0 of 2" in run("buckets", *args).stdout
+
+
+def test_version_matches_the_package_metadata() -> None:
+    import tomllib
+    from importlib.metadata import version
+
+    r = run("--version")
+    assert r.returncode == 0
+    expected = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
+    assert r.stdout.strip() == f"simddp {expected}" == f"simddp {version('simddp')}"
+
+
+@pytest.mark.parametrize(("size", "expected"), [("256MB", 256 * 10**6), ("256MiB", 256 * 2**20), ("1048576", 2**20),
+                                                ("1Gbit", 125 * 10**6)])
+def test_collective_bytes_decimal_vs_binary(size: str, expected: int) -> None:
+    r = run("collective", "all-reduce", "--bytes", size, "--json")
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["size_bytes"] == expected
+
+
+def test_collective_bytes_refuses_an_ambiguous_prefix() -> None:
+    r = run("collective", "all-reduce", "--bytes", "256M")
+    assert r.returncode == 2
+    assert r.stderr.strip() == ("simddp: error: --bytes '256M': unit 'M' is ambiguous: write 256MB (decimal), "
+                                "256MiB (binary) or 256Mbit")
+
+
+def test_readme_overrides_compose_on_the_default_scenario() -> None:
+    """The README's own example: it used to fail because the default scenario pinned dp."""
+    r = run("simulate", "--json", "--set", "cluster.num_nodes=64", "--set", "ddp.bucket_cap_mb=100")
+    assert r.returncode == 0, r.stderr
+    data = json.loads(r.stdout)
+    assert data["num_gpus"] == 512 and data["dp"] == 512
+    assert data["scenario"] == "llama2-7b-zero1-512xH100"
+
+
+def test_result_names_what_was_simulated_after_overrides() -> None:
+    r = run("simulate", "--set", "model.preset=llama3-70b", "--set", "cluster.num_nodes=32", "--set",
+            "parallelism.zero_stage=3")
+    assert r.returncode == 0, r.stderr
+    assert "llama3-70b-zero3-256xH100: llama3-70b on 32 x dgx-h100-80gb (256 GPUs)" in r.stdout
+    assert "llama2-7b" not in r.stdout
+    r = run("simulate", str(ROOT / "examples/resnet50-pcie.yaml"), "--set", "ddp.bucket_cap_mb=5", "--json")
+    assert json.loads(r.stdout)["scenario"] == "resnet50-ddp-pcie (modified: ddp.bucket_cap_mb=5)"
+
+
+def test_verdict_first_when_the_layout_does_not_fit() -> None:
+    args = ("--set", "parallelism.zero_stage=0", "--set", "cluster.gpu.hbm_bytes=40GiB")
+    r = run("simulate", *args)
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    assert lines[0] == "DOES NOT FIT: needs 134.9 GiB per GPU, 40.0 GiB available (94.9 GiB over)"
+    assert lines[1].startswith("Hypothetical: the figures below are what this layout would cost if it fitted")
+    assert "  memory per GPU           134.93 GiB   DOES NOT FIT: 40.00 GiB available, 94.93 GiB over" in r.stdout
+    data = json.loads(run("simulate", "--json", *args).stdout)
+    assert list(data)[:3] == ["fits", "memory_bytes", "capacity_bytes"]
+    assert data["fits"] is False and data["capacity_bytes"] == 40 * 1024**3
+    assert data["memory_bytes"] == data["memory"]["total_bytes"]
+    assert (data["memory_bytes"] - data["capacity_bytes"]) / 1024**3 == pytest.approx(94.93, abs=0.005)
+    r = run("memory", *args)
+    assert r.stdout.splitlines()[0] == lines[0]
+    assert json.loads(run("memory", "--json", *args).stdout)["fits"] is False
+
+
+def test_no_verdict_line_when_it_fits() -> None:
+    r = run("simulate")
+    assert r.stdout.startswith("Scenario   llama2-7b-zero1-128xH100: ")
+    memory_line = next(line for line in r.stdout.splitlines() if line.startswith("  memory per GPU"))
+    assert "   fits, " in memory_line and "headroom" in memory_line and "DOES NOT FIT" not in r.stdout
+    assert json.loads(run("simulate", "--json").stdout)["fits"] is True

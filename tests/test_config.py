@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 from scenarios import base_scenario
@@ -40,7 +41,7 @@ def test_gradient_accumulation_steps() -> None:
         ({"training": {"seq_len": -5}}, "training.seq_len: Input should be greater than 0 (got -5)"),
         ({"cluster": {"preset": "dgx-a100-80gb", "num_nodes": 0}}, "cluster.num_nodes: Input should be greater"),
         ({"cluster": {"preset": "dgx-z", "num_nodes": 1}}, "unknown preset 'dgx-z'; valid: aws-p4d-24xlarge, dgx-a100"),
-        ({"model": {"preset": "gpt5"}}, "unknown preset 'gpt5'; valid: bert-large"),
+        ({"model": {"preset": "gpt5"}}, "unknown preset 'gpt5' (did you mean 'gpt2'?); valid: bert-large"),
         ({"ddp": {"bucket_cap": 25}}, "ddp.bucket_cap: unknown key"),
         ({"parallelism": {"dp": 3}}, "dp(3) * tp(1) * pp(1) = 3 does not match 16 GPUs (2 nodes x 8)"),
         ({"parallelism": {"tp": 8}, "model": {"transformer": {"num_layers": 2, "hidden_size": 768,
@@ -138,3 +139,112 @@ def test_non_utf8_file(tmp_path) -> None:
     p.write_bytes(b"\xd0\xff\xfe binary")
     with pytest.raises(ScenarioError, match="not a text file"):
         load_scenario(p)
+
+
+# ----------------------------------------------------------------------------- overrides compose
+DEFAULT = Path(__file__).resolve().parent.parent / "simddp/default_scenario.yaml"
+EXAMPLES = DEFAULT.parent.parent / "examples"
+
+
+def test_default_scenario_does_not_pin_dp_so_resizing_works() -> None:
+    s = load_scenario(DEFAULT, ["cluster.num_nodes=64", "ddp.bucket_cap_mb=100"])
+    assert s.parallelism.dp is None and s.dp == 512
+    assert load_scenario(DEFAULT, ["parallelism.tp=8", "parallelism.pp=2"]).dp == 8
+
+
+def test_pinned_dp_mismatch_says_how_to_derive_it() -> None:
+    with pytest.raises(ScenarioError, match=r"does not match 512 GPUs \(64 nodes x 8\); leave parallelism.dp out"):
+        load_scenario(DEFAULT, ["parallelism.dp=128", "cluster.num_nodes=64"])
+
+
+def test_name_is_derived_from_model_layout_and_gpus() -> None:
+    assert load_scenario(DEFAULT).name == "llama2-7b-zero1-128xH100"
+    s = load_scenario(DEFAULT, ["model.preset=llama3-70b", "cluster.num_nodes=32", "parallelism.tp=8",
+                                "parallelism.sequence_parallel=true", "parallelism.zero_stage=0"])
+    assert s.name == "llama3-70b-tp8-sp-ddp-256xH100"
+    s = load_scenario(EXAMPLES / "gpt3-175b-3d-1024xA100.yaml", ["name=null"])
+    assert s.name == "gpt3-175b-tp8-sp-pp8v2-zero1-1024xA100"
+    custom = scenario_from_dict(base_scenario(model={"transformer": {
+        "num_layers": 24, "hidden_size": 2048, "num_heads": 16, "ffn_hidden_size": 8192, "vocab_size": 50257}}))
+    assert custom.name == "transformer-24L-2048h-ddp-16xA100"
+
+
+def test_named_scenario_changed_by_set_is_marked_modified() -> None:
+    path = EXAMPLES / "gpt3-175b-3d-1024xA100.yaml"
+    assert load_scenario(path).name == "gpt3-175b-3d"
+    s = load_scenario(path, ["ddp.bucket_cap_mb=100", "training.recompute=full"])
+    assert s.name == "gpt3-175b-3d (modified: ddp.bucket_cap_mb=100, training.recompute=full)"
+    assert load_scenario(path, ["name=mine", "ddp.bucket_cap_mb=100"]).name == "mine"
+
+
+def test_derived_name_follows_a_variant_built_from_the_dump() -> None:
+    s = load_scenario(DEFAULT)
+    assert s.model_dump()["name"] is None  # derived: a variant derives its own
+    data = s.model_dump()
+    data["model"] = {"preset": "gpt2"}
+    data["parallelism"]["zero_stage"] = 3
+    assert scenario_from_dict(data).name == "gpt2-zero3-128xH100"
+    named = load_scenario(EXAMPLES / "gpt3-175b-3d-1024xA100.yaml")
+    assert named.model_dump()["name"] == "gpt3-175b-3d"
+
+
+# ----------------------------------------------------------------------------- units in YAML and --set
+def test_byte_and_rate_fields_take_units() -> None:
+    s = load_scenario(DEFAULT, ["cluster.inter_node.nic_bandwidth_bytes_per_s=200Gbit/s",
+                                "cluster.intra_node.bandwidth_bytes_per_s=450GB/s",
+                                "cluster.gpu.hbm_bytes=40GiB", "memory.cuda_context_bytes=512MiB",
+                                "cluster.gpu.hbm_bandwidth_bytes_per_s=2e12"])
+    assert s.cluster.inter_node.nic_bandwidth_bytes_per_s == 200 * GBIT
+    assert s.cluster.intra_node.bandwidth_bytes_per_s == 450 * GB
+    assert s.cluster.gpu.hbm_bytes == 40 * 1024**3
+    assert s.memory.cuda_context_bytes == 512 * MiB
+    assert s.cluster.gpu.hbm_bandwidth_bytes_per_s == 2e12
+
+
+def test_yaml_file_sizes_with_units(tmp_path) -> None:
+    p = tmp_path / "s.yaml"
+    p.write_text("cluster: {preset: dgx-a100-80gb, num_nodes: 1, gpu: {hbm_bytes: 40GB},\n"
+                 "          inter_node: {nic_bandwidth_bytes_per_s: 100Gbps}}\nmodel: {preset: gpt2}\n")
+    s = load_scenario(p)
+    assert s.cluster.gpu.hbm_bytes == 40 * GB and s.cluster.inter_node.nic_bandwidth_bytes_per_s == 100 * GBIT
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        ("cluster.inter_node.nic_bandwidth_bytes_per_s=25G",
+         "cluster.inter_node.nic_bandwidth_bytes_per_s: unit 'G' is ambiguous: write 25GB/s (decimal), 25GiB/s "
+         "(binary) or 25Gbit/s"),
+        ("cluster.gpu.hbm_bytes=25GB/s", "cluster.gpu.hbm_bytes: '25GB/s' is a rate; expected a size"),
+        ("cluster.inter_node.nic_bandwidth_bytes_per_s=-5GB/s",
+         "cluster.inter_node.nic_bandwidth_bytes_per_s: Input should be greater than 0"),
+    ],
+)
+def test_bad_units_name_the_field(override: str, message: str) -> None:
+    with pytest.raises(ScenarioError) as info:
+        load_scenario(DEFAULT, [override])
+    assert message in str(info.value)
+
+
+# ----------------------------------------------------------------------------- unknown keys
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        ("ddp.bucket_cap_mbs=3", "ddp.bucket_cap_mbs: unknown key; did you mean 'bucket_cap_mb'? (valid here: "
+         "bucket_cap_mb, gradient_as_bucket_view, overlap, algorithm, reduce_in_fp32)"),
+        ("cluster.inter_node.bandwidth=3", "did you mean 'nic_bandwidth_bytes_per_s'?"),
+        ("parallelsm.tp=2", "parallelsm: unknown key; did you mean 'parallelism'? (valid here: name, cluster, model"),
+        ("cluster.gpu.hbm=3", "cluster.gpu.hbm: unknown key; did you mean 'hbm_bytes'?"),
+        ("ddp.zzz=1", "ddp.zzz: unknown key (valid here: bucket_cap_mb,"),
+    ],
+)
+def test_unknown_key_suggests_the_closest_and_lists_valid_keys(override: str, message: str) -> None:
+    with pytest.raises(ScenarioError) as info:
+        load_scenario(DEFAULT, [override])
+    assert message in str(info.value)
+
+
+def test_unknown_key_inside_a_list_item() -> None:
+    model = {"parameters": [{"name": "w", "numel": 10, "dtyp": "float32"}]}
+    with pytest.raises(ScenarioError, match=r"model.parameters.0.dtyp: unknown key; did you mean 'dtype'\?"):
+        scenario_from_dict({**base_scenario(), "model": model})

@@ -536,3 +536,52 @@ def test_memory_module_imports_neither_results_nor_sim():
             a.name for n in tree.body if isinstance(n, ast.Import) for a in n.names}
         assert not any(m and (m.startswith("simddp.results") or m.startswith("simddp.sim")) for m in imported), path
         assert not any(m and m.split(".")[0] in ("torch", "streamlit", "plotly", "pandas") for m in top_level), path
+
+
+def test_layout_search_varies_recompute_and_sequence_parallelism():
+    """The planner's case: nothing fits at the scenario's recompute, yet ZeRO-3 with full recompute does."""
+    s = llama70b(zero_stage=0).model_copy(
+        update={"training": llama70b().training.model_copy(update={"recompute": "none"})})
+    search = smallest_layout_that_fits(s)
+    assert search.smallest_zero_stage is None and search.smallest_pp is None
+    best = search.best
+    assert best is not None and (best.zero_stage, best.tp, best.pp, best.recompute) == (3, 1, 1, "full")
+    assert best.total_bytes == memory_breakdown(llama70b()).total_bytes  # exactly that scenario's memory
+    assert {f.recompute for f in search.evaluated} == {"none", "selective", "full"}
+    assert {f.sequence_parallel for f in search.evaluated if f.tp > 1} == {False, True}
+    assert not any(f.sequence_parallel for f in search.evaluated if f.tp == 1)
+    assert len(search.evaluated) == search.num_layouts
+    assert len({(f.zero_stage, f.tp, f.pp, f.sequence_parallel, f.recompute) for f in search.evaluated}) == \
+        search.num_layouts
+    fits = [f.fits for f in search.evaluated]
+    assert fits == sorted(fits, reverse=True) and search.evaluated[0] == best  # fitting first, best first
+    z3 = smallest_layout_that_fits(llama70b(zero_stage=3).model_copy(
+        update={"training": llama70b().training.model_copy(update={"recompute": "none"})}))
+    assert z3.least_recompute is not None and z3.least_recompute.recompute == "full"
+    for f in search.evaluated[::37]:  # each listed figure is the memory model's for that layout
+        v = s.model_copy(update={
+            "parallelism": s.parallelism.model_copy(update={"tp": f.tp, "pp": f.pp, "dp": None, "zero_stage":
+                                                            f.zero_stage, "sequence_parallel": f.sequence_parallel}),
+            "training": s.training.model_copy(update={"recompute": f.recompute})})
+        assert memory_breakdown(v).total_bytes == f.total_bytes
+
+
+def test_fit_layout_cli_lists_every_layout_evaluated():
+    import json
+    import subprocess
+    import sys
+
+    args = [sys.executable, "-m", "simddp.cli", "memory", "--fit-layout", "--set", "model.preset=llama2-13b",
+            "--set", "cluster.num_nodes=1", "--set", "parallelism.zero_stage=0", "--set", "training.recompute=none"]
+    text = subprocess.run(args, capture_output=True, text=True, timeout=120)
+    assert text.returncode == 0, text.stderr
+    data = json.loads(subprocess.run([*args, "--json"], capture_output=True, text=True, timeout=120).stdout)
+    layout = data["layout"]
+    assert len(layout["evaluated"]) == layout["num_layouts"]
+    assert {"sequence_parallel", "recompute", "total_bytes", "fits"} <= set(layout["evaluated"][0])
+    out = text.stdout
+    assert f"Layouts on 8 GPUs: {layout['num_layouts']} evaluated (ZeRO stage x tp x pp x sequence parallelism " \
+           f"x recompute), {sum(f['fits'] for f in layout['evaluated'])} fit" in out
+    listed = out.split("Every layout evaluated")[1].splitlines()[2:]
+    assert len(listed) == layout["num_layouts"]
+    assert "least recompute" in out and "least model parallel" in out

@@ -6,6 +6,7 @@ import streamlit as st
 
 from app import charts, state, widgets
 from simddp import units
+from simddp.verdict import MemoryVerdict
 
 st.title("Memory")
 st.caption("Peak memory of the most loaded GPU (simddp.memory): parameters, gradients, optimizer states, "
@@ -35,25 +36,27 @@ if scenario is not None:
     result = state.simulate(data)
     memory = result.memory if result is not None else None
     if memory is not None:
-        st.subheader(f"This scenario: {units.fmt_bytes(memory.total_bytes)} per GPU, {memory.verdict()}")
+        st.subheader(f"This scenario: {units.fmt_bytes(memory.total_bytes)} per GPU, "
+                     f"{MemoryVerdict.of(memory).short()}")
         st.caption(f"Pipeline stage {memory.stage} (rank {memory.rank}); {memory.num_params:,} parameters before "
                    f"ZeRO sharding; {memory.in_flight_micro_batches:g} micro-batch(es) of activations in flight.")
         widgets.table(charts.memory_items(memory))
         for note in memory.notes:
             st.info(note, icon=":material/info:")
-    if st.toggle("Search the smallest layout that fits on these GPUs", key="mem_search",
-                 help="simddp.memory.smallest_layout_that_fits: every ZeRO stage x tp x pp on the same GPUs."):
+    if st.toggle("Search the layouts that fit on these GPUs", key="mem_search",
+                 help="simddp.memory.smallest_layout_that_fits: every ZeRO stage x tp x pp x sequence parallelism "
+                      "x recompute on the same GPUs."):
         found = state.layout_search(data)
         if found is not None:
             def describe(fit) -> str:  # type: ignore[no-untyped-def]
-                if fit is None:
-                    return "none fits"
-                return (f"ZeRO-{fit.zero_stage}, tp={fit.tp}, pp={fit.pp}, dp={fit.dp}: "
-                        f"{units.fmt_bytes(fit.total_bytes)}")
+                return "none fits" if fit is None else f"{fit.label()}: {units.fmt_bytes(fit.total_bytes)}"
             st.markdown(
                 f"- **least model parallelism that fits**: {describe(found.best)}\n"
-                f"- lowest ZeRO stage at this tp and pp: {describe(found.smallest_zero_stage)}\n"
-                f"- lowest tp at this ZeRO stage and pp: {describe(found.smallest_tp)}\n"
-                f"- lowest pp at this ZeRO stage and tp: {describe(found.smallest_pp)}\n"
-                f"\n{found.num_layouts} valid layouts evaluated."
+                f"- lowest ZeRO stage at this tp, pp and recompute: {describe(found.smallest_zero_stage)}\n"
+                f"- least recompute at this ZeRO stage, tp and pp: {describe(found.least_recompute)}\n"
+                f"- lowest tp at this ZeRO stage, pp and recompute: {describe(found.smallest_tp)}\n"
+                f"- lowest pp at this ZeRO stage, tp and recompute: {describe(found.smallest_pp)}\n"
+                f"\n{found.num_layouts} valid layouts evaluated, {sum(f.fits for f in found.evaluated)} fit "
+                "(fitting first, most preferred first):"
             )
+            widgets.table(charts.layout_table(found), height=320)

@@ -81,6 +81,7 @@ scenario = state.current_scenario()
 shown = scenario or state.last_valid_scenario()
 result = state.simulate(data) if scenario is not None else None
 if result is not None:
+    widgets.fit_banner(result)
     left, right = st.columns([3, 2], gap="medium", vertical_alignment="center")
     with left:
         headline(result)
@@ -170,8 +171,9 @@ with col_cluster:
         widgets.number("BF16 peak (TFLOP/s)", "cluster.gpu.peak_bf16_flop_per_s", cl.gpu.peak_bf16_flop_per_s,
                        model=GPU, field="peak_bf16_flop_per_s", scale=units.TFLOP, min_value=0.0, step=10.0,
                        fmt="%.1f", where=c1)
-        widgets.number("Matmul efficiency", "cluster.gpu.matmul_efficiency", cl.gpu.matmul_efficiency, model=GPU,
-                       field="matmul_efficiency", min_value=0.0, max_value=1.0, step=0.05, fmt="%.2f", where=c2)
+        widgets.number("GEMM ceiling (fraction of peak)", "cluster.gpu.matmul_ceiling_fraction",
+                       cl.gpu.matmul_ceiling_fraction, model=GPU, field="matmul_ceiling_fraction", min_value=0.0,
+                       max_value=1.0, step=0.05, fmt="%.2f", where=c2)
         widgets.number("HBM (GiB)", "cluster.gpu.hbm_bytes", cl.gpu.hbm_bytes / units.GiB, model=GPU,
                        field="hbm_bytes", scale=units.GiB, min_value=0.0, step=8.0, fmt="%.1f", where=c1)
         widgets.number("Host overhead (ms)", "cluster.host_overhead_s", cl.host_overhead_s, model=Cluster,

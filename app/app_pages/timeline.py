@@ -14,6 +14,8 @@ st.caption("One simulated step of the most loaded GPU: compute stream (forward a
 
 data = state.scenario_dict()
 result = state.simulate(data)
+if result is not None:
+    widgets.fit_banner(result)
 if result is not None and result.trace is not None:
     zoom = st.toggle("Zoom to the last micro-batch (where DDP overlaps)", value=True, key="timeline_zoom",
                      help="Earlier micro-batches run under no_sync and do not communicate.")

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -15,6 +15,10 @@ class _Frozen(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
 
+#: Activation recompute, least first: each step trades compute for memory.
+RECOMPUTE_ORDER = ("none", "selective", "full")
+
+
 class LayoutFit(_Frozen):
     """One parallel layout and whether it fits."""
 
@@ -22,26 +26,49 @@ class LayoutFit(_Frozen):
     tp: int
     pp: int
     dp: int
+    sequence_parallel: bool = Field(description="Megatron sequence parallelism (with tp > 1).")
+    recompute: str = Field(description="Activation recompute: none, selective or full.")
     total_bytes: int
     capacity_bytes: int
     fits: bool
 
+    def label(self) -> str:
+        """'ZeRO-3 tp=8 pp=1 dp=8, SP, recompute full'."""
+        sp = ", SP" if self.sequence_parallel else ""
+        return f"ZeRO-{self.zero_stage} tp={self.tp} pp={self.pp} dp={self.dp}{sp}, recompute {self.recompute}"
+
 
 class LayoutSearch(_Frozen):
-    """Smallest ZeRO stage, tp or pp that makes a scenario fit on ``num_gpus`` GPUs."""
+    """Layouts that make a scenario fit on ``num_gpus`` GPUs: ZeRO stage x tp x pp x sequence parallelism x
+    recompute, each axis alone from the scenario's layout, the best overall, and every layout evaluated."""
 
     num_gpus: int
     current: LayoutFit | None = Field(description="The scenario's own layout (null if invalid on num_gpus).")
-    smallest_zero_stage: LayoutFit | None = Field(description="Lowest ZeRO stage that fits at the same tp and pp.")
-    smallest_tp: LayoutFit | None = Field(description="Lowest tp that fits at the same ZeRO stage and pp.")
-    smallest_pp: LayoutFit | None = Field(description="Lowest pp that fits at the same ZeRO stage and tp.")
+    smallest_zero_stage: LayoutFit | None = Field(
+        description="Lowest ZeRO stage that fits at the same tp, pp, sequence parallelism and recompute.")
+    least_recompute: LayoutFit | None = Field(
+        description="Least activation recompute that fits at the same ZeRO stage, tp, pp and sequence parallelism.")
+    smallest_tp: LayoutFit | None = Field(
+        description="Lowest tp that fits at the same ZeRO stage, pp and recompute (sequence parallelism kept "
+        "where tp > 1 allows it).")
+    smallest_pp: LayoutFit | None = Field(
+        description="Lowest pp that fits at the same ZeRO stage, tp, sequence parallelism and recompute.")
     best: LayoutFit | None = Field(
-        description="Fitting layout with the least model parallelism (tp x pp), then ZeRO stage, then pp."
+        description="Fitting layout with the least model parallelism (tp x pp), then the least recompute, then "
+        "the lowest ZeRO stage, then fewer pipeline stages."
     )
     num_layouts: int = Field(description="Valid layouts evaluated.")
+    evaluated: list[LayoutFit] = Field(
+        default_factory=list, description="Every valid layout evaluated: fitting ones first, in the order of `best`.")
 
     def to_json_dict(self) -> dict[str, Any]:
         return {"layout": self.model_dump()}
+
+    def to_dataframe(self) -> Any:
+        """One row per evaluated layout (pandas, imported lazily)."""
+        import pandas as pd
+
+        return pd.DataFrame([f.model_dump() for f in self.evaluated], columns=list(LayoutFit.model_fields))
 
 
 def _variant(scenario: Scenario, **sections: dict[str, Any]) -> Scenario:
@@ -98,10 +125,12 @@ def _divisors(n: int) -> list[int]:
 
 
 def smallest_layout_that_fits(scenario: Scenario, num_gpus: int | None = None) -> LayoutSearch:
-    """Search ZeRO stage x tp x pp on ``num_gpus`` GPUs (default: the scenario's) for layouts that fit.
+    """Search ZeRO stage x tp x pp x sequence parallelism x recompute on ``num_gpus`` GPUs (default: the
+    scenario's) for layouts that fit.
 
-    tp stays inside a node; dp = GPUs / (tp x pp); sequence parallelism and the schedule are kept where the
-    layout allows them; a layout the scenario rules forbid (heads, layers, global batch) is skipped.
+    tp stays inside a node; dp = GPUs / (tp x pp); sequence parallelism is tried on and off where tp > 1;
+    recompute none, selective and full for transformers (parameter-list models are not recomputed); the
+    schedule is kept; a layout the scenario rules forbid (heads, layers, global batch) is skipped.
     """
     cluster = scenario.cluster
     n = num_gpus if num_gpus is not None else cluster.num_gpus
@@ -115,40 +144,50 @@ def smallest_layout_that_fits(scenario: Scenario, num_gpus: int | None = None) -
     else:
         raise ValueError(f"num_gpus({n}) is neither a multiple nor a divisor of gpus_per_node({per_node})")
     gpus_per_node = cluster_update.get("gpus_per_node", per_node)
-    par = scenario.parallelism
-    fits: dict[tuple[int, int, int], LayoutFit] = {}
+    par, tr = scenario.parallelism, scenario.training
+    recomputes = RECOMPUTE_ORDER if scenario.model.transformer is not None else (tr.recompute,)
 
-    def evaluate(zero: int, tp: int, pp: int) -> LayoutFit | None:
-        key = (zero, tp, pp)
-        if key not in fits:
-            parallelism = {"dp": None, "tp": tp, "pp": pp, "zero_stage": zero,
-                           "sequence_parallel": par.sequence_parallel and tp > 1,
-                           "virtual_stages": par.virtual_stages if pp > 1 else 1}
-            try:
-                variant = _variant(scenario, cluster=cluster_update, parallelism=parallelism)
-            except ScenarioError:
-                return None
-            m = memory_breakdown(variant)
-            fits[key] = LayoutFit(zero_stage=zero, tp=tp, pp=pp, dp=variant.dp, total_bytes=m.total_bytes,
-                                  capacity_bytes=m.capacity_bytes, fits=m.fits)
-        return fits[key]
+    def evaluate(zero: int, tp: int, pp: int, sp: bool, recompute: str) -> LayoutFit | None:
+        parallelism = {"dp": None, "tp": tp, "pp": pp, "zero_stage": zero, "sequence_parallel": sp,
+                       "virtual_stages": par.virtual_stages if pp > 1 else 1}
+        try:
+            variant = _variant(scenario, cluster=cluster_update, parallelism=parallelism,
+                               training={"recompute": recompute})
+        except ScenarioError:
+            return None
+        m = memory_breakdown(variant)
+        return LayoutFit(zero_stage=zero, tp=tp, pp=pp, dp=variant.dp, sequence_parallel=sp, recompute=recompute,
+                         total_bytes=m.total_bytes, capacity_bytes=m.capacity_bytes, fits=m.fits)
 
     # ZeRO-2/3 with pipeline parallelism is not offered: DeepSpeed refuses it and simddp does not time it.
-    layouts = [(z, tp, pp) for tp in _divisors(gpus_per_node) for pp in _divisors(n // tp) for z in range(4)
-               if not (z >= 2 and pp > 1)]
+    layouts = [(z, tp, pp, sp, rc) for tp in _divisors(gpus_per_node) for pp in _divisors(n // tp) for z in range(4)
+               for sp in ((False, True) if tp > 1 else (False,)) for rc in recomputes if not (z >= 2 and pp > 1)]
     results = [r for r in (evaluate(*lay) for lay in layouts) if r is not None]
 
-    def first(candidates: Iterable[LayoutFit]) -> LayoutFit | None:
-        return next((c for c in candidates if c.fits), None)
+    def preference(r: LayoutFit) -> tuple[int, ...]:
+        return (not r.fits, r.tp * r.pp, RECOMPUTE_ORDER.index(r.recompute), r.zero_stage, r.pp,
+                r.sequence_parallel != par.sequence_parallel, r.tp)
 
-    z0, tp0, pp0 = par.zero_stage, par.tp, par.pp
-    by_key = {(r.zero_stage, r.tp, r.pp): r for r in results}
+    ranked = sorted(results, key=preference)
+
+    def first(keep: Callable[[LayoutFit], bool]) -> LayoutFit | None:
+        return next((r for r in ranked if r.fits and keep(r)), None)
+
+    sp0 = par.sequence_parallel
+    current = next((r for r in results if (r.zero_stage, r.tp, r.pp, r.sequence_parallel, r.recompute)
+                    == (par.zero_stage, par.tp, par.pp, sp0, tr.recompute)), None)
     return LayoutSearch(
         num_gpus=n,
-        current=by_key.get((z0, tp0, pp0)),
-        smallest_zero_stage=first(by_key[k] for k in sorted(by_key) if k[1:] == (tp0, pp0)),
-        smallest_tp=first(by_key[k] for k in sorted(by_key, key=lambda k: k[1]) if (k[0], k[2]) == (z0, pp0)),
-        smallest_pp=first(by_key[k] for k in sorted(by_key, key=lambda k: k[2]) if k[:2] == (z0, tp0)),
-        best=first(sorted(results, key=lambda r: (r.tp * r.pp, r.zero_stage, r.pp, r.tp))),
+        current=current,
+        smallest_zero_stage=first(lambda r: (r.tp, r.pp, r.sequence_parallel, r.recompute)
+                                  == (par.tp, par.pp, sp0, tr.recompute)),
+        least_recompute=first(lambda r: (r.zero_stage, r.tp, r.pp, r.sequence_parallel)
+                              == (par.zero_stage, par.tp, par.pp, sp0)),
+        smallest_tp=first(lambda r: (r.zero_stage, r.pp, r.recompute, r.sequence_parallel)
+                          == (par.zero_stage, par.pp, tr.recompute, sp0 and r.tp > 1)),
+        smallest_pp=first(lambda r: (r.zero_stage, r.tp, r.sequence_parallel, r.recompute)
+                          == (par.zero_stage, par.tp, sp0, tr.recompute)),
+        best=first(lambda r: True),
         num_layouts=len(results),
+        evaluated=ranked,
     )

@@ -6,9 +6,10 @@ import ast
 from pathlib import Path
 
 APP = Path(__file__).resolve().parents[2] / "app"
-#: simddp modules the app may use: scenario and results types, units, presets, sweeps, memory/profile types.
+#: simddp modules the app may use: scenario and results types (the memory verdict too), units, presets, sweeps,
+#: memory/profile types.
 ALLOWED = {"simddp", "simddp.units", "simddp.config", "simddp.presets", "simddp.results", "simddp.sweeps",
-           "simddp.memory", "simddp.cli", "simddp.profile", "simddp.report", "simddp.fit"}
+           "simddp.memory", "simddp.cli", "simddp.profile", "simddp.report", "simddp.fit", "simddp.verdict"}
 
 
 def _imports(path: Path) -> set[str]:

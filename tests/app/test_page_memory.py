@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 from apptest_helpers import figure, open_page, start
 
+import simddp
 from simddp import sweeps, units
 
 
@@ -34,6 +35,11 @@ def test_tp_degree_and_layout_search() -> None:
     at.toggle(key="mem_search").set_value(True).run()
     assert not at.exception
     assert any("least model parallelism that fits" in m.value for m in at.main.markdown)
+    search = simddp.smallest_layout_that_fits(simddp.scenario_from_dict(at.session_state["scenario"]))
+    listed = at.main.dataframe[-1].value  # every layout evaluated, as the CLI lists them
+    assert len(listed) == search.num_layouts == len(search.evaluated)
+    assert list(listed["recompute"])[:3] == [f.recompute for f in search.evaluated[:3]]
+    assert list(listed["fits"]).count(True) == sum(f.fits for f in search.evaluated)
 
 
 def test_a_change_in_the_planner_moves_the_bars() -> None:

@@ -51,9 +51,17 @@ def test_zero_stage_changes_memory_and_fit() -> None:
     at = start()
     # The default (ZeRO-1) fits; plain DDP does not: Adam needs 16 B/param on every GPU.
     assert next(m.delta for m in at.main.metric if m.label == "Memory / GPU").startswith("fits")
+    assert not at.error  # no banner while it fits
     at.selectbox(key="w:parallelism.zero_stage").set_value(0).run()
-    assert_clean(at)
+    assert_clean(at, errors_allowed=True)
     assert "does NOT fit" in next(m.delta for m in at.main.metric if m.label == "Memory / GPU")
+    # The verdict first: a banner above the (hypothetical) figures, the CLI's first line.
+    ddp = simddp.simulate(at.session_state["scenario"], trace=False).memory
+    assert ddp is not None and not ddp.fits
+    (banner,) = at.error
+    need, have = ddp.total_bytes / units.GiB, ddp.capacity_bytes / units.GiB
+    assert banner.value.startswith(f"**DOES NOT FIT: needs {need:.1f} GiB per GPU, {have:.1f} GiB available "
+                                   f"({need - have:.1f} GiB over)**. The figures below are hypothetical")
     at.selectbox(key="w:parallelism.zero_stage").set_value(2).run()
     assert_clean(at)
     expected = simddp.simulate(at.session_state["scenario"], trace=False)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from apptest_helpers import default_result, figure, metric, open_page, start
+from apptest_helpers import assert_clean, default_result, figure, metric, open_page, start
 
 import simddp
 from simddp import sweeps, units
@@ -48,3 +48,12 @@ def test_pipeline_schedule_rows() -> None:
     assert rows == {s.stream for s in result.trace.spans}
     assert len(rows) >= 4  # rows per pipeline stage
     assert any(t["name"] == "forward of a micro-batch (pipeline)" and any(t.get("text", [])) for t in fig["data"])
+
+
+def test_banner_first_when_the_layout_does_not_fit() -> None:
+    at = start()
+    at.selectbox(key="w:parallelism.zero_stage").set_value(0).run()  # plain DDP: 16 B/param on every GPU
+    at.switch_page("app_pages/timeline.py").run()
+    assert_clean(at, errors_allowed=True)
+    (banner,) = at.error
+    assert banner.value.startswith("**DOES NOT FIT: needs 134.9 GiB per GPU, 79.6 GiB available (55.3 GiB over)**")

@@ -1,0 +1,101 @@
+"""Exports: bucket JSON/CSV with parameter names, dtypes and sizes; simulate --csv per-layer and per-bucket tables."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import simddp
+from simddp.cli import default_scenario_path
+from simddp.config import load_scenario
+from simddp.exports import BucketParamRow, bucket_export, layer_rows
+from simddp.workload import build_workload
+
+
+def run(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "simddp.cli", *args], capture_output=True, text=True, timeout=120)
+
+
+def _csv(text: str) -> list[dict[str, str]]:
+    return list(csv.DictReader(io.StringIO(text)))
+
+
+@pytest.mark.parametrize("sets", [["model.preset=gpt2"], ["ddp.reduce_in_fp32=true", "parallelism.tp=2"],
+                                  ["parallelism.pp=2"]])
+def test_bucket_json_names_every_parameter_with_dtype_and_size(sets: list[str]) -> None:
+    scenario = load_scenario(default_scenario_path(), sets)
+    export = bucket_export(scenario)
+    workload = build_workload(scenario)
+    names = {p.name: p for p in workload.parameters}
+    for b in export.buckets:
+        assert [p.index for p in b.params] == b.param_indices
+        assert sum(p.size_bytes for p in b.params) == b.size_bytes
+        for p in b.params:
+            assert names[p.name].numel == p.numel and names[p.name].dtype == p.dtype
+            assert p.size_bytes == p.numel * (4 if b.dtype == "float32" else 2)
+    listed = [p.name for b in export.buckets for p in b.params]
+    assert len(listed) == len(set(listed))
+    if "ddp.reduce_in_fp32=true" in sets:  # bf16 parameters, reduced in fp32
+        assert {b.dtype for b in export.buckets} == {"float32"} and export.buckets[0].params[0].dtype == "bfloat16"
+
+
+def test_buckets_cli_json_and_csv_agree() -> None:
+    data = json.loads(run("buckets", "--json", "--set", "model.preset=gpt2").stdout)
+    r = run("buckets", "--csv", "--set", "model.preset=gpt2")
+    assert r.returncode == 0, r.stderr
+    rows = _csv(r.stdout)
+    assert list(rows[0]) == list(BucketParamRow.model_fields)
+    assert all(len(b["params"]) == len(b["param_indices"]) for b in data["buckets"])
+    assert len(rows) == sum(len(b["params"]) for b in data["buckets"]) == 148  # GPT-2 small: 148 tensors
+    first = data["buckets"][0]["params"][0]
+    assert rows[0] == {"bucket": "0", "bucket_size_bytes": str(data["buckets"][0]["size_bytes"]),
+                       "bucket_dtype": "bfloat16", "param_index": str(first["index"]), "name": "transformer.ln_f.bias",
+                       "dtype": "bfloat16", "numel": "768", "size_bytes": "1536"}
+
+
+@pytest.mark.parametrize("sets", [[], ["parallelism.tp=8", "training.recompute=full"], ["parallelism.pp=2"],
+                                  ["parallelism.zero_stage=3"]])
+def test_layer_rows_cover_the_model_and_add_up_to_the_traced_compute(sets: list[str]) -> None:
+    scenario = load_scenario(default_scenario_path(), sets)
+    result = simddp.simulate(scenario)
+    rows = layer_rows(scenario, result)
+    stage0 = [r for r in rows if r.stage % scenario.parallelism.pp == 0]
+    assert sum(r.num_params for r in stage0) == result.num_params
+    if scenario.parallelism.pp == 1 and scenario.parallelism.zero_stage < 3:
+        traced = sum(r.fwd_s + r.bwd_s for r in rows if r.fwd_s is not None and r.bwd_s is not None)
+        per_micro_batch = (result.compute_time_s + result.tp_comm_time_s) / result.num_micro_batches
+        assert traced == pytest.approx(per_micro_batch, rel=1e-9)
+        used = {int(b) for r in rows for b in r.buckets.split(";") if b}
+        assert used == set(range(len(result.buckets)))
+
+
+def test_simulate_csv_writes_summary_buckets_and_layers(tmp_path: Path) -> None:
+    out = tmp_path / "tables"
+    r = run("simulate", "--csv", str(out), "--set", "model.preset=gpt2")
+    assert r.returncode == 0, r.stderr
+    assert f"tables written: {out / 'summary.csv'}" in r.stdout
+    result = json.loads(run("simulate", "--json", "--set", "model.preset=gpt2").stdout)
+    summary = {row["metric"]: row["value"] for row in _csv((out / "summary.csv").read_text())}
+    assert list(summary)[:2] == ["fits", "memory_bytes"]
+    assert float(summary["step_time_s"]) == result["step_time_s"]
+    assert summary["scenario"] == "gpt2-zero1-128xH100"
+    buckets = _csv((out / "buckets.csv").read_text())
+    assert [int(b["size_bytes"]) for b in buckets] == [b["size_bytes"] for b in result["buckets"]]
+    assert [float(b["end_s"]) for b in buckets] == [b["end_s"] for b in result["buckets"]]
+    assert buckets[0]["first_param"] == "transformer.ln_f.bias"
+    layers = _csv((out / "layers.csv").read_text())
+    assert layers[0]["layer"] == "embed" and sum(int(r["num_params"]) for r in layers) == result["num_params"]
+
+
+def test_simulate_csv_into_a_file_is_a_one_line_error(tmp_path: Path) -> None:
+    target = tmp_path / "file"
+    target.write_text("")
+    r = run("simulate", "--csv", str(target))
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    assert r.stderr.strip() == f"simddp: error: --csv {target}: exists and is not a directory"
