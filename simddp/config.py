@@ -263,6 +263,17 @@ class LayerSpec(_Frozen):
         ge=0,
         description="Activation elements saved for backward per sample (bytes follow the precision); null = 0.",
     )
+    gemm_shape: list[int] | None = Field(
+        default=None, min_length=3, max_length=3,
+        description="The forward as one GEMM: [rows per sample, columns, depth] (a convolution as an implicit "
+        "GEMM: output pixels, output channels, input channels x kernel area); its input- and weight-gradient "
+        "GEMMs follow. null = the layer's FLOP at the GPU's GEMM ceiling.",
+    )
+    elementwise_numel_per_sample: list[int] | None = Field(
+        default=None, min_length=2, max_length=2,
+        description="Activation elements per sample the layer's memory-bound kernels (normalisation, activation, "
+        "pooling) read and write: [forward, backward]; bytes follow the precision.",
+    )
     fwd_time_s: float | None = Field(default=None, ge=0, description="Measured forward time, s (calibration).")
     bwd_time_s: float | None = Field(default=None, ge=0, description="Measured backward time, s (calibration).")
 

@@ -219,18 +219,31 @@ def _parameter_list_workload(scenario: Scenario) -> Workload:
             layers.append(Layer(p.name, (idx,), dense("fwd", flop, wbytes), dense("dgrad", flop, wbytes),
                                 dense("wgrad", flop, wbytes), model_flop=flop))
     else:
+        b = tr.micro_batch_size
+        elem = act_bytes
         for spec in specs:
             numel = sum(params[i].numel for i in spec.param_indices)
             wbytes = sum(params[i].numel * dtype_bytes(params[i].dtype) for i in spec.param_indices)
             per_sample = spec.fwd_flop_per_sample
-            fwd = per_sample * tr.micro_batch_size if per_sample is not None else 2.0 * numel * tokens
-            act = (spec.activation_numel_per_sample or 0) * tr.micro_batch_size * act_bytes
+            fwd = per_sample * b if per_sample is not None else 2.0 * numel * tokens
+            act = (spec.activation_numel_per_sample or 0) * b * act_bytes
             has_params = bool(spec.param_indices)
+            if spec.gemm_shape is not None:
+                rows, cols, depth = spec.gemm_shape
+                m = rows * b
+                fk: tuple[Kernel, ...] = (gemm_kernel("fwd", m, cols, depth, elem),)
+                dk: tuple[Kernel, ...] = (gemm_kernel("dgrad", m, depth, cols, elem),)
+                wk: tuple[Kernel, ...] = (gemm_kernel("wgrad", depth, cols, m, elem),) if has_params else ()
+                fwd = fk[0].flop
+            else:
+                fk, dk = dense("fwd", fwd, wbytes + act), dense("dgrad", fwd, wbytes + act)
+                wk = dense("wgrad", fwd, wbytes + act) if has_params else ()
+            if spec.elementwise_numel_per_sample is not None:
+                mem_fwd, mem_bwd = spec.elementwise_numel_per_sample
+                fk += (memory_kernel("elementwise", mem_fwd * b * act_bytes),)
+                dk += (memory_kernel("elementwise-bwd", mem_bwd * b * act_bytes),)
             layers.append(Layer(
-                spec.name, tuple(spec.param_indices),
-                fwd=dense("fwd", fwd, wbytes + act),
-                dgrad=dense("dgrad", fwd, wbytes + act),
-                wgrad=dense("wgrad", fwd, wbytes + act) if has_params else (),
+                spec.name, tuple(spec.param_indices), fwd=fk, dgrad=dk, wgrad=wk,
                 activation_bytes=act, model_flop=fwd,
                 fwd_time_s=spec.fwd_time_s, bwd_time_s=spec.bwd_time_s,
             ))

@@ -175,14 +175,14 @@ def test_verdict_first_when_the_layout_does_not_fit() -> None:
     r = run("simulate", *args)
     assert r.returncode == 0, r.stderr
     lines = r.stdout.splitlines()
-    assert lines[0] == "DOES NOT FIT: needs 134.9 GiB per GPU, 40.0 GiB available (94.9 GiB over)"
+    assert lines[0] == "DOES NOT FIT: needs 133.8 GiB per GPU, 40.0 GiB available (93.8 GiB over)"
     assert lines[1].startswith("Hypothetical: the figures below are what this layout would cost if it fitted")
-    assert "  memory per GPU           134.93 GiB   DOES NOT FIT: 40.00 GiB available, 94.93 GiB over" in r.stdout
+    assert "  memory per GPU           133.83 GiB   DOES NOT FIT: 40.00 GiB available, 93.83 GiB over" in r.stdout
     data = json.loads(run("simulate", "--json", *args).stdout)
     assert list(data)[:3] == ["fits", "memory_bytes", "capacity_bytes"]
     assert data["fits"] is False and data["capacity_bytes"] == 40 * 1024**3
     assert data["memory_bytes"] == data["memory"]["total_bytes"]
-    assert (data["memory_bytes"] - data["capacity_bytes"]) / 1024**3 == pytest.approx(94.93, abs=0.005)
+    assert (data["memory_bytes"] - data["capacity_bytes"]) / 1024**3 == pytest.approx(93.83, abs=0.005)
     r = run("memory", *args)
     assert r.stdout.splitlines()[0] == lines[0]
     assert json.loads(run("memory", "--json", *args).stdout)["fits"] is False

@@ -65,7 +65,8 @@ def test_schema_cli_text_json_and_unknown_key() -> None:
     r = run("schema", "training.recompute")
     assert r.returncode == 0, r.stderr
     assert r.stdout.splitlines() == ["training.recompute", "    one of none, selective, full, default none",
-                                     "    Activation recompute."]
+                                     "    Activation recompute: selective re-runs the attention core, full each "
+                                     "block."]
     data = json.loads(run("schema", "--json").stdout)
     assert len(data) == len(_leaf_paths(Scenario)) and {"path", "type", "unit", "default", "bounds"} <= set(data[0])
     r = run("schema", "ddp.bucket_cap_mbs")

@@ -23,7 +23,8 @@ def test_overlap_off_equals_no_overlap_bound_exactly() -> None:
 
 
 def test_overlap_on_within_bounds_and_equal_to_fifo_recurrence() -> None:
-    r = simulate(base_scenario())
+    # Without interference nothing but the buckets' own order delays a reduction: the FIFO recurrence is exact.
+    r = simulate(deep_merge(base_scenario(), {"cluster": {"comm_compute_interference": 0.0}}))
     assert r.bounds.perfect_overlap_s <= r.step_time_s * (1 + 1e-12)
     assert r.step_time_s <= r.bounds.no_overlap_s * (1 + 1e-12)
     assert r.step_time_s == pytest.approx(r.bounds.in_order_overlap_s, rel=1e-12)
@@ -55,7 +56,7 @@ def test_hand_derived_two_layer_step() -> None:
         "training": {"precision": "fp32", "optimizer": "sgd", "seq_len": 1},
         "ddp": {"bucket_cap_mb": 1},
     }
-    r = simulate(scenario)
+    r = simulate(deep_merge(scenario, {"cluster": {"comm_compute_interference": 0.0}}))
     assert [b.ready_s for b in r.buckets] == pytest.approx([4e-3, 6e-3])
     assert r.compute_time_s == pytest.approx(6e-3)
     cost = r.buckets[0].end_s - r.buckets[0].start_s
@@ -63,6 +64,12 @@ def test_hand_derived_two_layer_step() -> None:
     assert r.buckets[1].start_s == pytest.approx(max(6e-3, 4e-3 + cost))
     expected = max(6e-3, r.buckets[1].end_s) + r.optimizer_time_s
     assert r.step_time_s == pytest.approx(expected)
+    # With interference i, l0's backward (2 ms from 4 ms) runs at 1 / (1 + i) while bucket 0's all-reduce
+    # (c < 2 ms) is in flight: it ends at 4 + c + (2 - c / (1 + i)) ms = 6 ms + c i / (1 + i).
+    i = 0.5
+    slowed = simulate(deep_merge(scenario, {"cluster": {"comm_compute_interference": i}}))
+    assert slowed.buckets[1].ready_s == pytest.approx(6e-3 + cost * i / (1 + i), rel=1e-9)
+    assert slowed.interference_time_s == pytest.approx(cost * i / (1 + i), rel=1e-9)
 
 
 def test_gradient_accumulation_communicates_once() -> None:
@@ -88,8 +95,8 @@ def test_llama_throughput_matches_mfu_definition() -> None:
     flop_per_token = 6 * n + 12 * layers * h * s
     mfu = r.tokens_per_s * flop_per_token / (128 * 989.4e12)
     assert r.mfu == pytest.approx(mfu, rel=0.05)
-    # With matmul_efficiency 0.4 and a compute-bound model, MFU lands a little below 0.4.
-    assert 0.3 < r.mfu < 0.4
+    # Model FLOP run on GEMMs at best at the GPU's GEMM ceiling, and the step does more than GEMMs.
+    assert 0.3 < r.mfu < r.compute_time_s / r.step_time_s * 0.760
 
 
 def test_interference_slows_overlapped_backward() -> None:
@@ -185,12 +192,13 @@ def test_fsdp_gathers_twice_and_reduce_scatters_once_per_micro_batch() -> None:
                                         "training": {"global_batch_size": 128}})
     r = simulate(data)
     assert r.num_micro_batches == 2
-    assert len(r.buckets) == 12 + 2  # one FSDP unit per block, plus embedding and head units
+    assert len(r.buckets) == 12 + 1  # one FSDP unit per block, plus the root (embedding, final norm, head)
     assert r.bounds.perfect_overlap_s <= r.step_time_s <= r.bounds.no_overlap_s * (1 + 1e-12)
     spans = r.trace.spans if r.trace else []
     gathers = [s for s in spans if s.name.startswith("all-gather")]
     reduces = [s for s in spans if s.name.startswith("reduce-scatter")]
-    assert len(gathers) == 2 * 2 * 14 and len(reduces) == 2 * 14
+    # Per micro-batch: every block unit gathered for forward and again for backward, the root once.
+    assert len(gathers) == 2 * (2 * 12 + 1) and len(reduces) == 2 * 13
     assert r.comm_time_s == pytest.approx(sum(s.end_s - s.start_s for s in gathers + reduces))
 
 
@@ -199,8 +207,7 @@ def test_fsdp_on_a_slow_network_exposes_communication() -> None:
     slow = simulate(deep_merge(base_scenario(), {"parallelism": {"zero_stage": 3},
                                                  "cluster": {"inter_node": {"nic_bandwidth_bytes_per_s": 1e8}}}))
     assert slow.exposed_comm_time_s > fast.exposed_comm_time_s
-    assert slow.step_time_s == pytest.approx(slow.compute_time_s + slow.optimizer_time_s
-                                             + slow.exposed_comm_time_s, rel=1e-9)
+    assert slow.step_time_s == pytest.approx(sum(p.time_s for p in slow.breakdown), rel=1e-9)
 
 
 def test_overlap_off_equals_sum_of_parts_computed_independently() -> None:
@@ -214,7 +221,7 @@ def test_overlap_off_equals_sum_of_parts_computed_independently() -> None:
     from simddp.workload import build_workload
 
     data = deep_merge(base_scenario(), {"ddp": {"overlap": False}, "training": {"global_batch_size": 128}})
-    sc = scenario_from_dict(data)
+    sc = scenario_from_dict(data)  # no overlap: no collective beside compute, interference plays no part
     w = build_workload(sc)
     compute = sc.num_micro_batches * sum(
         (t := layer_timing(la, sc.cluster.gpu, sc.training)).fwd_s + t.bwd_s for la in w.layers

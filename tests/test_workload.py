@@ -78,6 +78,6 @@ def test_ready_order_is_reverse_execution_order() -> None:
 
 def test_pipeline_stages_split_blocks_evenly() -> None:
     w = build_workload(scenario_from_dict(deep_merge(base_scenario(), {"parallelism": {"pp": 4}})))
-    stages = [{la.stage for la in w.layers if la.name.startswith(f"layers.{i}.")} for i in range(12)]
+    stages = [{la.stage for la in w.layers if la.block == i} for i in range(12)]
     assert [s.pop() for s in stages] == [0, 0, 0, 1, 1, 1, 2, 2, 2, 3, 3, 3]
     assert w.layers[0].stage == 0 and w.layers[-1].stage == 3

@@ -62,8 +62,9 @@ class Recorder:
         self.spans = spans
         self.suffix = suffix
 
-    def add(self, name: str, stream: str, start: float, end: float, **args: object) -> None:
-        if self.spans is not None and end > start:
+    def add(self, name: str, stream: str, start: float, end: float, keep_empty: bool = False,
+            **args: object) -> None:
+        if self.spans is not None and (end > start or keep_empty):
             self.spans.append(Span(name=name, stream=stream + self.suffix, start_s=start, end_s=end,
                                    args=dict(args)))
 
@@ -83,7 +84,7 @@ def _kernels(gpu: Gpu, work_s: float, rec: Recorder, name: str) -> simpy.events.
 
 
 def forward(gpu: Gpu, plan: LayerPlan, overlap: str, rec: Recorder,
-            label: str = "fwd") -> simpy.events.ProcessGenerator:
+            label: str = "forward") -> simpy.events.ProcessGenerator:
     """The layer's forward (or its recomputation, ``label='recompute'``)."""
     env = gpu.env
     work = plan.timing.fwd_s
@@ -143,9 +144,16 @@ def pass_alone_s(plans: Sequence[LayerPlan], overlap: str, kind: str, interferen
     Pipeline operations that release no gradients run as one piece of this length in the step simulation;
     this runs the same layer processes, so both agree exactly when nothing else is in flight.
     """
+    return pass_alone(plans, overlap, kind, interference)[0]
+
+
+def pass_alone(plans: Sequence[LayerPlan], overlap: str, kind: str, interference: float) -> tuple[float, float]:
+    """(duration, compute-stream busy time) of :func:`pass_alone_s`'s pass."""
     env = simpy.Environment()
     gpu = Gpu(env, interference)
     rec = Recorder(None)
+
+    end = [0.0, 0.0]
 
     def run() -> simpy.events.ProcessGenerator:
         if kind == "F":
@@ -154,7 +162,9 @@ def pass_alone_s(plans: Sequence[LayerPlan], overlap: str, kind: str, interferen
         else:
             for plan in reversed(plans):
                 yield from backward(gpu, plan, overlap, rec)
+        gpu.compute.rerate()
+        end[:] = [env.now, gpu.compute.busy_s]  # not env.now after run(): stale rate timers fire later
 
     env.process(run())
     env.run()
-    return env.now
+    return end[0], end[1]

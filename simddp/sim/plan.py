@@ -13,7 +13,7 @@ from simddp.bucketing import Bucket, ddp_buckets
 from simddp.collectives import CollectiveCost, Op, collective_cost
 from simddp.compute import LayerTiming, layer_timing, optimizer_step_s
 from simddp.config import ParameterSpec, Scenario
-from simddp.sim.layers import LayerPlan, pass_alone_s
+from simddp.sim.layers import LayerPlan, pass_alone
 from simddp.sim.pipeline import PipeOp, schedule
 from simddp.topology import CommGroup, dp_group, group, tp_group
 from simddp.units import dtype_bytes
@@ -83,6 +83,8 @@ class RankPlan:
     fsdp_root: FsdpUnitPlan | None = None
     fwd_alone_s: dict[int, float] = field(default_factory=dict)  # virtual stage -> forward, idle GPU
     bwd_alone_s: dict[int, float] = field(default_factory=dict)
+    fwd_busy_s: dict[int, float] = field(default_factory=dict)  # compute stream busy during it (kernels, slowed)
+    bwd_busy_s: dict[int, float] = field(default_factory=dict)
     fwd_work_s: dict[int, float] = field(default_factory=dict)  # kernels only
     bwd_work_s: dict[int, float] = field(default_factory=dict)
     bwd_recompute_s: dict[int, float] = field(default_factory=dict)
@@ -186,8 +188,10 @@ def build_plan(scenario: Scenario, workload: Workload | None = None) -> StepPlan
             idx = [i for i, la in enumerate(layers) if la.stage == vs]
             stage_plans = [rank.plans[i] for i in idx]
             interference = cluster.comm_compute_interference
-            rank.fwd_alone_s[vs] = pass_alone_s(stage_plans, par.tp_comm_overlap, "F", interference)
-            rank.bwd_alone_s[vs] = pass_alone_s(stage_plans, par.tp_comm_overlap, "B", interference)
+            rank.fwd_alone_s[vs], rank.fwd_busy_s[vs] = pass_alone(stage_plans, par.tp_comm_overlap, "F",
+                                                                   interference)
+            rank.bwd_alone_s[vs], rank.bwd_busy_s[vs] = pass_alone(stage_plans, par.tp_comm_overlap, "B",
+                                                                   interference)
             rank.fwd_work_s[vs] = sum(p.timing.fwd_s for p in stage_plans)
             rank.bwd_work_s[vs] = sum(p.timing.bwd_s for p in stage_plans)
             rank.bwd_recompute_s[vs] = sum(p.timing.recompute_s for p in stage_plans)

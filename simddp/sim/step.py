@@ -113,6 +113,7 @@ def _fused(st: _Rank, vs: int, kind: str, times: int = 1) -> ProcessGen:
     """``times`` forwards (kind F) or backwards (B) through virtual stage ``vs`` that release no gradients."""
     p = st.plan
     alone = (p.fwd_alone_s if kind == "F" else p.bwd_alone_s)[vs] * times
+    busy = (p.fwd_busy_s if kind == "F" else p.bwd_busy_s)[vs] * times
     work = (p.fwd_work_s if kind == "F" else p.bwd_work_s)[vs] * times
     recompute = 0.0 if kind == "F" else p.bwd_recompute_s[vs] * times
     env = st.gpu.env
@@ -123,8 +124,11 @@ def _fused(st: _Rank, vs: int, kind: str, times: int = 1) -> ProcessGen:
     st.add("recompute", recompute)
     st.add("interference", ran - work)
     if alone > work:
+        # On an idle GPU the pass took ``alone``: its kernels ``busy`` (slowed beside its own TP
+        # collectives), the rest waiting for them.
         yield env.timeout(alone - work)
-        st.add("tp_comm", alone - work)  # TP collectives not hidden (and their slowdown), on an idle GPU
+        st.add("interference", busy - work)
+        st.add("tp_comm", alone - busy)
     st.rec.add(f"{kind} x{times}" if times > 1 else kind, "compute", start, env.now, virtual_stage=vs)
 
 
@@ -160,6 +164,7 @@ def _booked_layer(st: _Rank, gen: ProcessGen, plan: LayerPlan, kind: str) -> Pro
     st.add("recompute", recompute)
     st.add("interference", max(0.0, ran - work))
     st.add("tp_comm", max(0.0, (env.now - start) - ran))
+    st.rec.add(f"{'fwd' if kind == 'F' else 'bwd'} {plan.name}", "compute", start, env.now, keep_empty=True)
 
 
 def _dp_comm(st: _Rank, rounds: int, start_after: simpy.Event | None) -> ProcessGen:
@@ -347,12 +352,14 @@ def _run_pipeline(env: simpy.Environment, plan: StepPlan, states: list[_Rank]) -
         if cost is None:
             arrival(key).succeed()
             return
-        start, end = yield from st.gpu.collective(cost, f"p2p {op.kind}")
+        # One pipeline communicator, one NCCL stream: a rank's sends go out one after another (Megatron).
+        start, end = yield from st.gpu.collective(cost, "p2p")
         st.rec.add(f"send {op.kind}{op.micro_batch}", "comm p2p", start, end, size_bytes=cost.size_bytes)
         arrival(key).succeed()
 
     def rank(st: _Rank, ops: list[PipeOp]) -> ProcessGen:
         last_b = last_backward(ops)
+        sends: list[simpy.Process] = []
         by_stage: dict[int, list[int]] = {}
         for i, la in enumerate(st.plan.layers):
             by_stage.setdefault(la.stage, []).append(i)
@@ -367,11 +374,16 @@ def _run_pipeline(env: simpy.Environment, plan: StepPlan, states: list[_Rank]) -
             else:
                 yield from _fused(st, op.virtual_stage, op.kind)
             if par.pp_p2p_overlap:
-                env.process(send(st, op))
+                sends.append(env.process(send(st, op)))
             else:
                 t0 = env.now
                 yield from send(st, op)
                 st.add("pipeline_wait", env.now - t0)
+        # The schedule returns once its sends are done (Megatron waits on its p2p requests), and only then
+        # does a rank without overlapped gradient reduction start it.
+        t0 = env.now
+        yield simpy.AllOf(env, sends)
+        st.add("pipeline_wait", env.now - t0)
 
     for st, ops in zip(states, plan.ops, strict=True):
         proc = env.process(rank(st, ops))
@@ -544,19 +556,40 @@ def _bounds(plan: StepPlan, states: list[_Rank], host: float) -> Bounds:
 
 
 def _pipeline_end(plan: StepPlan, rank: int, serial: bool) -> float:
-    """End of ``rank``'s schedule: with TP and send/recv serialised (``serial``), or kernels only."""
+    """End of ``rank``'s schedule: with TP and send/recv serialised (``serial``), or kernels only.
+
+    Serialised, a rank whose gradient reduction overlaps its last backward passes pays that reduction once,
+    up front, at the first operation that can run beside it: sharing a link delays the operation's own
+    collectives by at most the reduction's transfer, and interference slows its kernels by at most ``i``
+    times the time collectives are in flight (the reduction's and the operation's own). Front-loading the
+    delay makes every later end time, on every rank, at least as late as any real spread of it.
+    """
     par = plan.scenario.parallelism
     num_vs = par.pp * par.virtual_stages
+    overlap = plan.scenario.ddp.overlap
+    i = plan.interference
+    first_release = [min(last_backward(ops).values(), default=len(ops)) for ops in plan.ops]
+    position = [{(op.kind, op.micro_batch, op.virtual_stage): k for k, op in enumerate(ops)} for ops in plan.ops]
 
-    def duration(r: int, op: PipeOp) -> float:
+    def comm_s(r: int, op: PipeOp) -> tuple[float, float]:
         rp = plan.ranks[r]
         plans = [p for p, la in zip(rp.plans, rp.layers, strict=True) if la.stage == op.virtual_stage]
         work = sum(p.timing.fwd_s if op.kind == "F" else p.timing.bwd_s for p in plans)
+        send = plan.p2p.get(op.virtual_stage if op.kind == "F" else op.virtual_stage - 1)
+        return work, sum(_tp_part(p, op.kind) for p in plans) + (send.time_s if send is not None else 0.0)
+
+    delay = []
+    for r, rp in enumerate(plan.ranks):
+        reduce = sum(b.reduce.time_s for b in rp.buckets)
+        after = sum(comm_s(r, op)[1] for k, op in enumerate(plan.ops[r]) if k >= first_release[r])
+        delay.append((1 + 2 * i) * (reduce + after) if overlap else 0.0)
+
+    def duration(r: int, op: PipeOp) -> float:
+        work, comm = comm_s(r, op)
         if not serial:
             return work
-        tp = sum(_tp_part(p, op.kind) for p in plans)
-        send = plan.p2p.get(op.virtual_stage if op.kind == "F" else op.virtual_stage - 1)
-        return work + tp + (send.time_s if send is not None else 0.0)
+        front = delay[r] if position[r][(op.kind, op.micro_batch, op.virtual_stage)] == first_release[r] else 0.0
+        return work + comm + front
 
     ends = makespan(plan.ops, num_vs, duration, lambda op: 0.0)
     return ends[rank] if serial else max(ends)

@@ -153,7 +153,7 @@ def gpt3_megatron_scenario(**training: Any) -> Scenario:
         "model": {"preset": "gpt3-175b"},
         "parallelism": {"tp": 8, "pp": 8, "sequence_parallel": True},
         "training": {"seq_len": 2048, "micro_batch_size": 1, "global_batch_size": 1536, "recompute": "selective",
-                     **training},
+                     "attention": "unfused", **training},
         "ddp": {"reduce_in_fp32": True, "gradient_as_bucket_view": True},
     })
 
