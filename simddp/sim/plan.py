@@ -7,6 +7,7 @@ simulation runs.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 from dataclasses import dataclass, field, replace
 
 from simddp.bucketing import Bucket, ddp_buckets
@@ -114,6 +115,7 @@ class StepPlan:
     p2p: dict[int, CollectiveCost]  # virtual stage boundary (vs -> vs + 1) -> activation/gradient send
     overlap: str  # parallelism.tp_comm_overlap
     interference: float
+    cache: dict[str, Any] = field(default_factory=dict)  # derived values computed once per plan
 
 
 def _tp_costs(colls: Sequence[Collective], where: str, tp: CommGroup) -> tuple[CollectiveCost, ...]:

@@ -556,7 +556,13 @@ def _bounds(plan: StepPlan, states: list[_Rank], host: float) -> Bounds:
 
 
 def _pipeline_end(plan: StepPlan, rank: int, serial: bool) -> float:
-    """End of ``rank``'s schedule: with TP and send/recv serialised (``serial``), or kernels only.
+    """End of ``rank``'s schedule: with TP and send/recv serialised (``serial``), or kernels only."""
+    ends = _pipeline_ends(plan, serial)
+    return ends[rank] if serial else max(ends)
+
+
+def _pipeline_ends(plan: StepPlan, serial: bool) -> list[float]:
+    """Every rank's schedule end (see :func:`_pipeline_end`); computed once per plan and kind.
 
     Serialised, a rank whose gradient reduction overlaps its last backward passes pays that reduction once,
     up front, at the first operation that can run beside it: sharing a link delays the operation's own
@@ -564,35 +570,42 @@ def _pipeline_end(plan: StepPlan, rank: int, serial: bool) -> float:
     times the time collectives are in flight (the reduction's and the operation's own). Front-loading the
     delay makes every later end time, on every rank, at least as late as any real spread of it.
     """
+    cache = plan.cache.setdefault("pipeline_ends", {})
+    if serial in cache:
+        return cache[serial]
     par = plan.scenario.parallelism
     num_vs = par.pp * par.virtual_stages
     overlap = plan.scenario.ddp.overlap
     i = plan.interference
     first_release = [min(last_backward(ops).values(), default=len(ops)) for ops in plan.ops]
-    position = [{(op.kind, op.micro_batch, op.virtual_stage): k for k, op in enumerate(ops)} for ops in plan.ops]
-
-    def comm_s(r: int, op: PipeOp) -> tuple[float, float]:
-        rp = plan.ranks[r]
-        plans = [p for p, la in zip(rp.plans, rp.layers, strict=True) if la.stage == op.virtual_stage]
-        work = sum(p.timing.fwd_s if op.kind == "F" else p.timing.bwd_s for p in plans)
-        send = plan.p2p.get(op.virtual_stage if op.kind == "F" else op.virtual_stage - 1)
-        return work, sum(_tp_part(p, op.kind) for p in plans) + (send.time_s if send is not None else 0.0)
-
+    costs: list[dict[tuple[str, int], tuple[float, float]]] = []
+    for rp in plan.ranks:
+        per: dict[tuple[str, int], tuple[float, float]] = {}
+        for vs in rp.fwd_work_s:
+            plans = [p for p, la in zip(rp.plans, rp.layers, strict=True) if la.stage == vs]
+            for kind in ("F", "B"):
+                send = plan.p2p.get(vs if kind == "F" else vs - 1)
+                comm = sum(_tp_part(p, kind) for p in plans) + (send.time_s if send is not None else 0.0)
+                per[(kind, vs)] = ((rp.fwd_work_s if kind == "F" else rp.bwd_work_s)[vs], comm)
+        costs.append(per)
     delay = []
     for r, rp in enumerate(plan.ranks):
         reduce = sum(b.reduce.time_s for b in rp.buckets)
-        after = sum(comm_s(r, op)[1] for k, op in enumerate(plan.ops[r]) if k >= first_release[r])
+        after = sum(costs[r][(op.kind, op.virtual_stage)][1] for op in plan.ops[r][first_release[r]:])
         delay.append((1 + 2 * i) * (reduce + after) if overlap else 0.0)
+    front = [{(op.kind, op.micro_batch, op.virtual_stage)} if k < len(ops) else set()
+             for ops, k in zip(plan.ops, first_release, strict=True)
+             for op in ([ops[k]] if k < len(ops) else [None])]  # type: ignore[list-item]
 
     def duration(r: int, op: PipeOp) -> float:
-        work, comm = comm_s(r, op)
+        work, comm = costs[r][(op.kind, op.virtual_stage)]
         if not serial:
             return work
-        front = delay[r] if position[r][(op.kind, op.micro_batch, op.virtual_stage)] == first_release[r] else 0.0
-        return work + comm + front
+        extra = delay[r] if (op.kind, op.micro_batch, op.virtual_stage) in front[r] else 0.0
+        return work + comm + extra
 
-    ends = makespan(plan.ops, num_vs, duration, lambda op: 0.0)
-    return ends[rank] if serial else max(ends)
+    cache[serial] = makespan(plan.ops, num_vs, duration, lambda op: 0.0)
+    return cache[serial]
 
 
 def _tp_part(p: LayerPlan, kind: str) -> float:
