@@ -13,7 +13,7 @@ from typing import Any, Literal
 import streamlit as st
 from pydantic import BaseModel
 
-from app import state
+from simddp_app import state
 
 
 def field_help(model: type[BaseModel], name: str) -> str:

@@ -203,6 +203,9 @@ def _finish(env: simpy.Environment, rank: _Rank, compute: simpy.Event, comm: sim
 
 def simulate_step(scenario: Scenario, trace: bool = True) -> StepResult:
     """Simulate one optimizer step of ``scenario`` and return its typed breakdown."""
+    from simddp.limits import check_simulation_size
+
+    check_simulation_size(scenario)  # a pipeline or ZeRO-3 step simulates every micro-batch: bound it
     cluster, tr, ddp, par = scenario.cluster, scenario.training, scenario.ddp, scenario.parallelism
     workload = build_workload(scenario)
     env = simpy.Environment()
