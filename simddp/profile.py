@@ -505,7 +505,7 @@ def read_measurements(path: str | Path) -> CommMeasurements | ComputeMeasurement
                                      "simddp-ddp": DDPMeasurements}
     p, data = _read_json_object(path, "a measurement JSON file")
     kind = data.get("kind")
-    if kind not in classes:
+    if not isinstance(kind, str) or kind not in classes:
         raise ScenarioError(f"{p}: expected a measurement file (kind simddp-comm, simddp-compute or simddp-ddp), "
                             f"got kind {safeio.short_repr(kind)}")
     return calibration_from_dict(data, classes[kind], str(p))  # type: ignore[no-any-return]

@@ -133,14 +133,18 @@ def read_bytes(path: str | Path, what: str = "a YAML or JSON file") -> bytes:
         raise ScenarioError(f"{p}: permission denied") from None
     except OSError as err:
         raise ScenarioError(f"{p}: cannot open ({err.strerror})") from None
-    with os.fdopen(fd, "rb") as fh:
-        st = os.fstat(fh.fileno())
+    try:
+        st = os.fstat(fd)
         if stat.S_ISDIR(st.st_mode):
             raise ScenarioError(f"{p}: is a directory, expected {what}")
         if not stat.S_ISREG(st.st_mode):
             raise ScenarioError(f"{p}: is {_kind(st.st_mode)}, expected {what}")
         if st.st_size > MAX_INPUT_BYTES:
             raise ScenarioError(f"{p}: {st.st_size:,} bytes is over the {MAX_INPUT_BYTES:,}-byte input limit")
+    except BaseException:
+        os.close(fd)
+        raise
+    with os.fdopen(fd, "rb") as fh:
         data = fh.read(MAX_INPUT_BYTES + 1)
     if len(data) > MAX_INPUT_BYTES:
         raise ScenarioError(f"{p}: over the {MAX_INPUT_BYTES:,}-byte input limit")

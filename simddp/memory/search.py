@@ -126,15 +126,15 @@ def smallest_layout_that_fits(scenario: Scenario, num_gpus: int | None = None) -
     n = num_gpus if num_gpus is not None else cluster.num_gpus
     per_node = cluster.gpus_per_node
     if n <= 0:
-        raise ValueError(f"num_gpus({n}) must be > 0")
+        raise ScenarioError(f"num_gpus({n}) must be > 0")
     if n > MAX_GPUS:
-        raise ValueError(f"num_gpus({n:,}) is over the limit of {MAX_GPUS:,} (simddp.limits.MAX_GPUS)")
+        raise ScenarioError(f"num_gpus({n:,}) is over the limit of {MAX_GPUS:,} (simddp.limits.MAX_GPUS)")
     if n % per_node == 0:
         cluster_update: dict[str, Any] = {"num_nodes": n // per_node}
     elif n < per_node and per_node % n == 0:
         cluster_update = {"num_nodes": 1, "gpus_per_node": n}
     else:
-        raise ValueError(f"num_gpus({n}) is neither a multiple nor a divisor of gpus_per_node({per_node})")
+        raise ScenarioError(f"num_gpus({n}) is neither a multiple nor a divisor of gpus_per_node({per_node})")
     gpus_per_node = cluster_update.get("gpus_per_node", per_node)
     par = scenario.parallelism
     fits: dict[tuple[int, int, int], LayoutFit] = {}

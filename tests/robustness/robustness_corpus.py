@@ -11,7 +11,7 @@ within the case's time bound, with every input file unchanged, and nothing outsi
 touched (a "victim" file in a separate folder, which planted symlinks point to, keeps its content).
 
 The corpus imports nothing from simddp, so that the same cases can probe an older checkout
-(``benchmarks/robustness_probe.py --root OLD``), and the suite (``test_corpus.py``) runs it in-process.
+(``tests/robustness/robustness_probe.py --root OLD --old``), and the suite (``test_corpus.py``) runs it in-process.
 """
 
 from __future__ import annotations
@@ -122,6 +122,7 @@ class Case:
     expect: str = "either"  # "error": must be refused cleanly; "ok": must succeed; "either"
     unchanged: tuple[str, ...] = ()  # files whose content (or kind) must survive the command
     stdout_has: str = ""  # text a successful run must print (e.g. a warning)
+    error_has: str = ""  # text the error line must hold (the file and the measurement it names)
     timeout_s: float = 60.0
     torch: bool = False  # needs torch (a collector)
     subprocess: bool = False  # must run in its own process (starts a server, or torchrun)
@@ -354,7 +355,7 @@ def cases() -> list[Case]:
     add("calibration is a scenario file", ["simulate", "bad.yaml"], copy=CAL, setup=_scenario("calibration: sc.yaml\n"),
         expect="error")
     add("DDP median_s 0", ["calibrate", "validate", "profile.json", "zero.json"], copy=CAL,
-        setup=_json_file("zero.json", ddp_dict(median_s=0.0)), expect="error")
+        setup=_json_file("zero.json", ddp_dict(median_s=0.0)), expect="error", error_has="zero.json: cases.0")
     add("DDP median_s negative", ["calibrate", "validate", "profile.json", "neg.json"], copy=CAL,
         setup=_json_file("neg.json", ddp_dict(median_s=-0.01)), expect="error")
     add("app --port -5", ["app", "--port", "-5"], expect="error", subprocess=True, timeout_s=20)
@@ -453,13 +454,13 @@ def cases() -> list[Case]:
         bad__yaml="model: {preset: gpt2}\ncluster: {preset: dgx-h100-80gb, num_nodes: 2, "
         "inter_node: {nic_bandwidth_bytes_per_s: 1.0e-300}}\n"))
     add("NaN timings in comm.json", ["calibrate", "fit", "nan.json", "compute.json", "--out", "p.json"], copy=CAL,
-        setup=_files(nan__json=poisoned(comm_dict(), "NaN")), expect="error")
+        setup=_files(nan__json=poisoned(comm_dict(), "NaN")), expect="error", error_has="nan.json: ")
     add("Infinity timings in comm.json", ["calibrate", "fit", "inf.json", "compute.json", "--out", "p.json"],
-        copy=CAL, setup=_files(inf__json=poisoned(comm_dict(), "Infinity")), expect="error")
+        copy=CAL, setup=_files(inf__json=poisoned(comm_dict(), "Infinity")), expect="error", error_has="cases.0")
     add("NaN in ddp.json", ["calibrate", "validate", "profile.json", "nan.json", "--json"], copy=CAL,
-        setup=_files(nan__json=poisoned(ddp_dict(), "NaN")), expect="error")
+        setup=_files(nan__json=poisoned(ddp_dict(), "NaN")), expect="error", error_has="nan.json: ")
     add("NaN in compute.json", ["calibrate", "fit", "comm.json", "nan.json", "--out", "p.json"], copy=CAL,
-        setup=_files(nan__json=poisoned(compute_dict(), "NaN")), expect="error")
+        setup=_files(nan__json=poisoned(compute_dict(), "NaN")), expect="error", error_has="nan.json: ")
     for z in ("nan", "inf", "1e308", "-1", "0"):
         add(f"validate --z {z}", ["calibrate", "validate", "profile.json", "ddp.json", "--z", z, "--json"], copy=CAL,
             expect="error" if z != "0" else "either")
@@ -489,7 +490,7 @@ def cases() -> list[Case]:
     add("fit: partial compute.json", ["calibrate", "fit", "comm.json", "part.json", "--out", "p.json"], copy=CAL,
         setup=_json_file("part.json", compute_dict(complete=False)), expect="error")
     add("fit: zero timing", ["calibrate", "fit", "zero.json", "compute.json", "--out", "p.json"], copy=CAL,
-        setup=_files(zero__json=poisoned(comm_dict(), "0")), expect="error")
+        setup=_files(zero__json=poisoned(comm_dict(), "0")), expect="error", error_has="zero.json: all-reduce")
     add("validate: another model's DDP steps", ["calibrate", "validate", "profile.json", "other.json"], copy=CAL,
         setup=_json_file("other.json", ddp_dict(model="other.py:build", micro_batch=32, world=4)),
         stdout_has="warning")
@@ -515,11 +516,22 @@ def cases() -> list[Case]:
     add("API: 500-deep dict", code=api + "d = x = {}\nfor _ in range(500):\n    x['a'] = {}\n    x = x['a']\n"
         "simddp.scenario_from_dict({'cluster': {'preset': 'dgx-h100-80gb', 'num_nodes': 1}, 'model': d})\n",
         expect="error")
+    add("API: 5,000-deep dict under a preset", code=api + "d = x = {}\nfor _ in range(5000):\n    x['a'] = {}\n"
+        "    x = x['a']\nsimddp.scenario_from_dict({'cluster': {'preset': 'dgx-h100-80gb', 'num_nodes': 1, 'gpu': d},"
+        " 'model': {'preset': 'gpt2'}})\n", expect="error")
     add("API: 100,000-deep list", code=api + "x = []\nfor _ in range(100000):\n    x = [x]\n"
         "simddp.scenario_from_dict({'cluster': {'preset': 'dgx-h100-80gb', 'num_nodes': 1}, 'model': "
         "{'preset': 'gpt2'}, 'name': x})\n", expect="error")
     add("API: self-referencing dict", code=api + "d = {'cluster': {'preset': 'dgx-h100-80gb', 'num_nodes': 1}}\n"
         "d['model'] = d\nsimddp.scenario_from_dict(d)\n", expect="error")
+    add("API: self-referencing dict under a preset", code=api + "g = {}\ng['gpu'] = g\n"
+        "simddp.scenario_from_dict({'cluster': {'preset': 'dgx-h100-80gb', 'num_nodes': 1, 'gpu': g}, "
+        "'model': {'preset': 'gpt2'}})\n", expect="error")
+    add("API: booleans in grad_ready_order", code=api + "simddp.scenario_from_dict({'cluster': {'preset': "
+        "'dgx-h100-80gb', 'num_nodes': 1}, 'model': {'parameters': [{'name': 'a', 'numel': 4}, {'name': 'b', "
+        "'numel': 4}], 'grad_ready_order': [True, False]}})\n", expect="error")
+    add("API: --set string through set_path", code=api + "from simddp.config import set_path\n"
+        "set_path({}, 'a', '[' * 100000)\n", expect="error")
     add("API: unhashable preset", code=api + "simddp.scenario_from_dict({'cluster': {'preset': ['a']}, "
         "'model': {'preset': 'gpt2'}})\n", expect="error")
     add("API: calibration path is an int", code=api + "simddp.scenario_from_dict({'cluster': {'preset': "
@@ -663,6 +675,8 @@ def judge(case: Case, outcome: Outcome, before: dict[str, str], after: dict[str,
     if changed:
         return f"changed {', '.join(changed)}"
     rc = outcome.returncode
+    if rc and case.error_has and case.error_has not in outcome.stderr:
+        return f"the error does not name {case.error_has!r}: {_last_line(outcome.stderr)}"
     if rc < 0 or rc >= 128:
         return f"killed by a signal (status {rc})"
     if case.code:  # a snippet: exit 0 means its assertions held; 2 means a clean ScenarioError
@@ -689,7 +703,7 @@ def judge(case: Case, outcome: Outcome, before: dict[str, str], after: dict[str,
         return f"failed: {_last_line(outcome.stderr)}"
     if rc not in (1, 2, 3):
         return f"exit status {rc}: {_last_line(outcome.stderr)}"
-    return _one_line_problem(outcome.stderr)
+    return _one_line_problem(outcome.stderr, errors_only=case.torch)
 
 
 def _last_line(text: str) -> str:
@@ -697,8 +711,9 @@ def _last_line(text: str) -> str:
     return (lines[-1] if lines else "(nothing)")[:120]
 
 
-def _one_line_problem(stderr: str) -> str | None:
-    lines = [ln for ln in stderr.splitlines() if ln.strip()]
+def _one_line_problem(stderr: str, errors_only: bool = False) -> str | None:
+    """Exactly one line on stderr (for a collector, whose progress goes to stderr: one line saying error)."""
+    lines = [ln for ln in stderr.splitlines() if ln.strip() and (not errors_only or "error" in ln.lower())]
     if len(lines) != 1:
         return f"{len(lines)} lines on stderr: {_last_line(stderr)}"
     if len(lines[0]) > 3000:

@@ -1,8 +1,8 @@
 """Run the robustness corpus and count clean and unclean outcomes.
 
-    python tests/robustness/probe.py                      # this checkout, every case in its own process
-    python tests/robustness/probe.py --root /tmp/old --old   # an older checkout (git archive 90a9fe7)
-    python tests/robustness/probe.py -k fifo --no-torch   # a subset
+    python tests/robustness/robustness_probe.py                 # this checkout, each case in its own process
+    python tests/robustness/robustness_probe.py --root OLD --old  # an older checkout (git archive 90a9fe7)
+    python tests/robustness/robustness_probe.py -k fifo --no-torch  # a subset
 
 Each case runs in a fresh folder under a temporary directory (its working directory, HOME and TMPDIR),
 with a "victim" file in a sibling folder; see :mod:`robustness_corpus` for what counts as clean. The
