@@ -571,7 +571,7 @@ def format_validation_error(err: ValidationError) -> str:
         elif "input" in e and not isinstance(e["input"], dict | list):
             msg = f"{msg} (got {safeio.short_repr(e['input'])})"
         parts.append(f"{loc}: {msg}" if loc else msg)
-    return safeio.join_capped(parts)
+    return safeio.one_line(safeio.join_capped(parts))
 
 
 def scenario_from_dict(data: dict[str, Any]) -> Scenario:
