@@ -133,14 +133,23 @@ def _simulate(scenario_json: str) -> StepResult:
 
 def simulate(data: dict[str, Any], where: Any = None, show: bool = True) -> StepResult | None:
     """Simulate a scenario dict (cached by its JSON); errors are shown inline and give None."""
+    from simddp.errors import InternalError
+    from simddp.sanity import check_step_result
+
     if validate(data, where, show) is None:
         return None
     try:
-        return _simulate(to_json(data))
-    except ValueError as err:  # a choice the cost model rejects, e.g. NVLS on a cluster without NVSwitch
+        result = _simulate(to_json(data))
+        check_step_result(result)  # finite, and the parts add up: never show a result that fails it
+        return result
+    except ValueError as err:  # a choice the cost model rejects (NVLS without NVSwitch), a cap, a range
         if show:
-            (where or st).error(f"Cannot simulate this scenario: {err}", icon=":material/error:")
-        return None
+            (where or st).error(f"Cannot simulate this scenario: {safeio.one_line(err)}", icon=":material/error:")
+    except InternalError as err:
+        if show:
+            (where or st).error(f"simddp internal error (a bug, please report it): {safeio.one_line(err)}",
+                                icon=":material/bug_report:")
+    return None
 
 
 @st.cache_data(max_entries=64, show_spinner="Simulating every GPU count...")

@@ -126,8 +126,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     if args.trace:
         if result.trace is None:
             raise InternalError("the simulator returned no trace")
-        safeio.write_text(args.trace, safeio.json_text(result.trace.to_chrome()), _scenario_inputs(args, scenario),
-                          "--trace")
+        result.trace.write(args.trace, _scenario_inputs(args, scenario))
     if args.json:
         print(safeio.json_text(result.to_json_dict(), indent=2))
         return 0

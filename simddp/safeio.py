@@ -50,7 +50,7 @@ MAX_DEPTH = 32
 #: Most entries of one list or mapping in an input.
 MAX_ITEMS = 1_000_000
 #: Most values in one input, aliases expanded.
-MAX_NODES = 2_000_000
+MAX_NODES = 4_000_000
 #: Most errors listed in one message; the rest are counted.
 MAX_ERRORS_SHOWN = 10
 #: Longest message printed, characters.
