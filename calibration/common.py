@@ -477,12 +477,15 @@ class Collector:
 
     def fail(self, message: str) -> int:
         """Record the error, keep partial results, say so on stderr; returns the exit status."""
+        where = f" partial results in {self.partial}" if self.d.is_main else ""
         with self._lock:
             self.watchdog.stop()
             if self.d.is_main and not self._finished:
-                self._save(message, False)
+                try:
+                    self._save(message, False)
+                except Exception as err:  # e.g. the disk filled up: say so, in the same line
+                    where = f" partial results could not be written to {self.partial} ({one_line(err)})"
             self._finished = True
-        where = f" partial results in {self.partial}" if self.d.is_main else ""
         print(f"calibration: error on rank {self.d.rank}: {message};{where}", file=sys.stderr, flush=True)
         return EXIT_PARTIAL
 

@@ -44,8 +44,8 @@ except Exception as err:
 """
 
 
-class _Timeout(BaseException):
-    pass
+class Timeout(BaseException):
+    """Raised by :func:`time_bound` in the main thread when the bound passes."""
 
 
 def _snapshot(case_dir: Path) -> dict[str, str]:
@@ -96,9 +96,11 @@ def _run_subprocess(cmd: list[str], cwd: Path, env: dict[str, str], timeout_s: f
 
 
 @contextlib.contextmanager
-def _alarm(seconds: float) -> Iterator[None]:
+def time_bound(seconds: float) -> Iterator[None]:
+    """Raise :class:`Timeout` in this (main) thread if the block runs longer than ``seconds``."""
+
     def fire(signum: int, frame: object) -> None:
-        raise _Timeout
+        raise Timeout
 
     previous = signal.signal(signal.SIGALRM, fire)
     signal.setitimer(signal.ITIMER_REAL, seconds)
@@ -120,7 +122,7 @@ def _run_in_process(case: Case, cwd: Path, root: Path) -> Outcome:
     rc: int | None
     os.chdir(cwd)
     try:
-        with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr), _alarm(case.timeout_s):
+        with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr), time_bound(case.timeout_s):
             if case.code:
                 try:
                     exec(compile(_fill(case.code, root, sys.executable), "<case>", "exec"), {"__name__": "__case__"})
@@ -133,7 +135,7 @@ def _run_in_process(case: Case, cwd: Path, root: Path) -> Outcome:
                     rc = main([_fill(a, root, sys.executable) for a in case.argv])
                 except SystemExit as exit_:
                     rc = exit_.code if isinstance(exit_.code, int) else 2
-    except _Timeout:
+    except Timeout:
         rc = None
     except Exception as err:
         import traceback

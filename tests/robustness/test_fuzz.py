@@ -7,15 +7,14 @@ import contextlib
 import io
 import json
 import math
-import signal
 import typing
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from pydantic import BaseModel
+from robustness_probe import time_bound
 
 import simddp
 from simddp import cli, safeio
@@ -40,24 +39,6 @@ def _paths(model: type[BaseModel], prefix: str = "") -> list[str]:
 
 
 PATHS = _paths(Scenario)
-
-
-class _Timeout(BaseException):
-    pass
-
-
-@contextlib.contextmanager
-def time_bound(seconds: float) -> Iterator[None]:
-    def fire(signum: int, frame: object) -> None:
-        raise _Timeout
-
-    previous = signal.signal(signal.SIGALRM, fire)
-    signal.setitimer(signal.ITIMER_REAL, seconds)
-    try:
-        yield
-    finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, previous)
 
 
 def _clean_message(message: str) -> None:
