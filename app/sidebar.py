@@ -6,8 +6,8 @@ import json
 
 import streamlit as st
 
-from app import state
 from simddp import units
+from simddp_app import state
 
 
 def _reset() -> None:

@@ -4,22 +4,23 @@ reports inline, and cached calls into simddp.
 The scenario dict holds what the user chose (presets by name plus their overrides), exactly what the
 exported YAML contains; :func:`validate` turns it into a :class:`simddp.Scenario`. Streamlit caching lives
 here, keyed by the scenario's JSON, and never in simddp.
+
+The dashboard stays home (docs/safety.md): uploads are parsed in memory, within the caps of
+:mod:`simddp.safeio`, and never written to disk; a scenario may not name a file on the server
+(``calibration:``), since calibration profiles come only by upload on the Calibration page.
 """
 
 from __future__ import annotations
 
 import copy
-import hashlib
 import json
-import tempfile
-from pathlib import Path
 from typing import Any
 
 import streamlit as st
 import yaml
 
 import simddp
-from simddp import sweeps
+from simddp import safeio, sweeps
 from simddp.cli import default_scenario_path
 from simddp.config import read_mapping
 from simddp.results import StepResult
@@ -72,15 +73,22 @@ def to_yaml(data: dict[str, Any]) -> str:
     return yaml.safe_dump(data, sort_keys=False)
 
 
-def parse_scenario_text(text: str) -> dict[str, Any]:
-    """Scenario keys from uploaded YAML/JSON text; raises ScenarioError with one line."""
+def refuse_server_paths(data: dict[str, Any]) -> None:
+    """A dashboard scenario may not name a file on the server: calibration profiles come only by upload."""
+    if data.get("calibration") not in (None, ""):
+        raise simddp.ScenarioError("calibration: a scenario in the dashboard cannot name a file on the server; "
+                                   "upload the profile on the Calibration page and use it in the planner")
+
+
+def parse_scenario_upload(name: str, content: bytes) -> dict[str, Any]:
+    """Scenario keys from an uploaded YAML/JSON file, parsed in memory within simddp's input caps (size, nesting,
+    entries, duplicate keys); raises ScenarioError with one line naming the file."""
+    data = safeio.parse_mapping(safeio.decode(content, name), name)  # YAML is a superset of JSON
     try:
-        data = yaml.safe_load(text)  # YAML is a superset of JSON
-    except yaml.YAMLError as err:
-        raise simddp.ScenarioError(f"malformed YAML: {str(err).splitlines()[0]}") from None
-    if not isinstance(data, dict):
-        raise simddp.ScenarioError(f"expected a mapping at the top level, got {type(data).__name__}")
-    simddp.scenario_from_dict(data)
+        refuse_server_paths(data)
+        simddp.scenario_from_dict(data)
+    except simddp.ScenarioError as err:
+        raise simddp.ScenarioError(f"{name}: {err}") from None
     return data
 
 
@@ -88,10 +96,11 @@ def parse_scenario_text(text: str) -> dict[str, Any]:
 def validate(data: dict[str, Any], where: Any = None, show: bool = True) -> simddp.Scenario | None:
     """The validated scenario, or None after showing the one-line error inline (never a traceback)."""
     try:
+        refuse_server_paths(data)
         scenario = simddp.scenario_from_dict(data)
     except (simddp.ScenarioError, OSError) as err:
         if show:
-            (where or st).error(f"Invalid scenario: {err}", icon=":material/error:")
+            (where or st).error(f"Invalid scenario: {safeio.one_line(err)}", icon=":material/error:")
         return None
     return scenario
 
@@ -118,17 +127,26 @@ def _simulate(scenario_json: str) -> StepResult:
 
 def simulate(data: dict[str, Any], where: Any = None, show: bool = True) -> StepResult | None:
     """Simulate a scenario dict (cached by its JSON); errors are shown inline and give None."""
+    from simddp.errors import InternalError
+    from simddp.sanity import check_step_result
+
     if validate(data, where, show) is None:
         return None
     try:
-        return _simulate(to_json(data))
-    except ValueError as err:  # a choice the cost model rejects, e.g. NVLS on a cluster without NVSwitch
+        result = _simulate(to_json(data))
+        check_step_result(result)  # finite, and the parts add up: never show a result that fails it
+        return result
+    except ValueError as err:  # a choice the cost model rejects (NVLS without NVSwitch), a cap, a range
         if show:
-            (where or st).error(f"Cannot simulate this scenario: {err}", icon=":material/error:")
-        return None
+            (where or st).error(f"Cannot simulate this scenario: {safeio.one_line(err)}", icon=":material/error:")
+    except InternalError as err:
+        if show:
+            (where or st).error(f"simddp internal error (a bug, please report it): {safeio.one_line(err)}",
+                                icon=":material/bug_report:")
+    return None
 
 
-@st.cache_data(max_entries=64, show_spinner=False)
+@st.cache_data(max_entries=64, show_spinner="Simulating every GPU count...")
 def _scaling(scenario_json: str, batch: str, max_gpus: int) -> sweeps.ScalingSweep:
     data = json.loads(scenario_json)
     per_node = simddp.scenario_from_dict(data).cluster.gpus_per_node
@@ -141,7 +159,7 @@ def scaling_sweep(data: dict[str, Any], batch: str = "weak", max_gpus: int = 204
     return _scaling(to_json(data), batch, max_gpus)
 
 
-@st.cache_data(max_entries=64, show_spinner=False)
+@st.cache_data(max_entries=64, show_spinner="Simulating every bucket cap...")
 def _bucket_sweep(scenario_json: str, caps_mb: tuple[float, ...]) -> sweeps.BucketCapSweep:
     return sweeps.bucket_cap_sweep(json.loads(scenario_json), caps_mb)
 
@@ -152,7 +170,7 @@ def bucket_cap_sweep(data: dict[str, Any], caps_mb: tuple[float, ...]) -> sweeps
     return _bucket_sweep(to_json(data), tuple(caps_mb))
 
 
-@st.cache_data(max_entries=64, show_spinner=False)
+@st.cache_data(max_entries=64, show_spinner="Simulating the grid...")
 def _grid(scenario_json: str, x_path: str, x_values: tuple[Any, ...], y_path: str,
           y_values: tuple[Any, ...]) -> sweeps.GridSweep:
     return sweeps.grid_sweep(json.loads(scenario_json), x_path, x_values, y_path, y_values)
@@ -186,7 +204,7 @@ def remove_saved(name: str) -> None:
 
 
 # ------------------------------------------------------------------------------------ memory
-@st.cache_data(max_entries=64, show_spinner=False)
+@st.cache_data(max_entries=64, show_spinner="Sizing every strategy...")
 def _strategies(scenario_json: str, tp: int, pp: int) -> sweeps.StrategySweep:
     data = json.loads(scenario_json)
     strategies = sweeps.default_strategies(simddp.scenario_from_dict(data), tp=tp, pp=pp)
@@ -199,7 +217,7 @@ def strategy_sweep(data: dict[str, Any], tp: int, pp: int) -> sweeps.StrategySwe
     return _strategies(to_json(data), tp, pp)
 
 
-@st.cache_data(max_entries=32, show_spinner=False)
+@st.cache_data(max_entries=32, show_spinner="Searching the layouts that fit...")
 def _layout_search(scenario_json: str) -> Any:
     from simddp.memory import smallest_layout_that_fits
 
@@ -218,65 +236,51 @@ def layout_search(data: dict[str, Any]) -> Any:
 
 
 # ------------------------------------------------------------------------------------ calibration
-def _materialise(name: str, content: bytes) -> Path:
-    """An uploaded file on disk (simddp's readers take paths), named by its content."""
-    folder = Path(tempfile.gettempdir()) / "simddp-app"
-    folder.mkdir(exist_ok=True)
-    path = folder / f"{hashlib.sha256(content).hexdigest()[:16]}-{Path(name).name}"
-    if not path.exists():
-        path.write_bytes(content)
-    return path
+# Uploads are parsed from their bytes: nothing is written to disk, so nothing is left behind, shared
+# between sessions, or reachable through a planted symlink.
+def _calibration(name: str, content: bytes, expected: type[Any]) -> Any:
+    from simddp.profile import calibration_from_dict
+
+    data = safeio.parse_json(safeio.decode(content, name, "UTF-8 JSON"), name)
+    if not isinstance(data, dict):
+        raise simddp.ScenarioError(f"{name}: expected a JSON object at the top level, got {type(data).__name__}")
+    return calibration_from_dict(data, expected, name)
 
 
-def _named(err: Exception, path: Path, name: str) -> simddp.ScenarioError:
-    return simddp.ScenarioError(str(err).replace(str(path), name))
-
-
-@st.cache_data(max_entries=16, show_spinner=False)
+@st.cache_data(max_entries=16, show_spinner="Reading the profile...")
 def load_profile(name: str, content: bytes) -> Any:
     """A CalibrationProfile from an uploaded profile.json (raises ScenarioError naming the file)."""
-    from simddp.profile import load_profile as load
+    from simddp.profile import CalibrationProfile
 
-    path = _materialise(name, content)
-    try:
-        return load(path)
-    except simddp.ScenarioError as err:
-        raise _named(err, path, name) from None
+    return _calibration(name, content, CalibrationProfile)
 
 
-@st.cache_data(max_entries=16, show_spinner=False)
+@st.cache_data(max_entries=16, show_spinner="Fitting the profile...")
 def fit_profile(comm_name: str, comm: bytes, compute_name: str, compute: bytes) -> Any:
     """simddp.fit.fit_profile of an uploaded comm.json and compute.json."""
     from simddp.fit import fit_profile as fit
-    from simddp.profile import CommMeasurements, ComputeMeasurements, read_calibration_file
+    from simddp.profile import CommMeasurements, ComputeMeasurements
 
-    comm_path, compute_path = _materialise(comm_name, comm), _materialise(compute_name, compute)
-    try:
-        measured_comm = read_calibration_file(comm_path, CommMeasurements)
-        measured_compute = read_calibration_file(compute_path, ComputeMeasurements)
-    except simddp.ScenarioError as err:
-        raise _named(_named(err, comm_path, comm_name), compute_path, compute_name) from None
+    measured_comm = _calibration(comm_name, comm, CommMeasurements)
+    measured_compute = _calibration(compute_name, compute, ComputeMeasurements)
     return fit(measured_comm, measured_compute, sources={"comm": comm_name, "compute": compute_name})
 
 
-@st.cache_data(max_entries=16, show_spinner=False)
+@st.cache_data(max_entries=16, show_spinner="Simulating every measured step...")
 def validate_profile(profile_name: str, profile: bytes, ddp_name: str, ddp: bytes, z: float) -> Any:
     """simddp.report.validate: the simulator's prediction of every measured DDP step."""
-    from simddp.profile import DDPMeasurements, read_calibration_file
+    from simddp.profile import DDPMeasurements
     from simddp.report import validate as run_validation
 
-    profile_path, ddp_path = _materialise(profile_name, profile), _materialise(ddp_name, ddp)
-    try:
-        measured = read_calibration_file(ddp_path, DDPMeasurements)
-        return run_validation(profile_path, measured, ddp_name, z=z).model_copy(update={"profile": profile_name})
-    except simddp.ScenarioError as err:
-        raise _named(_named(err, ddp_path, ddp_name), profile_path, profile_name) from None
+    measured = _calibration(ddp_name, ddp, DDPMeasurements)
+    report = run_validation(load_profile(profile_name, profile), measured, ddp_name, z=z)
+    return report.model_copy(update={"profile": profile_name})
 
 
-@st.cache_data(max_entries=16, show_spinner=False)
+@st.cache_data(max_entries=16, show_spinner="Extrapolating...")
 def extrapolate_profile(profile_name: str, profile: bytes, world_sizes: tuple[int, ...], gpus_per_node: int,
                         z: float) -> Any:
     """simddp.report.extrapolate: predicted steps (with their band) at other data-parallel world sizes."""
     from simddp.report import extrapolate
 
-    return extrapolate(_materialise(profile_name, profile), world_sizes, gpus_per_node=gpus_per_node, z=z)
+    return extrapolate(load_profile(profile_name, profile), world_sizes, gpus_per_node=gpus_per_node, z=z)

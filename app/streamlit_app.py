@@ -7,18 +7,24 @@ shows results.
 
 from __future__ import annotations
 
+import importlib.util
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-if str(ROOT) not in sys.path:  # `streamlit run` from a source tree that is not pip-installed
-    sys.path.insert(0, str(ROOT))
+HERE = Path(__file__).resolve().parent
+if importlib.util.find_spec("simddp_app") is None:  # `streamlit run` from a source tree that is not installed
+    sys.path.insert(0, str(HERE.parent))  # for simddp
+    spec = importlib.util.spec_from_file_location("simddp_app", HERE / "__init__.py",
+                                                  submodule_search_locations=[str(HERE)])
+    assert spec is not None and spec.loader is not None
+    sys.modules["simddp_app"] = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(sys.modules["simddp_app"])
 
 import streamlit as st  # noqa: E402
 
-from app.sidebar import sidebar  # noqa: E402
+from simddp_app.sidebar import sidebar  # noqa: E402
 
-PAGES = Path(__file__).resolve().parent / "app_pages"
+PAGES = HERE / "app_pages"
 
 st.set_page_config(page_title="simddp what-if", page_icon=":material/hub:", layout="wide")
 page = st.navigation(

@@ -13,9 +13,9 @@ from typing import Any, Literal
 import streamlit as st
 from pydantic import BaseModel
 
-from app import state
 from simddp.results import StepResult
 from simddp.verdict import MemoryVerdict
+from simddp_app import state
 
 
 def field_help(model: type[BaseModel], name: str) -> str:

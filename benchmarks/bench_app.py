@@ -48,7 +48,7 @@ def measure(repeat: int) -> list[tuple[str, str]]:
     streamlit.logger.set_log_level(logging.ERROR)
 
     import simddp
-    from app import state
+    from simddp_app import state
 
     data = state.default_scenario_dict()
     key = state.to_json(data)

@@ -1,9 +1,9 @@
-"""The CPU acceptance flow, end to end: ``python -m calibration.acceptance --out-dir runs/cpu``.
+"""The CPU acceptance flow, end to end: ``python -m simddp_calibration.acceptance --out-dir runs/cpu``.
 
-1. ``torchrun --nproc_per_node 2 -m calibration.collectives --backend gloo --threads 1`` -> comm.json
-2. ``--sessions`` times (default 3), alternating: ``torchrun --nproc_per_node 2 -m calibration.compute``
+1. ``torchrun --nproc_per_node 2 -m simddp_calibration.collectives --backend gloo --threads 1`` -> comm.json
+2. ``--sessions`` times (default 3), alternating: ``torchrun --nproc_per_node 2 -m simddp_calibration.compute``
    -> compute_K.json (both ranks compute at once, sharing the machine as they do in training), then
-   ``torchrun --nproc_per_node 2 -m calibration.ddp_step`` at >= 4 bucket caps -> ddp_K.json; each pair
+   ``torchrun --nproc_per_node 2 -m simddp_calibration.ddp_step`` at >= 4 bucket caps -> ddp_K.json; each pair
    is pooled with ``simddp calibrate merge`` into compute.json and ddp.json. Separate launches minutes
    apart run at different speeds on a shared host; pooling alternating sessions gives calibration and
    validation the same mix.
@@ -31,6 +31,8 @@ import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
+
+from simddp import safeio
 
 DEFAULT_MODEL = "calibration/models/small_transformer.py:factory"
 TINY_MODEL = "calibration/models/small_transformer.py:tiny"
@@ -146,7 +148,7 @@ def markdown_table(report_json: dict) -> str:  # type: ignore[type-arg]
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m calibration.acceptance", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m simddp_calibration.acceptance", description=__doc__.splitlines()[0])
     p.add_argument("--out-dir", type=Path, required=True, help="folder for comm/compute/profile/ddp/report files")
     p.add_argument("--model", default=None, help=f"FILE.py:factory (default {DEFAULT_MODEL})")
     p.add_argument("--caps", nargs="+", default=None, help=f"bucket caps, MiB (default {' '.join(DEFAULT_CAPS)})")
@@ -191,15 +193,15 @@ def main(argv: Sequence[str] | None = None) -> int:
                   f"(> {args.max_foreign:.0%}); {'measuring again' if attempt <= args.retries else 'keeping it'}",
                   file=sys.stderr, flush=True)
 
-    phase("collectives", [*torchrun(args.nproc), "-m", "calibration.collectives", "--backend", "gloo",
+    phase("collectives", [*torchrun(args.nproc), "-m", "simddp_calibration.collectives", "--backend", "gloo",
                           "--out", str(out / "comm.json"), *common, *comm_extra])
     # Compute and DDP alternate over a few sessions, so that both see the same mix of machine states.
     for k in range(1, args.sessions + 1):
-        phase(f"compute {k}", [*torchrun(args.nproc), "-m", "calibration.compute", "--model", model, "--device",
-                               "cpu", "--optimizer", args.optimizer, "--out", str(out / f"compute_{k}.json"),
-                               *common, *compute_extra])
-        phase(f"ddp_step {k}", [*torchrun(args.nproc), "-m", "calibration.ddp_step", "--model", model, "--backend",
-                                "gloo", "--optimizer", args.optimizer, "--bucket-cap-mb", *caps,
+        phase(f"compute {k}", [*torchrun(args.nproc), "-m", "simddp_calibration.compute", "--model", model,
+                               "--device", "cpu", "--optimizer", args.optimizer,
+                               "--out", str(out / f"compute_{k}.json"), *common, *compute_extra])
+        phase(f"ddp_step {k}", [*torchrun(args.nproc), "-m", "simddp_calibration.ddp_step", "--model", model,
+                                "--backend", "gloo", "--optimizer", args.optimizer, "--bucket-cap-mb", *caps,
                                 "--out", str(out / f"ddp_{k}.json"), *common, *ddp_extra])
     for kind in ("compute", "ddp"):
         run([py, "-m", "simddp.cli", "calibrate", "merge",
@@ -218,7 +220,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     conditions = ", ".join(f"{k}: {b:.0%} before, {f:.0%} during (attempt {a})" for k, (b, f, a) in loads.items())
     text = (f"# CPU acceptance run\n\nmodel `{model}`, {args.nproc} gloo ranks x 1 thread, optimizer "
             f"{args.optimizer}.\nCPU share used by other work, per phase: {conditions}.\n\n" + table + "\n")
-    (out / "acceptance.md").write_text(text)
+    safeio.write_text(out / "acceptance.md", text)
     print(text)
     return 0 if report["mape"] <= args.max_mape else 1
 

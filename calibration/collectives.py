@@ -1,4 +1,6 @@
-"""Collective timings on this cluster: ``torchrun ... -m calibration.collectives --backend gloo --out comm.json``.
+"""Collective timings on this cluster: ``simddp calibrate collect comm --nproc-per-node N --out comm.json``.
+
+(``simddp calibrate collect comm`` runs ``torchrun ... -m simddp_calibration.collectives``.)
 
 For each op (all-reduce, reduce-scatter, all-gather, broadcast), communicator and message size
 (nccl-tests sizes: the full buffer, 1 KiB to 256 MiB by default), every rank runs warm-up iterations,
@@ -21,7 +23,6 @@ from __future__ import annotations
 import argparse
 import re
 import statistics
-import sys
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -30,27 +31,28 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from calibration.common import (
-    Collector,
-    CollectorError,
-    Dist,
-    Progress,
-    add_common_args,
-    finished,
-    one_line,
-    run_info,
-    set_threads,
-    utc_now,
-)
 from simddp.profile import (
     MEASUREMENT_VERSION,
     CommCase,
     CommMeasurements,
     InterferenceCase,
     timing_stats,
-    write_json,
 )
 from simddp.units import KiB, MiB
+from simddp_calibration.common import (
+    Collector,
+    CollectorError,
+    Dist,
+    Progress,
+    add_common_args,
+    check_out,
+    finished,
+    one_line,
+    run_info,
+    set_threads,
+    usage_error,
+    utc_now,
+)
 
 OPS = ("all-reduce", "reduce-scatter", "all-gather", "broadcast")
 DEFAULT_SIZES = [KiB * 2**k for k in range(19)]  # 1 KiB .. 256 MiB
@@ -252,7 +254,7 @@ def interference_case(d: Dist, size_bytes: int, repeats: int, matmul_n: int, bea
 # ------------------------------------------------------------------------------------------- main
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
-        prog="torchrun ... -m calibration.collectives",
+        prog="torchrun ... -m simddp_calibration.collectives",
         description="Time all-reduce, reduce-scatter, all-gather and broadcast over message sizes.",
     )
     p.add_argument("--backend", choices=("gloo", "nccl"), default="gloo", help="gloo on CPU, nccl on GPUs")
@@ -284,27 +286,26 @@ def main(argv: Sequence[str] | None = None) -> int:
             isizes = parse_sizes(args.interference_sizes) if args.interference_sizes else [
                 s for s in DEFAULT_INTERFERENCE_SIZES if s <= max(sizes)] or [max(sizes)]
         d = Dist(args.backend, args.timeout, pin=args.pin)
+        if d.world_size < 2:
+            raise CollectorError("needs at least 2 ranks; launch with simddp calibrate collect comm --nproc-per-node N",
+                                 quiet=not d.is_main)
+        check_out(d, args.out)
     except CollectorError as err:
-        print(f"calibration.collectives: error: {err}", file=sys.stderr)
-        return 2
-    if d.world_size < 2:
-        print("calibration.collectives: error: needs at least 2 ranks; launch with torchrun --nproc_per_node N",
-              file=sys.stderr)
-        return 2
+        return usage_error("simddp_calibration.collectives", err)
     started = utc_now()
     info = run_info(d, started)
     cases: list[CommCase] = []
     interference: list[InterferenceCase] = []
     out: Path = args.out
 
-    def save(error: str | None, complete: bool) -> None:
-        write_json(CommMeasurements(kind="simddp-comm", version=MEASUREMENT_VERSION, complete=complete,
-                                    error=error, run=finished(info), cases=cases, interference=interference), out)
+    def snapshot(error: str | None, complete: bool) -> CommMeasurements:
+        return CommMeasurements(kind="simddp-comm", version=MEASUREMENT_VERSION, complete=complete, error=error,
+                                run=finished(info), cases=cases, interference=interference)
 
-    collector = Collector(d, out, save, args.timeout)
+    collector = Collector(d, out, snapshot, args.timeout)
     comms = communicators(d)
     progress = Progress(d.is_main, total=len(comms) * len(ops) * len(sizes) + len(isizes))
-    progress.note(f"calibration.collectives: {d.world_size} ranks on {d.num_nodes} host(s), {d.backend}, "
+    progress.note(f"simddp_calibration.collectives: {d.world_size} ranks on {d.num_nodes} host(s), {d.backend}, "
                   f"{info.device_names[0]}, {info.num_threads} thread(s) per rank -> {out}")
     try:
         for comm in comms:
@@ -336,7 +337,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                      f"{case.lost_fraction:.0%} of the collective's time")
         d.barrier()
         collector.finish()
-        progress.note(f"calibration.collectives: wrote {out}")
+        progress.note(f"simddp_calibration.collectives: wrote {out}")
         d.close()
         return 0
     except Exception as err:  # any failure: keep what was measured, say why in one line

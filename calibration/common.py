@@ -7,9 +7,13 @@ timeout, keeping partial results):
   communicator with ``TORCH_NCCL_ASYNC_ERROR_HANDLING``, on by default);
 * a :class:`Watchdog` thread ends the process if the main loop makes no progress for ``timeout_s``
   (a hang outside a collective, or a backend that never returns);
-* rank 0 rewrites its output file after every measurement with ``"complete": false`` and on SIGTERM
-  (what torchrun sends the survivors when one rank dies) or an exception records the error and exits
-  non-zero, so what was measured is kept.
+* rank 0 rewrites ``<out>.partial.json`` after every measurement with ``"complete": false`` and on
+  SIGTERM (what torchrun sends the survivors when one rank dies) or an exception records the error there
+  and exits non-zero, so what was measured is kept; ``--out`` itself appears (atomically, through
+  :func:`simddp.safeio.write_text`) only when the run is complete, so a failed re-run never replaces a
+  complete result with a partial one;
+* before any measurement, rank 0 checks that ``--out`` can be written (not an input, not a directory,
+  device or FIFO, in a writable folder) and every rank stops with exit status 2 and one message if not.
 """
 
 from __future__ import annotations
@@ -30,17 +34,55 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+from pydantic import BaseModel
 
-from simddp.profile import RunInfo
+from simddp import safeio
+from simddp.profile import RunInfo, write_json
 
-#: Exit status of a collector that stopped early (partial results written).
+#: Exit status of a collector that stopped early (partial results written to <out>.partial.json).
 EXIT_PARTIAL = 3
+#: Exit status of a collector given a bad argument (nothing measured).
+EXIT_USAGE = 2
 #: Environment variable of the fault-injection test hook (see :meth:`Collector.save_partial`).
 FAULT_ENV = "SIMDDP_CALIBRATION_FAULT"
 
 
 class CollectorError(RuntimeError):
-    """A collector cannot go on; the message is shown as one line."""
+    """A collector cannot go on; the message is shown as one line (by rank 0 only when ``quiet`` elsewhere)."""
+
+    def __init__(self, message: str, quiet: bool = False) -> None:
+        super().__init__(message)
+        self.quiet = quiet
+
+
+def usage_error(prog: str, err: CollectorError) -> int:
+    """Print a collector's argument error (once, not on every rank) and return :data:`EXIT_USAGE`."""
+    if not err.quiet:
+        print(f"{prog}: error: {safeio.one_line(err)}", file=sys.stderr)
+    return EXIT_USAGE
+
+
+def model_file(spec: str | None) -> list[str]:
+    """The file of a ``FILE.py:factory`` spec: an input that ``--out`` must not replace."""
+    return [spec.rsplit(":", 1)[0]] if spec and ":" in spec and spec.rsplit(":", 1)[0].endswith(".py") else []
+
+
+def check_out(d: Dist, out: Path, inputs: Sequence[str | Path] = ()) -> None:
+    """Rank 0 checks that ``out`` (and ``<out>.partial``) can be written; every rank learns the verdict.
+
+    Before any measurement, so that a bad ``--out`` costs nothing and every rank stops with one message
+    (rank 0's) instead of rank 0 failing at its first write and the others blaming the network.
+    """
+    problem = None
+    if d.is_main:
+        try:
+            for path in (out, safeio.partial_path(out)):
+                safeio.check_output(path, inputs, "--out")
+        except ValueError as err:
+            problem = str(err)
+    verdict = d.all_gather_object(problem)[0]
+    if verdict is not None:
+        raise CollectorError(verdict, quiet=not d.is_main)
 
 
 # ------------------------------------------------------------------------------------------ models
@@ -380,12 +422,15 @@ class Watchdog:
 class Collector:
     """Runs a collector body with partial saving, SIGTERM handling and a watchdog.
 
-    ``save(error)`` writes the output with ``complete`` false (``error`` set) or true (``error`` None);
-    only rank 0 writes.
+    ``snapshot(error, complete)`` returns the measurement file as it stands; only rank 0 writes it: to
+    ``<out>.partial.json`` while running or after a failure, to ``out`` (removing the partial file) once
+    complete.
     """
 
-    def __init__(self, d: Dist, out: Path, save: Callable[[str | None, bool], None], timeout_s: float) -> None:
-        self.d, self.out, self._save = d, out, save
+    def __init__(self, d: Dist, out: Path, snapshot: Callable[[str | None, bool], BaseModel], timeout_s: float,
+                 inputs: Sequence[str | Path] = ()) -> None:
+        self.d, self.out, self._snapshot, self.inputs = d, out, snapshot, list(inputs)
+        self.partial = safeio.partial_path(out)
         self._lock = threading.Lock()
         self._finished = False
         self._measurements = 0
@@ -415,6 +460,11 @@ class Collector:
             while True:
                 time.sleep(3600)
 
+    def _save(self, error: str | None, complete: bool) -> None:
+        write_json(self._snapshot(error, complete), self.out if complete else self.partial, self.inputs)
+        if complete:
+            self.partial.unlink(missing_ok=True)
+
     def beat(self, what: str) -> None:
         self.watchdog.beat(what)
 
@@ -427,12 +477,15 @@ class Collector:
 
     def fail(self, message: str) -> int:
         """Record the error, keep partial results, say so on stderr; returns the exit status."""
+        where = f" partial results in {self.partial}" if self.d.is_main else ""
         with self._lock:
             self.watchdog.stop()
             if self.d.is_main and not self._finished:
-                self._save(message, False)
+                try:
+                    self._save(message, False)
+                except Exception as err:  # e.g. the disk filled up: say so, in the same line
+                    where = f" partial results could not be written to {self.partial} ({one_line(err)})"
             self._finished = True
-        where = f" partial results in {self.out}" if self.d.is_main else ""
         print(f"calibration: error on rank {self.d.rank}: {message};{where}", file=sys.stderr, flush=True)
         return EXIT_PARTIAL
 
@@ -468,6 +521,7 @@ def add_common_args(parser: Any, default_timeout_s: float = 300.0) -> None:
 
 __all__ = [
     "EXIT_PARTIAL",
+    "EXIT_USAGE",
     "Collector",
     "CollectorError",
     "Dist",
@@ -476,16 +530,19 @@ __all__ = [
     "Watchdog",
     "add_common_args",
     "build_model",
+    "check_out",
     "device_name",
     "dtype_name",
     "finished",
     "load_factory",
     "make_optimizer",
+    "model_file",
     "one_line",
     "pin_cores",
     "run_info",
     "scalar_loss",
     "set_threads",
     "trainable_parameters",
+    "usage_error",
     "utc_now",
 ]

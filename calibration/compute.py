@@ -1,7 +1,9 @@
-"""Per-layer compute times of a model: ``python -m calibration.compute --model FILE.py:factory --out compute.json``.
+"""Per-layer compute times of a model: ``simddp calibrate collect compute --model FILE.py:factory --out compute.json``.
+
+(``simddp calibrate collect compute`` runs ``torchrun ... -m simddp_calibration.compute``.)
 
 The factory returns ``(model, example_inputs)``. One training step is zero_grad, forward, a scalar loss
-(:func:`calibration.common.scalar_loss`), backward and ``optimizer.step()``, as DDP runs it.
+(:func:`simddp_calibration.common.scalar_loss`), backward and ``optimizer.step()``, as DDP runs it.
 
 What is recorded:
 
@@ -41,24 +43,6 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from calibration.common import (
-    Collector,
-    CollectorError,
-    Dist,
-    Progress,
-    Timer,
-    add_common_args,
-    build_model,
-    dtype_name,
-    finished,
-    make_optimizer,
-    one_line,
-    run_info,
-    scalar_loss,
-    set_threads,
-    trainable_parameters,
-    utc_now,
-)
 from simddp.profile import (
     MEASUREMENT_VERSION,
     ComputeMeasurements,
@@ -67,9 +51,29 @@ from simddp.profile import (
     PeakRates,
     TimingStats,
     timing_stats,
-    write_json,
 )
 from simddp.units import MiB
+from simddp_calibration.common import (
+    Collector,
+    CollectorError,
+    Dist,
+    Progress,
+    Timer,
+    add_common_args,
+    build_model,
+    check_out,
+    dtype_name,
+    finished,
+    make_optimizer,
+    model_file,
+    one_line,
+    run_info,
+    scalar_loss,
+    set_threads,
+    trainable_parameters,
+    usage_error,
+    utc_now,
+)
 
 REST = "(other ops)"  # the parameter-free layer: functional ops, loss, input gradient
 
@@ -265,7 +269,7 @@ def ddp_overhead_s(model: torch.nn.Module, inputs: Sequence[Any], optimizer: str
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
-        prog="python -m calibration.compute",
+        prog="python -m simddp_calibration.compute",
         description="Per-layer forward/backward, optimizer and host times of a model (run under torchrun on "
         "CPUs so that ranks share the machine as in training).",
     )
@@ -285,15 +289,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         if want_cuda and not torch.cuda.is_available():
             raise CollectorError("--device cuda: no CUDA device visible")
         d = Dist("nccl" if want_cuda else "gloo", args.timeout, pin=args.pin)
+        check_out(d, args.out, model_file(args.model))
         model, inputs = build_model(args.model, d.device)
         model.train()
         g = make_grouping(model, inputs)
         opt = make_optimizer(args.optimizer, g.params)
     except CollectorError as err:
-        print(f"calibration.compute: error: {err}", file=sys.stderr)
-        return 2
+        return usage_error("simddp_calibration.compute", err)
     except RuntimeError as err:  # e.g. the model's forward or backward fails on these inputs
-        print(f"calibration.compute: error: {args.model}: {one_line(err)}", file=sys.stderr)
+        print(f"simddp_calibration.compute: error: {args.model}: {one_line(err)}", file=sys.stderr)
         return 2
     warmup = args.warmup if args.warmup is not None else 3
     repeats = args.repeats or 20
@@ -302,9 +306,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     result: dict[str, Any] = {}
     out: Path = args.out
 
-    def save(error: str | None, complete: bool) -> None:
+    def snapshot(error: str | None, complete: bool) -> ComputeMeasurements:
         empty = timing_stats([0.0])
-        write_json(ComputeMeasurements(
+        return ComputeMeasurements(
             kind="simddp-compute", version=MEASUREMENT_VERSION, complete=complete, error=error, run=finished(info),
             model=args.model, optimizer=args.optimizer, micro_batch_size=_batch(inputs),
             input_shapes=[list(x.shape) for x in inputs if isinstance(x, torch.Tensor)],
@@ -314,12 +318,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             forward=result.get("forward", empty), backward=result.get("backward", empty),
             optimizer_step=result.get("optimizer", empty), host=result.get("host", empty),
             step=result.get("step", empty), ddp_overhead=result.get("ddp_overhead"), peak=result.get("peak"),
-        ), out)
+        )
 
-    collector = Collector(d, out, save, args.timeout)
+    collector = Collector(d, out, snapshot, args.timeout, model_file(args.model))
     progress = Progress(d.is_main, total=4)
-    progress.note(f"calibration.compute: {args.model} on {info.device_names[0]}, {d.world_size} rank(s) at once, "
-                  f"{info.num_threads} thread(s) each, {len(g.params)} parameters in {len(g.groups)} layers -> {out}")
+    progress.note(f"simddp_calibration.compute: {args.model} on {info.device_names[0]}, {d.world_size} rank(s) "
+                  f"at once, {info.num_threads} thread(s) each, {len(g.params)} parameters in {len(g.groups)} "
+                  f"layers -> {out}")
     try:
         for _ in range(warmup):
             one_step(model, inputs, opt, timer)
@@ -358,7 +363,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                  f"{result['peak'].copy_bytes_per_s / 1e9:.1f} GB/s")
         d.barrier()
         collector.finish()
-        progress.note(f"calibration.compute: wrote {out}")
+        progress.note(f"simddp_calibration.compute: wrote {out}")
         d.close()
         return 0
     except Exception as err:  # any failure: keep what was measured, say why in one line

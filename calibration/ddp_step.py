@@ -1,8 +1,8 @@
-"""Real DDP step times, for validation only: ``torchrun ... -m calibration.ddp_step --model FILE.py:factory
+"""Real DDP step times, for validation only: ``torchrun ... -m simddp_calibration.ddp_step --model FILE.py:factory
 --bucket-cap-mb 1 5 25 --out ddp.json``.
 
 One DistributedDataParallel copy of the model per bucket cap (DDP's hooks would clash on shared
-parameters). A step is what ``calibration.compute`` times: zero_grad, forward, the scalar loss, backward
+parameters). A step is what ``simddp_calibration.compute`` times: zero_grad, forward, the scalar loss, backward
 (with DDP's overlapped all-reduces) and ``optimizer.step()``, after a barrier; its time is the slowest
 rank's. The caps are measured in rounds, a few steps of each cap per round, so that a slow spell of a
 shared machine hits every cap alike; the median over all steps of a cap is its measured time.
@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import copy
-import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -24,22 +23,25 @@ from typing import Any
 import torch
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from calibration.common import (
+from simddp.profile import MEASUREMENT_VERSION, DDPCase, DDPMeasurements, timing_stats
+from simddp_calibration.common import (
     Collector,
     CollectorError,
     Dist,
     Progress,
     add_common_args,
     build_model,
+    check_out,
     finished,
     make_optimizer,
+    model_file,
     one_line,
     run_info,
     scalar_loss,
     set_threads,
+    usage_error,
     utc_now,
 )
-from simddp.profile import MEASUREMENT_VERSION, DDPCase, DDPMeasurements, timing_stats, write_json
 
 
 def parse_cap(text: str) -> float | None:
@@ -67,7 +69,7 @@ def bucket_sizes(ddp: DDP) -> list[int]:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="torchrun ... -m calibration.ddp_step",
+    p = argparse.ArgumentParser(prog="torchrun ... -m simddp_calibration.ddp_step",
                                 description="Time real DDP steps at one or more bucket caps (validation).")
     p.add_argument("--model", required=True, help="FILE.py:factory returning (model, example_inputs)")
     p.add_argument("--backend", choices=("gloo", "nccl"), default=None, help="default: nccl on GPUs, else gloo")
@@ -88,12 +90,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         backend = args.backend or ("nccl" if torch.cuda.is_available() else "gloo")
         d = Dist(backend, args.timeout, pin=args.pin)
         if d.world_size < 2:
-            raise CollectorError("needs at least 2 ranks; launch with torchrun --nproc_per_node N")
+            raise CollectorError("needs at least 2 ranks; launch with simddp calibrate collect ddp --nproc-per-node N",
+                                 quiet=not d.is_main)
+        check_out(d, args.out, model_file(args.model))
         base, inputs = build_model(args.model, d.device)
         base.train()
     except CollectorError as err:
-        print(f"calibration.ddp_step: error: {err}", file=sys.stderr)
-        return 2
+        return usage_error("simddp_calibration.ddp_step", err)
     rounds = args.rounds or 8
     per_round = args.repeats or 3
     warmup = args.warmup if args.warmup is not None else 3
@@ -102,16 +105,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     times: dict[int, list[float]] = {k: [] for k in range(len(caps))}
     sizes: dict[int, list[int]] = {k: [] for k in range(len(caps))}
 
-    def save(error: str | None, complete: bool) -> None:
+    def snapshot(error: str | None, complete: bool) -> DDPMeasurements:
         cases = [DDPCase(bucket_cap_mb=cap, num_buckets=len(sizes[k]), bucket_sizes_bytes=sizes[k],
                          stats=timing_stats(times[k])) for k, cap in enumerate(caps) if times[k]]
-        write_json(DDPMeasurements(kind="simddp-ddp", version=MEASUREMENT_VERSION, complete=complete, error=error,
-                                   run=finished(info), model=args.model, optimizer=args.optimizer,
-                                   micro_batch_size=_batch(inputs), cases=cases), out)
+        return DDPMeasurements(kind="simddp-ddp", version=MEASUREMENT_VERSION, complete=complete, error=error,
+                               run=finished(info), model=args.model, optimizer=args.optimizer,
+                               micro_batch_size=_batch(inputs), cases=cases)
 
-    collector = Collector(d, out, save, args.timeout)
+    collector = Collector(d, out, snapshot, args.timeout, model_file(args.model))
     progress = Progress(d.is_main, total=rounds)
-    progress.note(f"calibration.ddp_step: {args.model}, {d.world_size} ranks, {d.backend}, caps "
+    progress.note(f"simddp_calibration.ddp_step: {args.model}, {d.world_size} ranks, {d.backend}, caps "
                   f"{', '.join('default' if c is None else f'{c:g}' for c in caps)} MiB, {rounds} rounds of "
                   f"{per_round} steps -> {out}")
     try:
@@ -145,7 +148,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             progress(f"round {r + 1}: median step (ms) by cap {medians}")
         d.barrier()
         collector.finish()
-        progress.note(f"calibration.ddp_step: wrote {out}")
+        progress.note(f"simddp_calibration.ddp_step: wrote {out}")
         d.close()
         return 0
     except Exception as err:  # any failure: keep what was measured, say why in one line

@@ -1,4 +1,4 @@
-"""A simddp scenario from a torch model, no timing: ``python -m calibration.import_model FILE.py:factory
+"""A simddp scenario from a torch model, no timing: ``python -m simddp_calibration.import_model FILE.py:factory
 --out model.yaml``.
 
 Runs one forward and backward of the factory's ``(model, example_inputs)`` on the CPU to record every
@@ -22,9 +22,11 @@ from typing import Any
 import torch
 import yaml
 
-from calibration.common import CollectorError, build_model, dtype_name, set_threads
-from calibration.compute import grad_ready_order
+from simddp import safeio
 from simddp.config import scenario_from_dict
+from simddp.errors import ScenarioError
+from simddp_calibration.common import CollectorError, build_model, dtype_name, model_file, set_threads
+from simddp_calibration.compute import grad_ready_order
 
 
 def model_block(spec: str) -> tuple[dict[str, Any], int, list[str]]:
@@ -38,17 +40,18 @@ def model_block(spec: str) -> tuple[dict[str, Any], int, list[str]]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m calibration.import_model", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m simddp_calibration.import_model", description=__doc__.splitlines()[0])
     p.add_argument("model", help="FILE.py:factory returning (model, example_inputs)")
     p.add_argument("--out", required=True, type=Path, help="scenario to write (.yaml or .json)")
     p.add_argument("--cluster", default="dgx-h100-80gb", help="cluster preset of the scenario")
     p.add_argument("--threads", type=int, default=1, help="torch threads for the one forward/backward")
     args = p.parse_args(argv)
     try:
+        safeio.check_output(args.out, model_file(args.model), "--out")
         set_threads(args.threads)
         block, batch, dtypes = model_block(args.model)
-    except CollectorError as err:
-        print(f"calibration.import_model: error: {err}", file=sys.stderr)
+    except (CollectorError, ScenarioError) as err:
+        print(f"simddp_calibration.import_model: error: {safeio.one_line(err)}", file=sys.stderr)
         return 2
     precision = "fp32" if dtypes == ["float32"] else ("fp16-mixed" if "float16" in dtypes else "bf16-mixed")
     scenario = {
@@ -58,13 +61,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         "training": {"precision": precision, "micro_batch_size": batch, "seq_len": 1},
     }
     scenario_from_dict(scenario)  # fail here, not in the user's next command
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    header = (f"# simddp scenario from {args.model} (python -m calibration.import_model): parameters in "
+    header = (f"# simddp scenario from {args.model} (python -m simddp_calibration.import_model): parameters in "
               "named_parameters() order and their gradient-ready order; no timing.\n")
-    if args.out.suffix == ".json":
-        args.out.write_text(json.dumps(scenario, indent=1))
-    else:
-        args.out.write_text(header + yaml.safe_dump(scenario, sort_keys=False, width=120))
+    text = json.dumps(scenario, indent=1) if args.out.suffix == ".json" else (
+        header + yaml.safe_dump(scenario, sort_keys=False, width=120))
+    safeio.write_text(args.out, text, model_file(args.model), "--out")
     print(f"wrote {args.out}: {len(block['parameters'])} parameters, "
           f"{sum(q['numel'] for q in block['parameters']):,} elements", file=sys.stderr)
     return 0

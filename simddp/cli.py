@@ -1,22 +1,25 @@
 """The ``simddp`` command: simulate, buckets, collective, presets, memory, calibrate, app.
 
 Every user error (bad scenario, preset, flag, file) prints one line ``simddp: error: ...`` and exits 2,
-with no traceback.
+with no traceback. A result that fails its sanity checks (:mod:`simddp.sanity`) is a bug: one line
+``simddp: internal error: ...`` and exit 70, never output (``SIMDDP_DEBUG=1`` shows the traceback).
 """
 
 from __future__ import annotations
 
 import argparse
-import json
+import math
 import os
+import re
 import sys
 from collections.abc import Callable, Sequence
 from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from simddp import __version__, units
+from simddp import __version__, safeio, units
 from simddp.config import Cluster, Scenario, ScenarioError, format_validation_error, load_scenario
+from simddp.errors import INTERNAL_ERROR_EXIT, InternalError
 from simddp.presets import CLUSTER_PRESETS, MODEL_PRESETS
 
 DEFAULT_SCENARIO = "default_scenario.yaml"
@@ -35,6 +38,14 @@ def _load(args: argparse.Namespace) -> Scenario:
     return load_scenario(path, args.set)
 
 
+def _scenario_inputs(args: argparse.Namespace, scenario: Scenario | None = None) -> list[str]:
+    """Files a scenario command reads: outputs must not replace them."""
+    inputs = [str(args.scenario)] if args.scenario else []
+    if scenario is not None and scenario.calibration:
+        inputs.append(scenario.calibration)
+    return inputs
+
+
 def parse_size(text: str) -> int:
     """Bytes from '1048576', '256MiB' (binary), '256MB' (decimal) or '1Gbit' (:func:`units.parse_size`)."""
     try:
@@ -50,7 +61,10 @@ def _checked_number(text: str, kind: type, minimum: float, inclusive: bool) -> A
     try:
         value = kind(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not {'an integer' if kind is int else 'a number'}") from None
+        raise argparse.ArgumentTypeError(
+            f"{safeio.short_repr(text)} is not {'an integer' if kind is int else 'a number'}") from None
+    if kind is float and not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a finite number")
     if not (value >= minimum if inclusive else value > minimum):
         raise argparse.ArgumentTypeError(f"{value} must be {'>=' if inclusive else '>'} {minimum}")
     return value
@@ -67,8 +81,35 @@ def non_negative_int(text: str) -> int:
 
 
 def positive_float(text: str) -> float:
-    """argparse type: a number > 0."""
+    """argparse type: a finite number > 0."""
     return float(_checked_number(text, float, 0.0, inclusive=False))
+
+
+#: Widest uncertainty band, in standard errors (``--z``): beyond it the band says nothing.
+MAX_Z = 10.0
+
+
+def z_score(text: str) -> float:
+    """argparse type: a band width in standard errors, 0 <= z <= MAX_Z."""
+    value = float(_checked_number(text, float, 0.0, inclusive=True))
+    if value > MAX_Z:
+        raise argparse.ArgumentTypeError(f"{value:g} must be <= {MAX_Z:g} standard errors")
+    return value
+
+
+def port_number(text: str) -> int:
+    """argparse type: a TCP port, 1..65535."""
+    value = int(_checked_number(text, int, 1, inclusive=True))
+    if value > 65535:
+        raise argparse.ArgumentTypeError(f"{value} must be <= 65535")
+    return value
+
+
+def host_name(text: str) -> str:
+    """argparse type: an interface address or host name to bind (no spaces or control characters)."""
+    if not re.fullmatch(r"[A-Za-z0-9.:%\[\]_-]{1,253}", text):
+        raise argparse.ArgumentTypeError(f"{safeio.short_repr(text)} is not a host name or address")
+    return text
 
 
 # ------------------------------------------------------------------------------------- commands
@@ -82,20 +123,27 @@ def _verdict_lines(memory: Any) -> list[str]:
 
 
 def cmd_simulate(args: argparse.Namespace) -> int:
+    from simddp.sanity import check_step_result
     from simddp.sim import simulate_step
     from simddp.verdict import MemoryVerdict, verdict_json
 
     scenario = _load(args)
+    inputs = _scenario_inputs(args, scenario)
+    for flag, target in (("--trace", args.trace), ("--csv", args.csv)):
+        if target:
+            safeio.check_output(target, inputs, flag)
     result = simulate_step(scenario, trace=bool(args.trace or args.csv))
+    check_step_result(result)
     if args.trace:
-        assert result.trace is not None
-        result.trace.write(args.trace)
+        if result.trace is None:
+            raise InternalError("the simulator returned no trace")
+        result.trace.write(args.trace, inputs)
     if args.csv:
         from simddp.exports import write_step_csv
 
         written = write_step_csv(args.csv, scenario, result, verdict_json(result.memory))
     if args.json:
-        print(json.dumps({**verdict_json(result.memory), **result.to_json_dict()}, indent=2))
+        print(safeio.json_text({**verdict_json(result.memory), **result.to_json_dict()}, indent=2))
         return 0
     f, ms = units.fmt_time, result.step_time_s
     algos = sorted({f"{b.algorithm}/{b.protocol}" for b in result.buckets})
@@ -152,7 +200,7 @@ def cmd_buckets(args: argparse.Namespace) -> int:
     scenario = _load(args)
     export = bucket_export(scenario)
     if args.json:
-        print(json.dumps(export.to_json_dict()))
+        print(safeio.json_text(export.to_json_dict()))
         return 0
     if args.csv:
         print(export.to_csv(), end="")
@@ -198,7 +246,7 @@ def cmd_memory(args: argparse.Namespace) -> int:
             out["max_micro_batch"] = max_mb
         if layout is not None:
             out.update(layout.to_json_dict())
-        print(json.dumps(out, indent=2))
+        print(safeio.json_text(out, indent=2))
         return 0
     fb, tr, par = units.fmt_bytes, scenario.training, scenario.parallelism
     flight = f"{mem.in_flight_micro_batches:g}"
@@ -300,7 +348,7 @@ def cmd_collective(args: argparse.Namespace) -> int:
             }
             for c in rows
         ]
-        print(json.dumps(out[0] if args.bytes else out, indent=2))
+        print(safeio.json_text(out[0] if args.bytes else out, indent=2))
         return 0
     print(f"{args.op} on {cluster.num_gpus} GPUs ({cluster.num_nodes} x {args.cluster})")
     print(f"{'size (B)':>12} {'time (us)':>11} {'algbw (GB/s)':>13} {'busbw (GB/s)':>13}  algorithm")
@@ -324,7 +372,7 @@ def cmd_presets(args: argparse.Namespace) -> int:
 
         if args.show_json:
             section, values = preset_values(args.name)
-            print(json.dumps({section: values}, indent=2))
+            print(safeio.json_text({section: values}, indent=2))
         else:
             print(preset_yaml(args.name), end="")
         return 0
@@ -332,8 +380,9 @@ def cmd_presets(args: argparse.Namespace) -> int:
     if args.json:
         from simddp.schema import preset_values
 
-        print(json.dumps({k: {n: {"description": p.description, "source": p.source, "values": preset_values(n)[1]}
-                              for n, p in v.items()} for k, v in groups.items()}, indent=2))
+        print(safeio.json_text({k: {n: {"description": p.description, "source": p.source,
+                                        "values": preset_values(n)[1]} for n, p in v.items()}
+                                for k, v in groups.items()}, indent=2))
         return 0
     for title, presets in groups.items():
         print(f"{title}:")
@@ -347,7 +396,7 @@ def cmd_schema(args: argparse.Namespace) -> int:
 
     keys = schema_keys(args.path or "")
     if args.json:
-        print(json.dumps([k.model_dump(mode="json") for k in keys], indent=2))
+        print(safeio.json_text([k.model_dump(mode="json") for k in keys], indent=2))
         return 0
     print("\n".join(k.to_text() for k in keys))
     return 0
@@ -362,15 +411,48 @@ def cmd_init(args: argparse.Namespace) -> int:
     return 0
 
 
+def dashboard_folder() -> Path:
+    """Where the installed dashboard package (``simddp_app``, the repository's ``app/``) lives."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("simddp_app")
+    if spec is None or not spec.submodule_search_locations:
+        raise UsageError("the dashboard package simddp_app is not installed; reinstall simddp (pip install simddp)")
+    return Path(next(iter(spec.submodule_search_locations)))
+
+
+def streamlit_flags(config: Path, host: str, port: int, headless: bool) -> list[str]:
+    """Every option of the shipped ``.streamlit/config.toml`` as a flag, then the host and port.
+
+    Flags win over any config file, so the dashboard binds ``host`` (127.0.0.1 unless asked), sends no
+    usage statistics and never looks up the external IP (a fixed browser.serverAddress needs no lookup).
+    """
+    import socket
+    import tomllib
+
+    options: dict[str, Any] = {}
+    if config.is_file():
+        with config.open("rb") as fh:
+            for section, values in tomllib.load(fh).items():
+                options.update({f"{section}.{key}": value for key, value in values.items()})
+    wildcard = host in ("0.0.0.0", "::")
+    options["server.address"] = host
+    options["server.port"] = port
+    options["browser.serverAddress"] = socket.gethostname() if wildcard else (
+        "localhost" if host in ("127.0.0.1", "::1", "localhost") else host)
+    if headless:
+        options["server.headless"] = True
+    return [f"--{key}={str(v).lower() if isinstance(v, bool) else v}" for key, v in options.items()]
+
+
 def cmd_app(args: argparse.Namespace) -> int:
-    app = Path(__file__).resolve().parent.parent / "app" / "streamlit_app.py"
-    if not app.exists():
-        raise UsageError(f"dashboard not found at {app}; install simddp from its source tree")
-    cmd = [sys.executable, "-m", "streamlit", "run", str(app), "--server.port", str(args.port)]
-    if args.headless:
-        cmd += ["--server.headless", "true"]
+    folder = dashboard_folder()
+    app = folder / "streamlit_app.py"
+    if not app.is_file():
+        raise UsageError(f"dashboard not found at {app}; reinstall simddp")
+    flags = streamlit_flags(folder / ".streamlit" / "config.toml", args.host, args.port, args.headless)
     # Replace this process, so that stopping `simddp app` stops the server too.
-    os.execv(sys.executable, cmd)
+    os.execv(sys.executable, [sys.executable, "-m", "streamlit", "run", str(app), *flags])
     return 0  # not reached
 
 
@@ -378,10 +460,16 @@ def cmd_calibrate_fit(args: argparse.Namespace) -> int:
     from simddp.fit import fit_profile
     from simddp.profile import CommMeasurements, ComputeMeasurements, read_calibration_file, write_json
 
+    inputs = [args.comm, args.compute]
+    safeio.check_output(args.out, inputs, "--out")
     comm = read_calibration_file(args.comm, CommMeasurements)
     compute = read_calibration_file(args.compute, ComputeMeasurements)
-    profile = fit_profile(comm, compute, sources={"comm": str(args.comm), "compute": str(args.compute)})
-    write_json(profile, args.out)
+    profile = fit_profile(comm, compute, sources={"comm": str(args.comm), "compute": str(args.compute)},
+                          allow_partial=args.allow_partial, allow_mixed=args.allow_mixed)
+    write_json(profile, args.out, inputs)
+    placeholders = [n for n in profile.notes if n.startswith("PLACEHOLDER")]
+    for note in placeholders:
+        print(f"simddp: warning: {note}", file=sys.stderr)
     if args.json:
         print(profile.model_dump_json(indent=1))
         return 0
@@ -404,17 +492,18 @@ def cmd_calibrate_fit(args: argparse.Namespace) -> int:
           f"{units.fmt_time(profile.cluster['host_overhead_s'])} (step noise {profile.compute_rel_sigma:.1%})")
     print(f"Interference {profile.interference.value:.3f} ({profile.interference.note})")
     for note in profile.notes:
-        if note.startswith(("fitted from partial", "parameter dtypes", "overlap")):
+        if note.startswith(("fitted from partial", "parameter dtypes", "overlap", "mixed")):
             print(f"note: {note}")
-    print(f"wrote {args.out}")
+    print(f"wrote {args.out}" + (f" with {len(placeholders)} placeholder(s) (--allow-partial)" if placeholders else ""))
     return 0
 
 
 def cmd_calibrate_merge(args: argparse.Namespace) -> int:
     from simddp.profile import merge_measurements, read_measurements, write_json
 
+    safeio.check_output(args.out, args.files, "--out")
     merged = merge_measurements([read_measurements(f) for f in args.files])  # type: ignore[type-var]
-    write_json(merged, args.out)
+    write_json(merged, args.out, args.files)
     print(f"merged {len(args.files)} {merged.kind} files into {args.out}")
     return 0
 
@@ -423,6 +512,9 @@ def cmd_calibrate_validate(args: argparse.Namespace) -> int:
     from simddp.profile import DDPMeasurements, read_calibration_file
     from simddp.report import extrapolate, validate, write_html
 
+    html = Path(args.html) if args.html else Path(args.ddp).with_name(Path(args.ddp).stem + "_report.html")
+    inputs = [args.profile, args.ddp]
+    safeio.check_output(html, inputs, "--html")
     ddp = read_calibration_file(args.ddp, DDPMeasurements)
     if not ddp.cases:
         raise ScenarioError(f"{args.ddp}: no DDP step measured")
@@ -430,12 +522,12 @@ def cmd_calibrate_validate(args: argparse.Namespace) -> int:
     sizes = _world_sizes(args.extrapolate) if args.extrapolate else []
     cap = ddp.cases[-1].bucket_cap_mb
     extra = extrapolate(args.profile, sizes, args.gpus_per_node, cap, z=args.z) if sizes else []
-    html = Path(args.html) if args.html else Path(args.ddp).with_name(Path(args.ddp).stem + "_report.html")
-    if args.json:
-        print(json.dumps(report.to_json_dict(), indent=2))
-    else:
-        print(report.to_text())
-    write_html(report, html, extra)
+    text = safeio.json_text(report.to_json_dict(), indent=2) if args.json else report.to_text()
+    write_html(report, html, extra, inputs)
+    if args.json:  # the text report shows them at the top
+        for warning in report.warnings:
+            print(f"simddp: warning: {warning}", file=sys.stderr)
+    print(text)
     if not args.json:
         print(f"report written to {html}")
     return 0
@@ -454,8 +546,12 @@ def cmd_calibrate_predict(args: argparse.Namespace) -> int:
         overrides = set_path(overrides, key.strip(), value)
     preds = extrapolate(args.profile, _world_sizes(args.ranks), args.gpus_per_node, args.bucket_cap_mb,
                         overrides, z=args.z)
+    for p in preds:
+        from simddp.sanity import check_range
+
+        check_range(p.high_s, f"the step at {p.world_size} ranks")
     if args.json:
-        print(json.dumps([p.model_dump() for p in preds], indent=2))
+        print(safeio.json_text([p.model_dump() for p in preds], indent=2))
         return 0
     print(f"{'ranks':>6} {'nodes':>6} {'buckets':>8} {'step':>11} {'band (z=' + format(args.z, 'g') + ')':>25} "
           f"{'comm':>11} {'exposed':>11}")
@@ -477,15 +573,80 @@ def _world_sizes(text: str) -> list[int]:
         raise UsageError(f"world sizes {text!r}: expected integers such as 2,8,128") from None
     if not sizes or any(n < 1 for n in sizes):
         raise UsageError(f"world sizes {text!r}: expected integers >= 1")
+    from simddp.limits import MAX_GPUS
+
+    if max(sizes) > MAX_GPUS:
+        raise UsageError(f"world size {max(sizes):,} is over the limit of {MAX_GPUS:,} (simddp.limits.MAX_GPUS)")
+    if len(sizes) > 64:
+        raise UsageError(f"world sizes {safeio.short_repr(text)}: at most 64 sizes")
     return sizes
+
+
+#: ``simddp calibrate collect KIND`` -> the collector module of the simddp_calibration package.
+COLLECTORS = {"comm": "collectives", "compute": "compute", "ddp": "ddp_step"}
+
+
+def _launcher_parser(kind: str) -> argparse.ArgumentParser:
+    p = _Parser(prog=f"simddp calibrate collect {kind}", add_help=False)
+    p.add_argument("--nproc-per-node", "--nproc_per_node", type=positive_int, default=1 if kind == "compute" else 2)
+    p.add_argument("--nnodes", default="1")
+    p.add_argument("--node-rank", "--node_rank", type=non_negative_int)
+    p.add_argument("--master-addr", "--master_addr", type=host_name)
+    p.add_argument("--master-port", "--master_port", type=port_number)
+    p.add_argument("--rdzv-endpoint", "--rdzv_endpoint")
+    p.add_argument("--rdzv-backend", "--rdzv_backend")
+    p.add_argument("--rdzv-id", "--rdzv_id")
+    return p
+
+
+def cmd_calibrate_collect(args: argparse.Namespace) -> int:
+    """Run a collector under torchrun (``python -m torch.distributed.run``), after checking its output."""
+    import importlib.util
+    import subprocess
+
+    module = f"simddp_calibration.{COLLECTORS[args.kind]}"
+    rest = list(args.collector_args)
+    if rest[:1] == ["--"]:
+        rest = rest[1:]
+    if "-h" in rest or "--help" in rest:
+        return subprocess.run([sys.executable, "-m", module, "--help"], check=False).returncode
+    if importlib.util.find_spec("torch") is None:
+        raise UsageError("the collectors need torch: pip install 'simddp[calibration]' (or your own torch >= 2.1)")
+    launch, rest = _launcher_parser(args.kind).parse_known_args(rest)
+    files = _Parser(prog=f"simddp calibrate collect {args.kind}", add_help=False)
+    files.add_argument("--out")
+    files.add_argument("--model")
+    known, _ = files.parse_known_args(rest)
+    if not known.out:
+        raise UsageError(f"calibrate collect {args.kind}: --out FILE is required")
+    inputs = [known.model.rsplit(":", 1)[0]] if known.model and ":" in known.model else []
+    safeio.check_output(known.out, inputs, "--out")
+    safeio.check_output(safeio.partial_path(known.out), inputs, "--out")
+    torchrun = [f"--nproc-per-node={launch.nproc_per_node}", f"--nnodes={launch.nnodes}"]
+    distributed = {k: v for k, v in vars(launch).items() if k not in ("nproc_per_node", "nnodes") and v is not None}
+    if not distributed and launch.nnodes == "1":
+        torchrun.append("--standalone")
+    torchrun += [f"--{k.replace('_', '-')}={v}" for k, v in distributed.items()]
+    cmd = [sys.executable, "-m", "simddp_calibration.launch", *torchrun, "-m", module, *rest]
+    try:
+        return subprocess.run(cmd, check=False).returncode
+    except KeyboardInterrupt:
+        return 130
 
 
 # ------------------------------------------------------------------------------------- parser
 EXTRA_COMMANDS: list[Callable[[argparse._SubParsersAction], None]] = []  # type: ignore[type-arg]
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse with one-line errors: ``simddp simulate: error: ...`` and where to find the usage."""
+
+    def error(self, message: str) -> Any:  # type: ignore[override]
+        self.exit(2, f"{self.prog}: error: {safeio.one_line(message)} (see {self.prog} --help)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="simddp", description="Simulate distributed deep-learning training steps (DDP, ZeRO, TP, PP)."
     )
     parser.add_argument("--version", action="version", version=f"simddp {__version__}")
@@ -512,12 +673,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("memory", help="per-GPU memory: model states, activations, buffers; does it fit?")
     scenario_args(p)
-    p.add_argument("--stage", type=int, help="report this pipeline stage (default: the most loaded)")
+    p.add_argument("--stage", type=non_negative_int, help="report this pipeline stage (default: the most loaded)")
     p.add_argument("--max-micro-batch", action="store_true", help="also find the largest micro-batch that fits")
     p.add_argument("--fit-layout", action="store_true",
                    help="also search ZeRO stage x tp x pp x sequence parallelism x recompute for layouts that fit, "
                    "and list every layout evaluated")
-    p.add_argument("--num-gpus", type=int, help="GPUs for --fit-layout (default: the scenario's cluster)")
+    p.add_argument("--num-gpus", type=positive_int, help="GPUs for --fit-layout (default: the scenario's cluster)")
     p.set_defaults(func=cmd_memory)
 
     from simddp.collectives import ALGORITHMS, OPS
@@ -556,9 +717,15 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("calibrate", help="fit a calibration profile from torch measurements; validate it")
     cal = p.add_subparsers(dest="calibrate_command", required=True)
     q = cal.add_parser("fit", help="fit comm.json + compute.json into profile.json")
-    q.add_argument("comm", help="comm.json from `torchrun ... -m calibration.collectives`")
-    q.add_argument("compute", help="compute.json from `python -m calibration.compute`")
+    q.add_argument("comm", help="comm.json from `simddp calibrate collect comm`")
+    q.add_argument("compute", help="compute.json from `simddp calibrate collect compute`")
     q.add_argument("--out", default="profile.json", help="profile to write (default profile.json)")
+    q.add_argument("--allow-partial", action="store_true",
+                   help="write a profile even without the fits it needs (placeholders are marked PLACEHOLDER), "
+                        "or from a collector run that stopped early")
+    q.add_argument("--allow-mixed", action="store_true",
+                   help="fit files from different world sizes, and comm cases of one op measured at several "
+                        "numbers of ranks (the most measured count is fitted)")
     q.add_argument("--json", action="store_true", help="print the profile as JSON")
     q.set_defaults(func=cmd_calibrate_fit)
     q = cal.add_parser("merge", help="pool the repeats of several runs of one collector into one file")
@@ -567,9 +734,9 @@ def build_parser() -> argparse.ArgumentParser:
     q.set_defaults(func=cmd_calibrate_merge)
     q = cal.add_parser("validate", help="predicted vs measured DDP steps (ddp.json), MAPE, HTML report")
     q.add_argument("profile", help="profile.json from `simddp calibrate fit`")
-    q.add_argument("ddp", help="ddp.json from `torchrun ... -m calibration.ddp_step`")
+    q.add_argument("ddp", help="ddp.json from `simddp calibrate collect ddp`")
     q.add_argument("--html", help="report to write (default: <ddp>_report.html beside ddp.json)")
-    q.add_argument("--z", type=positive_float, default=2.0, help="band width in standard errors (default 2)")
+    q.add_argument("--z", type=z_score, default=2.0, help="band width in standard errors, 0..10 (default 2)")
     q.add_argument("--extrapolate", metavar="RANKS", help="also plot predictions for these world sizes, e.g. 2,8,128")
     q.add_argument("--gpus-per-node", type=positive_int,
                    help="ranks per node when extrapolating (default: one node)")
@@ -579,16 +746,32 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("profile", help="profile.json from `simddp calibrate fit`")
     q.add_argument("--ranks", default="2,8,32,128", help="data-parallel world sizes (default 2,8,32,128)")
     q.add_argument("--gpus-per-node", type=positive_int, help="ranks per node (default: all on one node)")
-    q.add_argument("--bucket-cap-mb", type=float, help="DDP bucket cap, MiB (default: torch's)")
-    q.add_argument("--z", type=positive_float, default=2.0, help="band width in standard errors (default 2)")
+    q.add_argument("--bucket-cap-mb", type=positive_float, help="DDP bucket cap, MiB (default: torch's)")
+    q.add_argument("--z", type=z_score, default=2.0, help="band width in standard errors, 0..10 (default 2)")
     q.add_argument("--set", action="append", default=[], metavar="KEY.PATH=VALUE",
                    help="override a scenario key, e.g. --set cluster.inter_node.kind=infiniband (repeatable)")
     q.add_argument("--json", action="store_true")
     q.set_defaults(func=cmd_calibrate_predict)
 
-    p = sub.add_parser("app", help="start the Streamlit what-if dashboard")
-    p.add_argument("--port", type=int, default=8501)
-    p.add_argument("--headless", action="store_true")
+    q = cal.add_parser("collect", help="run a torch collector under torchrun: comm, compute or ddp (needs torch)",
+                       description="Runs `python -m torch.distributed.run [launcher options] -m "
+                       "simddp_calibration.{collectives,compute,ddp_step} [collector options]`, after checking "
+                       "that --out can be written. Launcher options: --nproc-per-node N (comm and ddp: 2, "
+                       "compute: 1), --nnodes, --node-rank, --master-addr, --master-port, --rdzv-endpoint, "
+                       "--rdzv-backend, --rdzv-id. Every other option goes to the collector; see `simddp "
+                       "calibrate collect comm --help`. Results appear in --out only when complete; a run that "
+                       "stops early keeps what it measured in <out>.partial.json and exits 3.")
+    q.add_argument("kind", choices=sorted(COLLECTORS), help="comm: collectives; compute: per-layer times; "
+                   "ddp: real DDP steps (validation)")
+    q.add_argument("collector_args", nargs=argparse.REMAINDER, metavar="OPTIONS",
+                   help="launcher and collector options, e.g. --nproc-per-node 8 --out comm.json")
+    q.set_defaults(func=cmd_calibrate_collect)
+
+    p = sub.add_parser("app", help="start the Streamlit what-if dashboard (on 127.0.0.1 unless --host says otherwise)")
+    p.add_argument("--host", type=host_name, default="127.0.0.1",
+                   help="interface to bind (default 127.0.0.1: this machine only; 0.0.0.0 exposes it to the network)")
+    p.add_argument("--port", type=port_number, default=8501, help="TCP port, 1..65535 (default 8501)")
+    p.add_argument("--headless", action="store_true", help="do not open a browser")
     p.set_defaults(func=cmd_app)
 
     for add in EXTRA_COMMANDS:
@@ -604,10 +787,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     except BrokenPipeError:  # output piped into `head` and closed early
         return 0
     except (ScenarioError, UsageError, ValueError, OSError) as err:
-        print(f"simddp: error: {err}", file=sys.stderr)
+        print(f"simddp: error: {safeio.one_line(err)}", file=sys.stderr)
+        return 2
+    except RecursionError:
+        print(f"simddp: error: input nested too deeply (limit {safeio.MAX_DEPTH} levels)", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         return 130
+    except Exception as err:  # a bug: one line, and the traceback only on request
+        if os.environ.get("SIMDDP_DEBUG"):
+            raise
+        what = "" if isinstance(err, InternalError) else f"{type(err).__name__}: "
+        print(f"simddp: internal error: {what}{safeio.one_line(err, 1000)} (a bug in simddp; please report it "
+              "with the command line; SIMDDP_DEBUG=1 shows the traceback)", file=sys.stderr)
+        return INTERNAL_ERROR_EXIT
 
 
 if __name__ == "__main__":

@@ -12,11 +12,11 @@ NVIDIA's Calculon. Units are in the field names and are converted once, in :mod:
 from __future__ import annotations
 
 import copy
-import json
+import types
+import typing
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-import yaml
 from pydantic import (
     BaseModel,
     BeforeValidator,
@@ -24,11 +24,14 @@ from pydantic import (
     Field,
     PrivateAttr,
     ValidationError,
+    ValidationInfo,
     field_serializer,
     field_validator,
     model_validator,
 )
 
+from simddp import safeio
+from simddp.errors import ScenarioError
 from simddp.keys import closest_key, submodels, unknown_key_message
 from simddp.presets import CLUSTER_PRESETS, MODEL_PRESETS
 from simddp.units import DTYPE_BYTES, KiB, MiB, parse_rate, parse_size
@@ -52,12 +55,45 @@ Bytes = Annotated[int, BeforeValidator(_size)]
 BytesPerS = Annotated[float, BeforeValidator(_rate)]
 
 
-class ScenarioError(ValueError):
-    """A scenario, preset or flag the user gave is invalid. The message is one line, naming the field."""
+def _admits_bool(annotation: Any) -> bool:
+    if annotation is bool or annotation is Any:
+        return True
+    origin, args = typing.get_origin(annotation), typing.get_args(annotation)
+    if origin is Literal:
+        return any(isinstance(a, bool) for a in args)
+    if origin is typing.Union or origin is types.UnionType:
+        return any(_admits_bool(a) for a in args)
+    return False
+
+
+def _list_item_type(annotation: Any) -> Any:
+    """The item type of ``list[X]`` (or ``list[X] | None``), else None."""
+    if typing.get_origin(annotation) is list:
+        return (typing.get_args(annotation) or (Any,))[0]
+    if typing.get_origin(annotation) in (typing.Union, types.UnionType):
+        return next((_list_item_type(a) for a in typing.get_args(annotation) if a is not type(None)), None)
+    return None
 
 
 class _Frozen(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    """Base of every input model: frozen, no unknown keys, finite floats, no true/false where a number goes,
+    and names without terminal control characters."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _no_bool_numbers_no_controls(cls, value: Any, info: ValidationInfo) -> Any:
+        if isinstance(value, str):
+            return safeio.strip_control(value)
+        annotation = cls.model_fields[info.field_name].annotation if info.field_name else Any
+        if isinstance(value, bool) and not _admits_bool(annotation):
+            raise ValueError("expected a number, not a boolean")
+        if isinstance(value, list) and any(isinstance(v, bool) for v in value):
+            item = _list_item_type(annotation)
+            if item is not None and not _admits_bool(item):
+                raise ValueError("expected numbers, not booleans")
+        return value
 
 
 # --------------------------------------------------------------------------------------- hardware
@@ -620,10 +656,13 @@ def _expand(data: Any, key: str, presets: dict[str, Any], field: str) -> Any:
     if not isinstance(data, dict) or data.get(key) is None:
         return data
     name = data[key]
+    if not isinstance(name, str):
+        raise ValueError(f"{key} must be a preset name, not a {type(name).__name__}; "
+                         f"valid: {', '.join(sorted(presets))}")
     if name not in presets:
         guess = closest_key(str(name), list(presets))
         hint = f" (did you mean {guess!r}?)" if guess else ""
-        raise ValueError(f"unknown preset {name!r}{hint}; valid: {', '.join(sorted(presets))}")
+        raise ValueError(f"unknown preset {safeio.short_repr(name)}{hint}; valid: {', '.join(sorted(presets))}")
     return deep_merge(presets[name].build(), data)
 
 
@@ -639,7 +678,9 @@ def set_value(data: dict[str, Any], dotted: str, value: Any) -> dict[str, Any]:
     """A copy of ``data`` with ``value`` at the dotted path (missing dicts on the way are created)."""
     keys = dotted.split(".")
     if not all(keys):
-        raise ScenarioError(f"{dotted!r}: empty key in path")
+        raise ScenarioError(f"{safeio.short_repr(dotted)}: empty key in path")
+    if len(keys) > safeio.MAX_DEPTH:
+        raise ScenarioError(f"{safeio.short_repr(dotted)}: more than {safeio.MAX_DEPTH} keys in the path")
     out = copy.deepcopy(data)
     node = out
     for k in keys[:-1]:
@@ -653,8 +694,8 @@ def set_value(data: dict[str, Any], dotted: str, value: Any) -> dict[str, Any]:
 def set_path(data: dict[str, Any], dotted: str, raw_value: str) -> dict[str, Any]:
     """Apply a ``--set a.b.c=value`` override; the value is parsed as YAML (numbers, booleans, null)."""
     try:
-        value = yaml.safe_load(raw_value)
-    except yaml.YAMLError:
+        value = safeio.parse_yaml(raw_value, f"--set {safeio.short_repr(dotted)}")
+    except safeio.MalformedInput:
         value = raw_value
     try:
         return set_value(data, dotted, value)
@@ -678,9 +719,9 @@ def format_validation_error(err: ValidationError) -> str:
         elif e["type"] == "missing":
             msg = "missing required key"
         elif "input" in e and not isinstance(e["input"], dict | list):
-            msg = f"{msg} (got {e['input']!r})"
+            msg = f"{msg} (got {safeio.short_repr(e['input'])})"
         parts.append(f"{loc}: {msg}" if loc else msg)
-    return "; ".join(parts)
+    return safeio.one_line(safeio.join_capped(parts))
 
 
 def _models_under(model: type[BaseModel], found: dict[str, type[BaseModel]]) -> dict[str, type[BaseModel]]:
@@ -700,11 +741,18 @@ def scenario_from_dict(data: dict[str, Any]) -> Scenario:
     """Validate a scenario dict; raises :class:`ScenarioError` with a one-line message."""
     if not isinstance(data, dict):
         raise ScenarioError(f"a scenario must be a mapping, got {type(data).__name__}")
+    safeio.check_shape(data)
     data = _apply_calibration(data)
     try:
-        return Scenario.model_validate(data)
+        scenario = Scenario.model_validate(data)
     except ValidationError as err:
         raise ScenarioError(format_validation_error(err)) from None
+    except RecursionError:  # check_shape bounds the nesting; a preset or profile cannot add much
+        raise ScenarioError(f"scenario: nesting deeper than {safeio.MAX_DEPTH} levels") from None
+    from simddp.limits import check_scenario_size
+
+    check_scenario_size(scenario)
+    return scenario
 
 
 def _apply_calibration(data: dict[str, Any]) -> dict[str, Any]:
@@ -714,43 +762,26 @@ def _apply_calibration(data: dict[str, Any]) -> dict[str, Any]:
     override, so ``{"calibration": "profile.json", "parallelism": {"dp": 2}}`` is a complete scenario.
     """
     path = data.get("calibration")
-    if not path:
+    if path is None or path == "":
         return data
+    if not isinstance(path, str | Path):
+        raise ScenarioError(f"calibration: expected the path of a profile, got {type(path).__name__}")
     from simddp.profile import scenario_defaults_from_profile
 
     return deep_merge(scenario_defaults_from_profile(path), data)
 
 
 def read_mapping(path: str | Path) -> dict[str, Any]:
-    """Read a YAML or JSON file into a dict, with one-line errors for missing or malformed files."""
-    p = Path(path)
-    if not p.exists():
-        raise ScenarioError(f"{p}: no such file")
-    if p.is_dir():
-        raise ScenarioError(f"{p}: is a directory, expected a YAML or JSON file")
-    try:
-        text = p.read_text()
-    except UnicodeDecodeError:
-        raise ScenarioError(f"{p}: not a text file (expected UTF-8 YAML or JSON)") from None
-    try:
-        data = json.loads(text) if p.suffix == ".json" else yaml.safe_load(text)
-    except json.JSONDecodeError as e:
-        raise ScenarioError(f"{p}: malformed JSON at line {e.lineno} column {e.colno}: {e.msg}") from None
-    except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        where = f" at line {mark.line + 1} column {mark.column + 1}" if mark else ""
-        problem = getattr(e, "problem", None) or str(e).splitlines()[0]
-        raise ScenarioError(f"{p}: malformed YAML{where}: {problem}") from None
-    if not isinstance(data, dict):
-        raise ScenarioError(f"{p}: expected a mapping at the top level, got {type(data).__name__}")
-    return data
+    """Read a YAML or JSON file into a dict, with one-line errors for missing, malformed, special or
+    oversized files (the caps of :mod:`simddp.safeio`)."""
+    return safeio.read_mapping(path)
 
 
 def load_scenario(path: str | Path, overrides: list[str] | None = None) -> Scenario:
     """Load and validate a scenario file, applying ``key.path=value`` overrides first."""
     data = read_mapping(path)
-    if data.get("calibration"):
-        cal = Path(str(data["calibration"]))
+    if data.get("calibration") and isinstance(data["calibration"], str):
+        cal = Path(data["calibration"])
         if not cal.is_absolute():
             data["calibration"] = str((Path(path).parent / cal).resolve())
     for item in overrides or []:

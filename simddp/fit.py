@@ -12,11 +12,18 @@ with its own fit; the split is the one with the lowest BIC (Schwarz 1978) over r
 segment holding at least ``MIN_POINTS`` sizes. Each segment reports R², the relative RMS residual and
 the standard errors of alpha and 1/busbw (from the weighted residual variance and (XᵀWX)⁻¹).
 
-Compute: per-layer medians of the measured forward and backward times (see ``calibration.compute``),
+Compute: per-layer medians of the measured forward and backward times (see ``simddp_calibration.compute``),
 the measured optimizer step, and a host overhead of the rest of the step plus the Reducer's own work.
 
 Interference: ``i = f / (1 - f)`` from the median share ``f`` of a collective's time that compute loses
 beside it (:class:`~simddp.profile.InterferenceCase`), clipped to ``f <= MAX_LOST_FRACTION``.
+
+Consistency. :func:`fit_profile` refuses, naming the file and the measurement, what would give a profile
+with made-up numbers: a collector run that stopped early, no all-reduce fit on the tier the world group
+crosses (fewer than 2 message sizes), no measured device rates, comm and compute files from different
+numbers of ranks per node, one collective measured at several numbers of ranks, a non-positive time.
+``allow_partial`` writes the profile anyway with every placeholder listed in its notes as
+``PLACEHOLDER: ...``; ``allow_mixed`` accepts mixed world sizes (fitting the most measured rank count).
 """
 
 from __future__ import annotations
@@ -24,13 +31,15 @@ from __future__ import annotations
 import datetime as dt
 import itertools
 import math
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
+from pydantic import ValidationError
 
 from simddp.collectives import BUSBW_FACTOR
-from simddp.config import CollectiveFit, ScenarioError
+from simddp.config import CollectiveFit, ScenarioError, format_validation_error
 from simddp.profile import (
     PROFILE_VERSION,
     CalibrationProfile,
@@ -142,12 +151,15 @@ def fit_piecewise(op: str, num_ranks: int, sizes: Sequence[int], times_s: Sequen
     return best[1]
 
 
-def fit_collectives(cases: Sequence[CommCase], gpus_per_node: int | None = None) -> list[FitReport]:
+def fit_collectives(cases: Sequence[CommCase], source: str = "comm.json",
+                    gpus_per_node: int | None = None) -> list[FitReport]:
     """Piecewise fits per (op, group) of the measured medians; one FitReport per segment.
 
-    Each fit records the NIC share it was measured with: its communicator's ranks per node over the run's
-    ranks per node (``gpus_per_node``, :attr:`RunInfo.ranks_per_node`; default: the communicator's own, a
-    share of 1). The inter-node group (one rank per host, every local rank at once) has 1/ranks_per_node.
+    An (op, group) with fewer than 2 message sizes has no fit; a non-positive median time, or a fit that
+    fails, is a :class:`ScenarioError` naming ``source`` and the measurement. Each fit records the NIC share
+    it was measured with: its communicator's ranks per node over the run's ranks per node
+    (``gpus_per_node``, :attr:`RunInfo.ranks_per_node`; default: the communicator's own, a share of 1). The
+    inter-node group (one rank per host, every local rank at once) has 1/ranks_per_node.
     """
     reports: list[FitReport] = []
     keys = list(dict.fromkeys((c.op, c.group) for c in cases))
@@ -155,12 +167,20 @@ def fit_collectives(cases: Sequence[CommCase], gpus_per_node: int | None = None)
         pts = sorted((c for c in cases if c.op == op and c.group == group), key=lambda c: c.size_bytes)
         if len(pts) < 2:
             continue
+        for c in pts:
+            if not c.stats.median_s > 0:
+                raise ScenarioError(f"{source}: {op} on {group} at {c.size_bytes} B: median time {c.stats.median_s} s; "
+                                    "a collective must take > 0 s to fit")
         n, tier = pts[0].num_ranks, pts[0].tier
         per_node = max(1, n // pts[0].num_nodes)
         run_per_node = max(per_node, gpus_per_node or per_node)
         sizes = [c.size_bytes for c in pts]
         times = [c.stats.median_s for c in pts]
-        segments = fit_piecewise(op, n, sizes, times)
+        try:
+            segments = fit_piecewise(op, n, sizes, times)
+        except (ValueError, np.linalg.LinAlgError) as err:
+            raise ScenarioError(f"{source}: {op} on {group} ({len(pts)} sizes, {sizes[0]}..{sizes[-1]} B): "
+                                f"the fit failed: {err}") from None
         for k, seg in enumerate(segments):
             lo_bytes = 0 if k == 0 else int(math.sqrt(sizes[seg.lo - 1] * sizes[seg.lo])) + 1
             hi_bytes = sizes[-1] if k == len(segments) - 1 else int(math.sqrt(sizes[seg.hi - 1] * sizes[seg.hi]))
@@ -239,19 +259,81 @@ def _optimizer_name(name: str) -> str:
     return {"sgd": "sgd", "adam": "adam", "adamw": "adamw"}[name]
 
 
-def fit_profile(comm: CommMeasurements, compute: ComputeMeasurements,
-                sources: dict[str, str] | None = None) -> CalibrationProfile:
-    """The calibration profile of a comm.json and a compute.json."""
+def _consistent_cases(comm: CommMeasurements, source: str, allow_mixed: bool) -> tuple[list[CommCase], list[str]]:
+    """The comm cases to fit: one number of ranks per (op, group), or the most measured one if allowed."""
+    counts: dict[tuple[str, str], Counter[int]] = {}
+    for c in comm.cases:
+        counts.setdefault((c.op, c.group), Counter())[c.num_ranks] += 1
+    mixed = {key: ranks for key, ranks in counts.items() if len(ranks) > 1}
+    if not mixed:
+        return list(comm.cases), []
+    (op, group), ranks = next(iter(mixed.items()))
+    described = ", ".join(f"{n} ranks ({k} sizes)" for n, k in sorted(ranks.items()))
+    if not allow_mixed:
+        raise ScenarioError(f"{source}: {op} on {group} was measured at {described}: files from different world "
+                            "sizes were mixed; fit each world size separately (or --allow-mixed fits the most "
+                            "measured one)")
+    keep = {key: ranks.most_common(1)[0][0] for key, ranks in counts.items()}
+    cases = [c for c in comm.cases if c.num_ranks == keep[(c.op, c.group)]]
+    return cases, [f"mixed numbers of ranks in {source} ({op} on {group}: {described}); fitted the most "
+                   "measured count of each collective"]
+
+
+def _check_compute(compute: ComputeMeasurements, source: str) -> None:
+    for k, la in enumerate(compute.layers):
+        for what, st in (("forward", la.fwd), ("backward", la.bwd)):
+            if st.median_s < 0:
+                raise ScenarioError(f"{source}: layers.{k} ({la.name}): {what} median {st.median_s} s is negative")
+    if compute.optimizer_step.median_s < 0:
+        raise ScenarioError(f"{source}: optimizer_step median {compute.optimizer_step.median_s} s is negative")
+
+
+def fit_profile(comm: CommMeasurements, compute: ComputeMeasurements, sources: dict[str, str] | None = None,
+                allow_partial: bool = False, allow_mixed: bool = False) -> CalibrationProfile:
+    """The calibration profile of a comm.json and a compute.json (see the module's "Consistency")."""
+    comm_src, compute_src = (sources or {}).get("comm", "comm.json"), (sources or {}).get("compute", "compute.json")
     if not comm.cases:
-        raise ScenarioError("comm measurements hold no collective timings; re-run calibration.collectives")
+        raise ScenarioError(f"{comm_src}: holds no collective timings; re-run `simddp calibrate collect comm`")
     if not compute.layers:
-        raise ScenarioError("compute measurements hold no layer timings; re-run calibration.compute")
-    fits = fit_collectives(comm.cases, gpus_per_node=comm.run.ranks_per_node)
+        raise ScenarioError(f"{compute_src}: holds no layer timings; re-run `simddp calibrate collect compute`")
+    placeholders: list[str] = []
+    for src, m in ((comm_src, comm), (compute_src, compute)):
+        if not m.complete:
+            if not allow_partial:
+                raise ScenarioError(f"{src}: the collector stopped early ({m.error or 'no reason recorded'}); "
+                                    "re-run it, or fit anyway with --allow-partial")
+            placeholders.append(f"PLACEHOLDER: {src} is partial ({m.error or 'stopped early'})")
+    cr, pr = comm.run, compute.run
+    if pr.world_size > 1 and pr.ranks_per_node != cr.ranks_per_node and not allow_mixed:
+        raise ScenarioError(
+            f"{comm_src} was measured on {cr.world_size} ranks ({cr.ranks_per_node} per node) and {compute_src} on "
+            f"{pr.world_size} ({pr.ranks_per_node} per node): measure both with the same ranks per node (or "
+            "--allow-mixed)")
+    cases, mixed_notes = _consistent_cases(comm, comm_src, allow_mixed)
+    _check_compute(compute, compute_src)
+    fits = fit_collectives(cases, comm_src, gpus_per_node=comm.run.ranks_per_node)
     # The simulator reads one set of segments per (op, tier): world for its tier, intra-node for intra.
     used: list[FitReport] = []
     for r in fits:
         if r.group == "world" or (r.group == "intra-node" and r.fit.tier == "intra"):
             used.append(r)
+    world_tier = "inter" if cr.num_nodes > 1 else "intra"
+    for tier in dict.fromkeys([world_tier, "intra"] if cr.ranks_per_node > 1 else [world_tier]):
+        if not any(r.fit.op == "all-reduce" and r.fit.tier == tier for r in used):
+            sizes = sorted({c.size_bytes for c in cases if c.op == "all-reduce" and c.tier == tier})
+            why = (f"all-reduce was measured at {len(sizes)} message size(s) on the {tier}-node tier; at least 2 "
+                   "are needed to fit latency and bandwidth")
+            if not allow_partial:
+                raise ScenarioError(f"{comm_src}: {why} (the simulator would use made-up links); re-run the comm "
+                                    "collector with more --sizes, or --allow-partial")
+            placeholders.append(f"PLACEHOLDER: {why}: {tier}-node links use 1 GB/s and 10 us unless the scenario "
+                                "sets them")
+    if compute.peak is None:
+        if not allow_partial:
+            raise ScenarioError(f"{compute_src}: no measured device rates (peak); re-run the compute collector to "
+                                "the end, or --allow-partial")
+        placeholders.append("PLACEHOLDER: no measured device rates: 1 TFLOP/s matmul, 16 GiB of memory, "
+                            "100 GB/s copies")
     interference = fit_interference(comm)
     run = comm.run
     peak = compute.peak
@@ -320,6 +402,16 @@ def fit_profile(comm: CommMeasurements, compute: ComputeMeasurements,
         notes.append("fitted from partial measurements (a collector stopped early)")
     if precision != "fp32":
         notes.append(f"parameter dtypes {sorted(dtypes)}: precision set to bf16-mixed")
+    notes += mixed_notes + placeholders
+    try:
+        return _profile(comm, compute, sources, fits, interference, cluster, model, training, notes)
+    except ValidationError as err:
+        raise ScenarioError(f"{compute_src}: the fitted profile is invalid: {format_validation_error(err)}") from None
+
+
+def _profile(comm: CommMeasurements, compute: ComputeMeasurements, sources: dict[str, str] | None,
+             fits: list[FitReport], interference: InterferenceFit, cluster: dict[str, object],
+             model: dict[str, object], training: dict[str, object], notes: list[str]) -> CalibrationProfile:
     return CalibrationProfile(
         kind="simddp-profile",
         version=PROFILE_VERSION,

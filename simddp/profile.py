@@ -3,12 +3,12 @@
 Three measurement files come from the collectors of the top-level ``calibration`` package (which import
 torch; this module does not):
 
-* :class:`CommMeasurements` (``comm.json``, ``python -m calibration.collectives``): collective times per
+* :class:`CommMeasurements` (``comm.json``, ``python -m simddp_calibration.collectives``): collective times per
   op, message size and communicator (world, intra-node, inter-node), and the compute/communication
   interference micro-benchmark.
-* :class:`ComputeMeasurements` (``compute.json``, ``python -m calibration.compute``): the model's
+* :class:`ComputeMeasurements` (``compute.json``, ``python -m simddp_calibration.compute``): the model's
   parameters, gradient-ready order, per-layer forward and backward times, optimizer and host times.
-* :class:`DDPMeasurements` (``ddp.json``, ``python -m calibration.ddp_step``): real DDP step times per
+* :class:`DDPMeasurements` (``ddp.json``, ``python -m simddp_calibration.ddp_step``): real DDP step times per
   bucket cap, used only to validate predictions (never to fit them).
 
 :func:`simddp.fit.fit_profile` turns comm + compute into a :class:`CalibrationProfile` (``profile.json``).
@@ -25,13 +25,14 @@ Timings are summarised by the median of repeats (robust to the outliers of share
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, Field, ValidationError, model_validator
 
+from simddp import safeio
 from simddp.config import (
     Cluster,
     CollectiveFit,
@@ -42,6 +43,7 @@ from simddp.config import (
     Training,
     format_validation_error,
 )
+from simddp.config import _Frozen as _Frozen  # input models: finite floats, no booleans as numbers
 
 #: Version of the measurement files (comm.json, compute.json, ddp.json) this simddp reads and writes.
 MEASUREMENT_VERSION = 1
@@ -50,10 +52,6 @@ PROFILE_VERSION = 1
 
 CollectiveOp = Literal["all-reduce", "reduce-scatter", "all-gather", "broadcast"]
 GroupName = Literal["world", "intra-node", "inter-node"]
-
-
-class _Frozen(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
 
 
 # ------------------------------------------------------------------------------------ statistics
@@ -176,7 +174,7 @@ class _MeasurementFile(_Frozen):
 
 
 class CommMeasurements(_MeasurementFile):
-    """``comm.json``: collective timings from ``python -m calibration.collectives``."""
+    """``comm.json``: collective timings from ``python -m simddp_calibration.collectives``."""
 
     kind: Literal["simddp-comm"] = Field(description="File kind.")
     cases: list[CommCase] = Field(default_factory=list, description="One entry per op, group and size.")
@@ -216,7 +214,7 @@ class PeakRates(_Frozen):
 
 
 class ComputeMeasurements(_MeasurementFile):
-    """``compute.json``: per-layer times of one model from ``python -m calibration.compute``."""
+    """``compute.json``: per-layer times of one model from ``python -m simddp_calibration.compute``."""
 
     kind: Literal["simddp-compute"] = Field(description="File kind.")
     model: str = Field(description="FILE.py:factory the model came from.")
@@ -249,7 +247,7 @@ class DDPCase(_Frozen):
 
 
 class DDPMeasurements(_MeasurementFile):
-    """``ddp.json``: real DDP steps from ``torchrun -m calibration.ddp_step`` (validation only)."""
+    """``ddp.json``: real DDP steps from ``torchrun -m simddp_calibration.ddp_step`` (validation only)."""
 
     kind: Literal["simddp-ddp"] = Field(description="File kind.")
     model: str = Field(description="FILE.py:factory the model came from.")
@@ -348,37 +346,72 @@ _KIND_OF: dict[str, tuple[type[BaseModel], int]] = {
 }
 
 
-def read_calibration_file(path: str | Path, expected: type[_M]) -> _M:
-    """Read and validate one calibration file; every problem is a one-line :class:`ScenarioError`."""
+def _read_json_object(path: str | Path, what: str) -> tuple[Path, dict[str, Any]]:
     p = Path(path)
-    want = next(kind for kind, (cls, _) in _KIND_OF.items() if cls is expected)
-    if not p.exists():
-        raise ScenarioError(f"{p}: no such file")
-    if p.is_dir():
-        raise ScenarioError(f"{p}: is a directory, expected a {want} JSON file")
-    try:
-        data = json.loads(p.read_text())
-    except json.JSONDecodeError as e:
-        raise ScenarioError(f"{p}: malformed JSON at line {e.lineno} column {e.colno}: {e.msg}") from None
-    except UnicodeDecodeError:
-        raise ScenarioError(f"{p}: not a text file") from None
+    if not isinstance(path, str | Path):
+        raise ScenarioError(f"expected the path of {what}, got {type(path).__name__}")
+    data = safeio.parse_json(safeio.decode(safeio.read_bytes(p, what), str(p), "UTF-8 JSON"), str(p))
     if not isinstance(data, dict):
         raise ScenarioError(f"{p}: expected a JSON object at the top level, got {type(data).__name__}")
+    return p, data
+
+
+def read_calibration_file(path: str | Path, expected: type[_M]) -> _M:
+    """Read and validate one calibration file; every problem is a one-line :class:`ScenarioError`.
+
+    The file obeys the caps of :mod:`simddp.safeio`; a field error names the file, the field and, for
+    a measurement, what was measured (``cases.3 (all-reduce on world, 4096 B)``).
+    """
+    want = next(kind for kind, (cls, _) in _KIND_OF.items() if cls is expected)
+    p, data = _read_json_object(path, f"a {want} JSON file")
+    return calibration_from_dict(data, expected, str(p))
+
+
+def calibration_from_dict(data: dict[str, Any], expected: type[_M], source: str) -> _M:
+    """Validate the parsed body of a calibration file named ``source`` (a path, or an upload's name)."""
+    want = next(kind for kind, (cls, _) in _KIND_OF.items() if cls is expected)
+    p = source
     kind = data.get("kind")
     if kind != want:
         hint = " (is this an older simddp file, written before files carried a kind?)" if kind is None else ""
-        raise ScenarioError(f"{p}: expected kind {want!r}, got {kind!r}{hint}")
+        raise ScenarioError(f"{p}: expected kind {want!r}, got {safeio.short_repr(kind)}{hint}")
     version = data.get("version")
     supported = _KIND_OF[want][1]
     if version != supported:
         raise ScenarioError(
-            f"{p}: {want} version {version!r} is not supported (this simddp reads version {supported}); "
+            f"{p}: {want} version {safeio.short_repr(version)} is not supported (this simddp reads version "
+            f"{supported}); "
             "re-run the collectors or `simddp calibrate fit` with this simddp"
         )
     try:
         return expected.model_validate(data)
     except ValidationError as err:
-        raise ScenarioError(f"{p}: malformed {want}: {format_validation_error(err)}") from None
+        message = format_validation_error(err)
+        raise ScenarioError(f"{p}: malformed {want}: {_name_measurements(message, data)}") from None
+
+
+def _name_measurements(message: str, data: dict[str, Any]) -> str:
+    """``cases.3.stats.median_s: ...`` -> ``cases.3 (all-reduce on world, 4096 B).stats.median_s: ...``."""
+    import re
+
+    def label(match: re.Match[str]) -> str:
+        section, index = match.group(1), int(match.group(2))
+        items = data.get(section)
+        item = items[index] if isinstance(items, list) and 0 <= index < len(items) else None
+        if not isinstance(item, dict):
+            return match.group(0)
+        if section == "cases" and "op" in item:
+            what = f"{item.get('op')} on {item.get('group')}, {item.get('size_bytes')} B"
+        elif section == "cases":
+            cap = item.get("bucket_cap_mb")
+            what = f"bucket_cap_mb {'default' if cap is None else cap}"
+        elif section == "interference":
+            what = f"interference at {item.get('size_bytes')} B"
+        else:
+            what = str(item.get("name", ""))
+        return f"{section}.{index} ({safeio.short_repr(what, 60).strip(chr(39))})"
+
+    return re.sub(r"\b(cases|interference|layers|parameters)\.(\d+)\b", label, message)
 
 
 def load_profile(path: str | Path) -> CalibrationProfile:
@@ -394,15 +427,10 @@ def scenario_defaults_from_profile(path: str | Path) -> dict[str, Any]:
     return load_profile(path).scenario_defaults()
 
 
-def write_json(model: BaseModel, path: str | Path) -> None:
-    """Write a calibration file atomically (a reader never sees half a file)."""
-    p = Path(path)
-    if p.is_dir():
-        raise ScenarioError(f"{p}: is a directory; give a file name to write")
-    p.parent.mkdir(parents=True, exist_ok=True)
-    tmp = p.with_name(p.name + ".tmp")
-    tmp.write_text(model.model_dump_json(indent=1))
-    tmp.replace(p)
+def write_json(model: BaseModel, path: str | Path, inputs: Iterable[str | Path] = ()) -> None:
+    """Write a calibration file safely and atomically (:func:`simddp.safeio.write_text`: never one of
+    ``inputs``, never a device or FIFO, and a reader never sees half a file)."""
+    safeio.write_text(path, model.model_dump_json(indent=1), inputs)
 
 
 # ----------------------------------------------------------------------------------------- merging
@@ -473,18 +501,14 @@ def merge_measurements(items: Sequence[_Measurements]) -> _Measurements:
 
 def read_measurements(path: str | Path) -> CommMeasurements | ComputeMeasurements | DDPMeasurements:
     """Read a comm, compute or ddp measurement file, whichever its ``kind`` says."""
-    p = Path(path)
     classes: dict[str, type[Any]] = {"simddp-comm": CommMeasurements, "simddp-compute": ComputeMeasurements,
                                      "simddp-ddp": DDPMeasurements}
-    try:
-        data = json.loads(p.read_text())
-    except (OSError, json.JSONDecodeError, UnicodeDecodeError):
-        return read_calibration_file(p, CommMeasurements)  # raises the one-line error for this file
-    kind = data.get("kind") if isinstance(data, dict) else None
-    if kind not in classes:
+    p, data = _read_json_object(path, "a measurement JSON file")
+    kind = data.get("kind")
+    if not isinstance(kind, str) or kind not in classes:
         raise ScenarioError(f"{p}: expected a measurement file (kind simddp-comm, simddp-compute or simddp-ddp), "
-                            f"got kind {kind!r}")
-    return read_calibration_file(p, classes[kind])  # type: ignore[no-any-return]
+                            f"got kind {safeio.short_repr(kind)}")
+    return calibration_from_dict(data, classes[kind], str(p))  # type: ignore[no-any-return]
 
 
 def layer_specs(layers: Sequence[MeasuredLayer]) -> list[LayerSpec]:
@@ -517,6 +541,7 @@ __all__ = [
     "PeakRates",
     "RunInfo",
     "TimingStats",
+    "calibration_from_dict",
     "layer_specs",
     "load_profile",
     "merge_measurements",

@@ -23,13 +23,14 @@ being wrong at another scale (see docs/calibration.md, "Extrapolating").
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from simddp.config import Scenario, deep_merge, scenario_from_dict
+from simddp import safeio
+from simddp.config import Scenario, ScenarioError, deep_merge, scenario_from_dict
 from simddp.fit import interference_settings
 from simddp.profile import CalibrationProfile, DDPMeasurements, load_profile
 from simddp.results import StepResult
@@ -81,6 +82,11 @@ class ValidationReport(_Result):
     world_size: int
     z: float
     cases: list[ValidationCase]
+    warnings: list[str] = Field(
+        default_factory=list,
+        description="The measurements are not of the profile's setup (model, micro-batch, world size, optimizer): "
+        "the MAPE compares different things.",
+    )
     notes: list[str] = Field(default_factory=list)
 
     @property
@@ -111,6 +117,7 @@ class ValidationReport(_Result):
         lines = [
             f"Validation of {self.profile} against {self.measurements}",
             f"model {self.model}, {self.world_size} ranks; band: z = {self.z:g} standard errors",
+            *(f"WARNING: {w}" for w in self.warnings),
             "",
             f"{'cap (MiB)':>10} {'buckets':>8} {'measured ms':>12} {'(p10..p90)':>17} {'predicted ms':>13} "
             f"{'(band)':>17} {'error':>8}",
@@ -170,8 +177,11 @@ def _scaled_profile_keys(profile: CalibrationProfile, direction: int, z: float) 
 
 def predict(profile: CalibrationProfile | str | Path, overrides: dict[str, Any] | None = None,
             z: float = 2.0) -> Prediction:
-    """Simulate the calibrated scenario with ``overrides`` (scenario keys) and its band."""
+    """Simulate the calibrated scenario with ``overrides`` (scenario keys) and its band (``0 <= z <= 10``)."""
     from simddp.sim import simulate_step
+
+    if not 0 <= z <= 10:
+        raise ValueError(f"z({z}) must be between 0 and 10 standard errors")
 
     prof = profile if isinstance(profile, CalibrationProfile) else load_profile(profile)
     results: list[StepResult] = []
@@ -232,18 +242,43 @@ def extrapolate(profile: CalibrationProfile | str | Path, world_sizes: Sequence[
 
 
 # ------------------------------------------------------------------------------------ validation
-def validate(profile_path: str | Path, ddp: DDPMeasurements, ddp_path: str | Path = "ddp.json",
-             z: float = 2.0) -> ValidationReport:
-    """Predict every measured case with the simulator and compare."""
-    prof = load_profile(profile_path)
-    notes = []
-    if ddp.run.world_size != prof.comm_run.world_size:
-        notes.append(f"DDP ran on {ddp.run.world_size} ranks, collectives were measured on "
-                     f"{prof.comm_run.world_size}: an extrapolation check")
+def setup_differences(prof: CalibrationProfile, ddp: DDPMeasurements) -> list[str]:
+    """How the measured DDP run differs from the profile's: model, gradient bytes, micro-batch, ranks, optimizer."""
+    out = []
     if ddp.model != prof.model_name:
-        notes.append(f"DDP model {ddp.model!r} differs from the profile's {prof.model_name!r}")
+        out.append(f"DDP model {ddp.model!r} differs from the profile's {prof.model_name!r}")
+    sizes = next((c.bucket_sizes_bytes for c in ddp.cases if c.bucket_sizes_bytes), None)
+    if sizes:
+        from simddp.units import dtype_bytes
+
+        grad_bytes = sum(sizes)
+        params = prof.model.get("parameters") or []
+        model_bytes = sum(int(p["numel"]) * dtype_bytes(str(p.get("dtype", "float32"))) for p in params)
+        if model_bytes and grad_bytes != model_bytes:
+            out.append(f"DDP buckets hold {grad_bytes:,} bytes of gradients, the profile's model {model_bytes:,}: "
+                       "a different model")
+    mb = prof.training.get("micro_batch_size")
+    if mb is not None and ddp.micro_batch_size != mb:
+        out.append(f"DDP micro-batch {ddp.micro_batch_size} differs from the profile's {mb}")
+    if ddp.run.world_size != prof.comm_run.world_size:
+        out.append(f"DDP ran on {ddp.run.world_size} ranks, collectives were measured on "
+                   f"{prof.comm_run.world_size}: an extrapolation check")
     if ddp.optimizer != prof.training.get("optimizer"):
-        notes.append(f"DDP optimizer {ddp.optimizer} differs from the profile's {prof.training.get('optimizer')}")
+        out.append(f"DDP optimizer {ddp.optimizer} differs from the profile's {prof.training.get('optimizer')}")
+    return out
+
+
+def validate(profile_path: str | Path | CalibrationProfile, ddp: DDPMeasurements, ddp_path: str | Path = "ddp.json",
+             z: float = 2.0) -> ValidationReport:
+    """Predict every measured case with the simulator and compare; differences of setup are warnings."""
+    prof = profile_path if isinstance(profile_path, CalibrationProfile) else load_profile(profile_path)
+    for k, case in enumerate(ddp.cases):
+        if not case.stats.median_s > 0:
+            cap = "default" if case.bucket_cap_mb is None else f"{case.bucket_cap_mb:g}"
+            raise ScenarioError(f"{ddp_path}: cases.{k} (bucket_cap_mb {cap}): median step time "
+                                f"{case.stats.median_s} s; a measured step must take > 0 s")
+    warnings = setup_differences(prof, ddp)
+    notes = []
     if not ddp.complete:
         notes.append(f"partial DDP measurements: {ddp.error}")
     cases = []
@@ -260,12 +295,16 @@ def validate(profile_path: str | Path, ddp: DDPMeasurements, ddp_path: str | Pat
             bucket_cap_mb=case.bucket_cap_mb, measured_s=case.stats.median_s, measured_p10_s=case.stats.p10_s,
             measured_p90_s=case.stats.p90_s, measured_num_buckets=case.num_buckets, prediction=pred,
         ))
-    return ValidationReport(profile=str(profile_path), measurements=str(ddp_path), model=ddp.model,
-                            world_size=ddp.run.world_size, z=z, cases=cases, notes=notes)
+    name = "profile" if isinstance(profile_path, CalibrationProfile) else str(profile_path)
+    return ValidationReport(profile=name, measurements=str(ddp_path), model=ddp.model,
+                            world_size=ddp.run.world_size, z=z, cases=cases, warnings=warnings, notes=notes)
 
 
-def write_html(report: ValidationReport, path: str | Path, extrapolation: Sequence[Prediction] = ()) -> Path:
-    """A plotly HTML page: measured vs predicted per bucket cap (with bands), and any extrapolation."""
+def write_html(report: ValidationReport, path: str | Path, extrapolation: Sequence[Prediction] = (),
+               inputs: Iterable[str | Path] = ()) -> Path:
+    """A plotly HTML page: measured vs predicted per bucket cap (with bands), and any extrapolation.
+
+    Written with :func:`simddp.safeio.write_text`: never over one of ``inputs``, a device or a FIFO."""
     import plotly.graph_objects as go
     from plotly.subplots import make_subplots
 
@@ -304,12 +343,9 @@ def write_html(report: ValidationReport, path: str | Path, extrapolation: Sequen
         fig.update_yaxes(title_text="step time (ms)", row=2, col=1)
     fig.update_layout(barmode="group", height=450 * rows, title=f"simddp calibration: {report.model}")
     table = report.to_text().replace("&", "&amp;").replace("<", "&lt;")
-    out = Path(path)
-    out.parent.mkdir(parents=True, exist_ok=True)
     html = fig.to_html(include_plotlyjs=True, full_html=True)
     html = html.replace("</body>", f"<pre style='font-size:13px'>{table}</pre></body>")
-    out.write_text(html)
-    return out
+    return safeio.write_text(path, html, inputs, "--html")
 
 
 __all__ = [
@@ -318,6 +354,7 @@ __all__ = [
     "ValidationReport",
     "extrapolate",
     "predict",
+    "setup_differences",
     "validate",
     "write_html",
 ]

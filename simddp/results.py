@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import json
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -53,8 +53,11 @@ class Trace(_Result):
             )
         return {"traceEvents": events, "displayTimeUnit": "ms"}
 
-    def write(self, path: str | Path) -> None:
-        Path(path).write_text(json.dumps(self.to_chrome()))
+    def write(self, path: str | Path, inputs: Sequence[str | Path] = ()) -> None:
+        """Strict JSON, written by :func:`simddp.safeio.write_text` (never over an input, a device or a FIFO)."""
+        from simddp.safeio import json_text, write_text
+
+        write_text(path, json_text(self.to_chrome()), inputs, "--trace")
 
 
 class BucketTiming(_Result):

@@ -4,19 +4,20 @@ from __future__ import annotations
 
 import streamlit as st
 
-from app import charts, state, widgets
 from simddp import ScenarioError
+from simddp_app import charts, state, widgets
 
-HOW = """Measure on the machines you want to model, then upload the files here:
+HOW = """Measure on the machines you want to model (needs torch), then upload the files here:
 
 ```bash
-torchrun --nproc-per-node 8 -m calibration.collectives --out comm.json      # collective times
-python -m calibration.compute --model calibration/models/small_transformer.py:build --out compute.json
+simddp calibrate collect comm --nproc-per-node 8 --out comm.json            # collective times
+simddp calibrate collect compute --model calibration/models/small_transformer.py:build --out compute.json
 simddp calibrate fit comm.json compute.json --out profile.json               # alpha-beta fits, layer times
-torchrun --nproc-per-node 8 -m calibration.ddp_step --model ... --out ddp.json  # real DDP steps (validation)
+simddp calibrate collect ddp --nproc-per-node 8 --model ... --out ddp.json   # real DDP steps (validation)
 ```
 `profile.json` alone is enough to predict; `ddp.json` adds the measured-vs-model validation. The
-measurements never enter the prediction they are compared with."""
+measurements never enter the prediction they are compared with. Uploads are read in memory and never
+stored on the server; a profile can only be used by uploading it here."""
 
 
 def _use_in_planner(profile) -> None:  # type: ignore[no-untyped-def]
@@ -32,7 +33,7 @@ c1, c2 = st.columns(2)
 profile_file = c1.file_uploader("Calibration profile (profile.json)", type=["json"], key="cal_profile",
                                 help="Written by `simddp calibrate fit` (a simddp-profile file).")
 ddp_file = c2.file_uploader("DDP measurements (ddp.json), to validate", type=["json"], key="cal_ddp",
-                            help="Written by `torchrun -m calibration.ddp_step` (a simddp-ddp file).")
+                            help="Written by `simddp calibrate collect ddp` (a simddp-ddp file).")
 with st.expander("No profile yet? Fit one from comm.json + compute.json"):
     f1, f2 = st.columns(2)
     comm_file = f1.file_uploader("comm.json", type=["json"], key="cal_comm")

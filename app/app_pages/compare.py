@@ -6,8 +6,8 @@ from typing import Any
 
 import streamlit as st
 
-from app import charts, state, widgets
-from simddp import ScenarioError, sweeps, units
+from simddp import ScenarioError, safeio, sweeps, units
+from simddp_app import charts, state, widgets
 
 #: Variations of the planner's scenario offered when nothing is saved yet.
 EXAMPLES: dict[str, dict[str, Any]] = {
@@ -46,9 +46,9 @@ with st.expander("Upload scenario YAML/JSON"):
             continue
         seen.add(f.file_id)
         try:
-            data = state.parse_scenario_text(f.getvalue().decode("utf-8"))
-        except (ScenarioError, UnicodeDecodeError) as err:
-            st.error(f"{f.name}: {err}", icon=":material/error:")
+            data = state.parse_scenario_upload(f.name, f.getvalue())
+        except ScenarioError as err:
+            st.error(safeio.one_line(err), icon=":material/error:")
             continue
         state.save_scenario(data.get("name") or f.name, data)
 

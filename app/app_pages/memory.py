@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import streamlit as st
 
-from app import charts, state, widgets
 from simddp import units
 from simddp.verdict import MemoryVerdict
+from simddp_app import charts, state, widgets
 
 st.title("Memory")
 st.caption("Peak memory of the most loaded GPU (simddp.memory): parameters, gradients, optimizer states, "

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import streamlit as st
 
-from app import charts, state, widgets
-from app.widgets import field_help
 from simddp import units
 from simddp.config import GPU, Cluster, DDPConfig, Link, Network, Parallelism, Training, TransformerSpec
 from simddp.presets import CLUSTER_PRESETS, MODEL_PRESETS
 from simddp.results import StepResult
+from simddp_app import charts, state, widgets
+from simddp_app.widgets import field_help
 
 CUSTOM_TRANSFORMER = "custom transformer"
 CUSTOM_PARAMETERS = "custom parameter list"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import streamlit as st
 
-from app import charts, state, widgets
+from simddp_app import charts, state, widgets
 
 st.title("Scaling")
 st.caption("The planner's scenario on 1, 2, 4, ... GPUs (one partial node below a node, then whole nodes), with "

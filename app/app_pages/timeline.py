@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import streamlit as st
 
-from app import charts, state, widgets
 from simddp import units
+from simddp_app import charts, state, widgets
 
 st.title("Timeline")
 st.caption("One simulated step of the most loaded GPU: compute stream (forward and backward per layer) against "

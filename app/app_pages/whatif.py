@@ -6,11 +6,11 @@ from typing import Any
 
 import streamlit as st
 
-from app import charts, state
-from app.widgets import field_help
 from simddp import sweeps, units
 from simddp.config import Cluster, DDPConfig, Link, Network, Parallelism
 from simddp.results import StepResult
+from simddp_app import charts, state
+from simddp_app.widgets import field_help
 
 PREFIX = "wi:"
 CAPS_MB = (1.0, 2.0, 5.0, 10.0, 25.0, 50.0, 100.0, 250.0, 500.0, 1000.0)

@@ -25,7 +25,8 @@ def buffer_items(scenario: Scenario, workload: Workload, stage: int, ids: list[i
     if zero <= 2 and ids and (zero == 2 or not ddp.gradient_as_bucket_view):
         local = {g: k for k, g in enumerate(ids)}
         order = [local[g] for g in workload.grad_ready_order if g in local]
-        order += [k for k in range(len(ids)) if k not in set(order)]  # a tied copy not in this stage's order
+        seen = set(order)
+        order += [k for k in range(len(ids)) if k not in seen]  # a tied copy not in this stage's order
         buckets = ddp_buckets(grads, order, ddp.bucket_cap_mb)
         if zero == 2:
             largest = max(b.size_bytes for b in buckets)

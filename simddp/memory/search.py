@@ -8,6 +8,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from simddp.config import Scenario, ScenarioError, format_validation_error
+from simddp.limits import MAX_GPUS
 from simddp.memory.breakdown import memory_breakdown
 
 
@@ -121,7 +122,25 @@ def max_micro_batch_that_fits(scenario: Scenario, limit: int = 1 << 16) -> int:
 
 
 def _divisors(n: int) -> list[int]:
-    return [d for d in range(1, n + 1) if n % d == 0]
+    """Divisors of ``n`` in ascending order, from its prime factors (trial division up to sqrt(n)).
+
+    O(sqrt(n)) at worst, a prime: 4,096 steps at the largest ``num_gpus`` (simddp.limits.MAX_GPUS).
+    """
+    if n < 1:
+        raise ValueError(f"{n} has no positive divisors")
+    factors: dict[int, int] = {}
+    rest, p = n, 2
+    while p * p <= rest:
+        while rest % p == 0:
+            factors[p] = factors.get(p, 0) + 1
+            rest //= p
+        p += 1 if p == 2 else 2
+    if rest > 1:
+        factors[rest] = factors.get(rest, 0) + 1
+    divisors = [1]
+    for prime, power in factors.items():
+        divisors = [d * prime**k for d in divisors for k in range(power + 1)]
+    return sorted(divisors)
 
 
 def smallest_layout_that_fits(scenario: Scenario, num_gpus: int | None = None) -> LayoutSearch:
@@ -136,13 +155,15 @@ def smallest_layout_that_fits(scenario: Scenario, num_gpus: int | None = None) -
     n = num_gpus if num_gpus is not None else cluster.num_gpus
     per_node = cluster.gpus_per_node
     if n <= 0:
-        raise ValueError(f"num_gpus({n}) must be > 0")
+        raise ScenarioError(f"num_gpus({n}) must be > 0")
+    if n > MAX_GPUS:
+        raise ScenarioError(f"num_gpus({n:,}) is over the limit of {MAX_GPUS:,} (simddp.limits.MAX_GPUS)")
     if n % per_node == 0:
         cluster_update: dict[str, Any] = {"num_nodes": n // per_node}
     elif n < per_node and per_node % n == 0:
         cluster_update = {"num_nodes": 1, "gpus_per_node": n}
     else:
-        raise ValueError(f"num_gpus({n}) is neither a multiple nor a divisor of gpus_per_node({per_node})")
+        raise ScenarioError(f"num_gpus({n}) is neither a multiple nor a divisor of gpus_per_node({per_node})")
     gpus_per_node = cluster_update.get("gpus_per_node", per_node)
     par, tr = scenario.parallelism, scenario.training
     recomputes = RECOMPUTE_ORDER if scenario.model.transformer is not None else (tr.recompute,)

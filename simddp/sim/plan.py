@@ -7,8 +7,8 @@ simulation runs.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 from simddp.bucketing import Bucket, ddp_buckets
 from simddp.collectives import CollectiveCost, Op, collective_cost

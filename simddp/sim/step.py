@@ -394,6 +394,9 @@ def _run_pipeline(env: simpy.Environment, plan: StepPlan, states: list[_Rank]) -
 # ----------------------------------------------------------------------------------------- result
 def simulate_step(scenario: Scenario, trace: bool = True) -> StepResult:
     """Simulate one optimizer step of ``scenario`` and return its typed breakdown."""
+    from simddp.limits import check_simulation_size
+
+    check_simulation_size(scenario)  # a pipeline or ZeRO-3 step simulates every micro-batch: bound it
     return run_plan(build_plan(scenario), trace)
 
 
@@ -593,9 +596,10 @@ def _pipeline_ends(plan: StepPlan, serial: bool) -> list[float]:
         reduce = sum(b.reduce.time_s for b in rp.buckets)
         after = sum(costs[r][(op.kind, op.virtual_stage)][1] for op in plan.ops[r][first_release[r]:])
         delay.append((1 + 2 * i) * (reduce + after) if overlap else 0.0)
-    front = [{(op.kind, op.micro_batch, op.virtual_stage)} if k < len(ops) else set()
-             for ops, k in zip(plan.ops, first_release, strict=True)
-             for op in ([ops[k]] if k < len(ops) else [None])]  # type: ignore[list-item]
+    front: list[set[tuple[str, int, int]]] = [
+        {(ops[k].kind, ops[k].micro_batch, ops[k].virtual_stage)} if k < len(ops) else set()
+        for ops, k in zip(plan.ops, first_release, strict=True)
+    ]
 
     def duration(r: int, op: PipeOp) -> float:
         work, comm = costs[r][(op.kind, op.virtual_stage)]

@@ -24,7 +24,7 @@ def _upload(at, key: str, path: Path):  # type: ignore[no-untyped-def]
 def test_explains_how_to_measure_before_an_upload() -> None:
     at = open_page(start(), "calibration")
     assert at.main.info
-    assert any("calibration.collectives" in m.value for m in at.main.markdown)
+    assert any("simddp calibrate collect comm" in m.value for m in at.main.markdown)
 
 
 def test_profile_and_ddp_give_fits_validation_and_extrapolation(files: dict[str, Path]) -> None:

@@ -6,8 +6,8 @@ import json
 
 from apptest_helpers import open_page, start
 
-from app import state
 from simddp import sweeps
+from simddp_app import state
 
 
 def test_exports_on_every_page() -> None:
@@ -21,7 +21,7 @@ def test_exports_on_every_page() -> None:
 def test_exported_yaml_round_trips_and_the_trace_is_perfetto_json() -> None:
     at = start()
     data = at.session_state["scenario"]
-    assert state.parse_scenario_text(state.to_yaml(data)) == data
+    assert state.parse_scenario_upload("scenario.yaml", state.to_yaml(data).encode()) == data
     result = state._simulate.__wrapped__(state.to_json(data))  # the cached call, uncached
     assert result.trace is not None
     events = json.loads(json.dumps(result.trace.to_chrome()))["traceEvents"]

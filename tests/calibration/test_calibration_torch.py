@@ -40,9 +40,11 @@ def simddp_cli(*args: str) -> subprocess.CompletedProcess[str]:
 
 def test_short_collection_fit_and_prediction(tmp_path: Path) -> None:
     comm, compute, ddp = tmp_path / "comm.json", tmp_path / "compute.json", tmp_path / "ddp.json"
-    r = torchrun("-m", "calibration.collectives", "--backend", "gloo", "--threads", "1", "--out", str(comm),
-                 "--sizes", "4K,64K,1M", "--repeats", "3", "--warmup", "1", "--interference-sizes", "256K")
+    r = simddp_cli("calibrate", "collect", "comm", "--nproc-per-node", "2", "--backend", "gloo", "--threads", "1",
+                   "--out", str(comm), "--sizes", "4K,64K,1M", "--repeats", "3", "--warmup", "1",
+                   "--interference-sizes", "256K")
     assert r.returncode == 0, r.stderr[-3000:]
+    assert not (tmp_path / "comm.partial.json").exists()  # removed once the result is complete
     data = json.loads(comm.read_text())
     assert data["complete"] and data["run"]["world_size"] == 2 and data["run"]["backend"] == "gloo"
     assert {c["op"] for c in data["cases"]} == {"all-reduce", "reduce-scatter", "all-gather", "broadcast"}
@@ -50,7 +52,7 @@ def test_short_collection_fit_and_prediction(tmp_path: Path) -> None:
     assert len(data["interference"]) == 1
     assert "[12/13" in r.stderr  # rank 0's progress
 
-    r = torchrun("-m", "calibration.compute", "--model", TINY, "--device", "cpu", "--threads", "1",
+    r = torchrun("-m", "simddp_calibration.compute", "--model", TINY, "--device", "cpu", "--threads", "1",
                  "--out", str(compute), "--repeats", "5", "--warmup", "1")
     assert r.returncode == 0, r.stderr[-3000:]
     data = json.loads(compute.read_text())
@@ -62,7 +64,7 @@ def test_short_collection_fit_and_prediction(tmp_path: Path) -> None:
                                                                                   rel=1e-6)
     assert data["ddp_overhead"] is not None and data["peak"]["matmul_flop_per_s"] > 0
 
-    r = torchrun("-m", "calibration.ddp_step", "--model", TINY, "--backend", "gloo", "--threads", "1",
+    r = torchrun("-m", "simddp_calibration.ddp_step", "--model", TINY, "--backend", "gloo", "--threads", "1",
                  "--bucket-cap-mb", "0.01", "1", "--rounds", "2", "--repeats", "2", "--warmup", "2", "--out", str(ddp))
     assert r.returncode == 0, r.stderr[-3000:]
     data = json.loads(ddp.read_text())
@@ -87,21 +89,64 @@ def test_short_collection_fit_and_prediction(tmp_path: Path) -> None:
 def test_failed_rank_ends_the_collector_with_partial_results(tmp_path: Path, fault: str) -> None:
     out = tmp_path / "comm.json"
     start = time.monotonic()
-    r = torchrun("-m", "calibration.collectives", "--out", str(out), "--sizes", "1K:64K", "--repeats", "2",
+    r = torchrun("-m", "simddp_calibration.collectives", "--out", str(out), "--sizes", "1K:64K", "--repeats", "2",
                  "--timeout", "6", "--interference-sizes", "none", env={"SIMDDP_CALIBRATION_FAULT": f"{fault}:1:3"},
                  timeout=90)
     elapsed = time.monotonic() - start
     assert r.returncode != 0
     assert elapsed < 60
-    data = json.loads(out.read_text())
+    assert not out.exists()  # the final file appears only when complete
+    data = json.loads((tmp_path / "comm.partial.json").read_text())
     assert data["complete"] is False and data["error"]
     assert len(data["cases"]) >= 3
-    assert "partial results in" in r.stderr
+    assert f"partial results in {tmp_path / 'comm.partial.json'}" in r.stderr
+
+
+def test_a_failed_rerun_keeps_the_complete_result(tmp_path: Path) -> None:
+    """Through `simddp calibrate collect`: exit 3, one error line, the old complete comm.json untouched."""
+    out = tmp_path / "comm.json"
+    out.write_text('{"complete": true}')
+    r = subprocess.run([sys.executable, "-m", "simddp.cli", "calibrate", "collect", "comm", "--out", str(out),
+                        "--sizes", "1K,4K,16K", "--repeats", "2", "--warmup", "0", "--interference-sizes", "none",
+                        "--timeout", "20"], capture_output=True, text=True, cwd=tmp_path, timeout=120, check=False,
+                       env=dict(os.environ, OMP_NUM_THREADS="1", SIMDDP_CALIBRATION_FAULT="exit:1:1"))
+    assert r.returncode == 3, r.stderr[-3000:]
+    assert out.read_text() == '{"complete": true}'
+    partial = json.loads((tmp_path / "comm.partial.json").read_text())
+    assert partial["complete"] is False and len(partial["cases"]) >= 1
+    errors = [line for line in r.stderr.splitlines() if "error" in line.lower()]
+    assert len(errors) == 1 and "partial results in" in errors[0], r.stderr
+    assert "Traceback" not in r.stderr and "ChildFailedError" not in r.stderr
+
+
+@pytest.mark.parametrize("out", ["/proc/simddp-test/comm.json", "."])
+def test_an_unwritable_out_stops_every_rank_before_measuring(tmp_path: Path, out: str) -> None:
+    """Direct torchrun: rank 0 checks --out, every rank exits 2, one message (rank 0's)."""
+    r = torchrun("-m", "simddp_calibration.collectives", "--out", out, "--sizes", "1K", "--repeats", "1",
+                 timeout=90)
+    assert r.returncode != 0
+    lines = [line for line in r.stderr.splitlines() if "simddp_calibration.collectives: error" in line]
+    assert len(lines) == 1, r.stderr[-3000:]
+    assert "cannot write here" in lines[0] or "is a directory" in lines[0]
+    assert "[1/" not in r.stderr  # nothing was measured
+
+
+def test_collect_checks_out_before_launching(tmp_path: Path) -> None:
+    model = tmp_path / "model.py"
+    model.write_text("x = 1\n")
+    for args, message in [(["comm", "--out", "/proc/simddp-test/comm.json"], "cannot write here"),
+                          (["compute", "--model", f"{model}:build", "--out", str(model)], "is also an input"),
+                          (["ddp", "--model", f"{TINY}"], "--out FILE is required")]:
+        start = time.monotonic()
+        r = simddp_cli("calibrate", "collect", *args)
+        assert r.returncode == 2 and time.monotonic() - start < 10
+        assert r.stderr.count("\n") == 1 and message in r.stderr, r.stderr
+    assert model.read_text() == "x = 1\n"
 
 
 def test_import_model_writes_a_scenario_simddp_reads(tmp_path: Path) -> None:
     out = tmp_path / "model.yaml"
-    r = subprocess.run([sys.executable, "-m", "calibration.import_model", TINY, "--out", str(out)], cwd=ROOT,
+    r = subprocess.run([sys.executable, "-m", "simddp_calibration.import_model", TINY, "--out", str(out)], cwd=ROOT,
                        capture_output=True, text=True, timeout=60, env=dict(os.environ, PYTHONPATH=str(ROOT)),
                        check=False)
     assert r.returncode == 0, r.stderr
@@ -111,7 +156,7 @@ def test_import_model_writes_a_scenario_simddp_reads(tmp_path: Path) -> None:
 
 
 def test_bad_model_spec_is_a_clear_error(tmp_path: Path) -> None:
-    r = subprocess.run([sys.executable, "-m", "calibration.compute", "--model", "nope.py:f", "--out",
+    r = subprocess.run([sys.executable, "-m", "simddp_calibration.compute", "--model", "nope.py:f", "--out",
                         str(tmp_path / "c.json")], cwd=ROOT, capture_output=True, text=True, timeout=60,
                        env=dict(os.environ, PYTHONPATH=str(ROOT)), check=False)
     assert r.returncode == 2

@@ -1,0 +1,45 @@
+"""torchrun, ending with a worker's own exit status and message: ``python -m simddp_calibration.launch ...``.
+
+``simddp calibrate collect`` runs the collectors through this module. It is ``python -m
+torch.distributed.run`` (torchrun) itself, with the same options, except for how a failed run ends:
+torchrun raises ``ChildFailedError`` and prints its traceback and a failure table; here the run ends
+with the collectors' documented exit status (2: a bad argument, nothing measured; 3: stopped early,
+partial results kept), and the one-line message the worker printed is the only error shown. torchrun's own
+warnings are quieted (``LOGLEVEL=ERROR`` unless set), and so are its failure logs.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from collections.abc import Sequence
+
+
+def worker_status(exit_codes: Sequence[int]) -> int:
+    """The collectors' documented status from the failed workers' codes: 2 when every failed worker refused
+    its arguments (nothing was measured), else 3 (a rank stopped, crashed or was killed: the run ended early
+    and rank 0 kept what was measured in the partial file)."""
+    return 2 if exit_codes and all(c == 2 for c in exit_codes) else 3
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    os.environ.setdefault("LOGLEVEL", "ERROR")
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.run import main as torchrun
+
+    logging.getLogger("torch.distributed.elastic").setLevel(logging.CRITICAL)
+    for name in list(logging.root.manager.loggerDict):
+        if name.startswith("torch.distributed.elastic"):
+            logging.getLogger(name).setLevel(logging.CRITICAL)
+    try:
+        torchrun(list(sys.argv[1:] if argv is None else argv))
+    except ChildFailedError as err:
+        return worker_status([f.exitcode for _, f in sorted(err.failures.items())])
+    except KeyboardInterrupt:
+        return 130
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

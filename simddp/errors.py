@@ -1,0 +1,24 @@
+"""The two kinds of failure simddp reports: the user's input is wrong, or simddp is.
+
+This module imports nothing, so that every other module (:mod:`simddp.safeio` below the config models
+included) can raise them.
+"""
+
+from __future__ import annotations
+
+
+class ScenarioError(ValueError):
+    """A scenario, preset, flag or file the user gave is invalid. The message is one line, naming the field."""
+
+
+class InternalError(RuntimeError):
+    """simddp produced something it must not print (a non-finite number, parts that do not add up): a bug.
+
+    The CLI reports it in one line with exit status :data:`INTERNAL_ERROR_EXIT`, never as output.
+    """
+
+
+#: Exit status of a failed internal check (BSD sysexits EX_SOFTWARE).
+INTERNAL_ERROR_EXIT = 70
+
+__all__ = ["INTERNAL_ERROR_EXIT", "InternalError", "ScenarioError"]

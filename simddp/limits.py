@@ -1,0 +1,85 @@
+"""Caps that keep the cost of any scenario bounded (see docs/safety.md).
+
+Every cost in simddp is linear (or n log n) in the layers, parameters and buckets of one GPU, and the
+simulator's events scale with layers + buckets; ranks that behave alike are simulated once, and a
+data-parallel step with many micro-batches is simulated once and extended exactly. Two schedules must
+simulate every micro-batch: a pipeline (each stage and model chunk runs each micro-batch) and ZeRO-3 /
+FSDP (each micro-batch gathers every unit again). Their cost is capped by :data:`MAX_LAYER_PASSES`.
+On the 2-core development machine the largest scenarios allowed take about 10 to 20 seconds.
+"""
+
+from __future__ import annotations
+
+from simddp.config import Scenario
+from simddp.errors import ScenarioError
+
+#: Most GPUs in a scenario (num_nodes x gpus_per_node); also the largest `--num-gpus`.
+MAX_GPUS = 2**24
+#: Most transformer blocks.
+MAX_LAYERS = 16_384
+#: Most entries of an explicit parameter list (one layer each unless `layers` groups them).
+MAX_PARAMETERS = 2**18
+#: Most (micro-batch, pipeline stage x model chunk) or (micro-batch, layer) passes a pipeline or a
+#: ZeRO-3 step simulates.
+MAX_LAYER_PASSES = 2**17
+
+
+def num_model_layers(scenario: Scenario) -> int:
+    """Transformer blocks, or modules of a parameter-list model."""
+    model = scenario.model
+    if model.transformer is not None:
+        return model.transformer.num_layers
+    return len(model.layers or model.parameters or [])
+
+
+def check_scenario_size(scenario: Scenario) -> None:
+    """Refuse a scenario whose size alone makes every cost unbounded (raises :class:`ScenarioError`)."""
+    cluster = scenario.cluster
+    if cluster.num_gpus > MAX_GPUS:
+        raise ScenarioError(
+            f"cluster: num_nodes({cluster.num_nodes}) x gpus_per_node({cluster.gpus_per_node}) = "
+            f"{cluster.num_gpus:,} GPUs is over the limit of {MAX_GPUS:,} (simddp.limits.MAX_GPUS)"
+        )
+    tf = scenario.model.transformer
+    if tf is not None and tf.num_layers > MAX_LAYERS:
+        raise ScenarioError(f"model.transformer.num_layers({tf.num_layers:,}) is over the limit of {MAX_LAYERS:,} "
+                            "(simddp.limits.MAX_LAYERS)")
+    params = scenario.model.parameters
+    if params is not None and len(params) > MAX_PARAMETERS:
+        raise ScenarioError(f"model.parameters: {len(params):,} entries is over the limit of {MAX_PARAMETERS:,} "
+                            "(simddp.limits.MAX_PARAMETERS)")
+
+
+def check_simulation_size(scenario: Scenario) -> None:
+    """Refuse a step whose pipeline or ZeRO-3 schedule would simulate too many passes."""
+    check_scenario_size(scenario)
+    par, micro = scenario.parallelism, scenario.num_micro_batches
+    how = (f"{micro:,} micro-batches per step = global_batch_size({scenario.global_batch_size}) / "
+           f"(micro_batch_size({scenario.training.micro_batch_size}) x dp({scenario.dp}))")
+    if par.pp > 1:
+        passes = micro * par.pp * par.virtual_stages
+        if passes > MAX_LAYER_PASSES:
+            raise ScenarioError(
+                f"the pipeline would simulate {passes:,} passes ({how}, x pp({par.pp}) x "
+                f"virtual_stages({par.virtual_stages})), over the limit of {MAX_LAYER_PASSES:,} "
+                "(simddp.limits.MAX_LAYER_PASSES); use fewer micro-batches per step"
+            )
+    elif par.zero_stage == 3:
+        layers = num_model_layers(scenario)
+        passes = micro * layers
+        if passes > MAX_LAYER_PASSES:
+            raise ScenarioError(
+                f"ZeRO-3 would simulate {passes:,} layer passes ({how}, x {layers:,} layers), over the limit of "
+                f"{MAX_LAYER_PASSES:,} (simddp.limits.MAX_LAYER_PASSES); use fewer micro-batches per step"
+            )
+
+
+__all__ = [
+    "MAX_GPUS",
+    "MAX_LAYERS",
+    "MAX_LAYER_PASSES",
+    "MAX_PARAMETERS",
+    "check_scenario_size",
+    "check_simulation_size",
+    "num_model_layers",
+]

@@ -1,0 +1,437 @@
+"""Safe input and output: reading whose cost is bounded on any input, writing that destroys nothing.
+
+Reading (scenarios, calibration files, dashboard uploads, ``--set`` values):
+
+* only regular files are read, opened without blocking (a FIFO or a device is refused, never waited
+  on), and at most :data:`MAX_INPUT_BYTES` of them;
+* YAML goes through libyaml's C parser where PyYAML has it (the pure-Python one is about 50x slower).
+  A first pass over the parser's events refuses, before any object is built, nesting deeper than
+  :data:`MAX_DEPTH`, a list or mapping of more than :data:`MAX_ITEMS` entries, more than
+  :data:`MAX_NODES` values once aliases are expanded (the "billion laughs"), and an alias inside its
+  own anchor (a recursive structure);
+* a duplicate mapping key is an error, in YAML and in JSON, not "the last one wins";
+* a dict handed to the API gets the same depth and size checks (:func:`check_shape`).
+
+Writing (profiles, traces, HTML reports, collector files), through :func:`write_text`:
+
+* an output that is one of the command's inputs is refused, and so is an existing non-regular file (a
+  directory, a FIFO, a device such as /dev/null);
+* the data go to a temporary file created exclusively, with an unpredictable name, in the target's
+  directory (:func:`tempfile.mkstemp` opens with ``O_CREAT | O_EXCL | O_NOFOLLOW``, so a planted
+  symlink is never followed), are flushed to disk, and the file is renamed over the target: a reader
+  sees the old file or the new one, never half of one.
+
+Messages: :func:`one_line` strips terminal control sequences, joins lines and caps the length;
+:func:`join_capped` keeps the first :data:`MAX_ERRORS_SHOWN` of many errors ("... and 99,990 more").
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import os
+import re
+import stat
+import tempfile
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from simddp.errors import InternalError, ScenarioError
+from simddp.units import MiB
+
+#: Largest input file read, bytes (scenarios, calibration files, uploads).
+MAX_INPUT_BYTES = 20 * MiB
+#: Deepest nesting of lists and mappings in an input (a scenario needs 5 levels, a profile 6).
+MAX_DEPTH = 32
+#: Most entries of one list or mapping in an input.
+MAX_ITEMS = 1_000_000
+#: Most values in one input, aliases expanded.
+MAX_NODES = 4_000_000
+#: Most errors listed in one message; the rest are counted.
+MAX_ERRORS_SHOWN = 10
+#: Longest message printed, characters.
+MAX_MESSAGE_CHARS = 2_000
+
+_UMASK = os.umask(0o022)
+os.umask(_UMASK)
+
+
+# ------------------------------------------------------------------------------------------ messages
+_ESCAPES = re.compile(r"\x1b(?:\[[0-?]*[ -/]*[@-~]|\][^\x07\x1b]*(?:\x07|\x1b\\)?|[@-Z\\-_])")
+_CONTROLS = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+
+
+def strip_control(text: str) -> str:
+    """``text`` without terminal escape sequences and control characters (tabs and newlines kept)."""
+    return _CONTROLS.sub("", _ESCAPES.sub("", text))
+
+
+def one_line(text: object, limit: int = MAX_MESSAGE_CHARS) -> str:
+    """A message safe to print as one terminal line: no control characters, no newlines, capped length."""
+    flat = " ".join(strip_control(str(text)).split())
+    if len(flat) <= limit:
+        return flat
+    return f"{flat[:limit]}... ({len(flat) - limit:,} more characters)"
+
+
+def short_repr(value: Any, limit: int = 80) -> str:
+    """``repr(value)``, cut to ``limit`` characters (a 10 MB string in an error message helps nobody)."""
+    text = repr(value) if not isinstance(value, str) or len(value) <= 4 * limit else repr(value[: 4 * limit])
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def join_capped(parts: Sequence[str], sep: str = "; ", limit: int = MAX_ERRORS_SHOWN) -> str:
+    """The first ``limit`` parts joined, and a count of the rest."""
+    shown = sep.join(parts[:limit])
+    return shown if len(parts) <= limit else f"{shown}{sep}... and {len(parts) - limit:,} more"
+
+
+def first_non_finite(data: Any, path: str = "") -> tuple[str, float] | None:
+    """The dotted path and value of the first NaN or infinity in nested dicts and lists, if any."""
+    stack: list[tuple[str, Any]] = [(path, data)]
+    while stack:
+        where, value = stack.pop()
+        if isinstance(value, float) and not math.isfinite(value):
+            return where or "value", value
+        if isinstance(value, dict):
+            stack.extend((f"{where}.{k}" if where else str(k), v) for k, v in reversed(value.items()))
+        elif isinstance(value, list | tuple):
+            stack.extend((f"{where}.{i}" if where else str(i), v) for i, v in reversed(list(enumerate(value))))
+    return None
+
+
+def json_text(data: Any, indent: int | None = None) -> str:
+    """Strict JSON (RFC 8259): a NaN or infinity is an :class:`InternalError`, never ``NaN`` in the output."""
+    bad = first_non_finite(data)
+    if bad is not None:
+        raise InternalError(f"result field {bad[0]} is {bad[1]}, not a finite number")
+    return json.dumps(data, indent=indent, allow_nan=False)
+
+
+# ------------------------------------------------------------------------------------------- reading
+def _kind(mode: int) -> str:
+    for test, name in ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"),
+                       (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket")):
+        if test(mode):
+            return name
+    return "not a regular file"
+
+
+def read_bytes(path: str | Path, what: str = "a YAML or JSON file") -> bytes:
+    """At most :data:`MAX_INPUT_BYTES` of a regular file; every problem is a one-line :class:`ScenarioError`."""
+    p = Path(path)
+    flags = os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOCTTY", 0) | getattr(os, "O_CLOEXEC", 0)
+    try:
+        fd = os.open(p, flags)
+    except FileNotFoundError:
+        raise ScenarioError(f"{p}: no such file") from None
+    except PermissionError:
+        raise ScenarioError(f"{p}: permission denied") from None
+    except OSError as err:
+        raise ScenarioError(f"{p}: cannot open ({err.strerror})") from None
+    try:
+        st = os.fstat(fd)
+        if stat.S_ISDIR(st.st_mode):
+            raise ScenarioError(f"{p}: is a directory, expected {what}")
+        if not stat.S_ISREG(st.st_mode):
+            raise ScenarioError(f"{p}: is {_kind(st.st_mode)}, expected {what}")
+        if st.st_size > MAX_INPUT_BYTES:
+            raise ScenarioError(f"{p}: {st.st_size:,} bytes is over the {MAX_INPUT_BYTES:,}-byte input limit")
+    except BaseException:
+        os.close(fd)
+        raise
+    with os.fdopen(fd, "rb") as fh:
+        data = fh.read(MAX_INPUT_BYTES + 1)
+    if len(data) > MAX_INPUT_BYTES:
+        raise ScenarioError(f"{p}: over the {MAX_INPUT_BYTES:,}-byte input limit")
+    return data
+
+
+def decode(data: bytes, source: str, what: str = "UTF-8 YAML or JSON") -> str:
+    """UTF-8 text of an input, capped at :data:`MAX_INPUT_BYTES`."""
+    if len(data) > MAX_INPUT_BYTES:
+        raise ScenarioError(f"{source}: {len(data):,} bytes is over the {MAX_INPUT_BYTES:,}-byte input limit")
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError:
+        raise ScenarioError(f"{source}: not a text file (expected {what})") from None
+
+
+class MalformedInput(ScenarioError):
+    """The text is not well-formed YAML or JSON (as opposed to well-formed but over a cap)."""
+
+
+_SafeLoader: type = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+
+
+class _DuplicateKey(yaml.YAMLError):
+    def __init__(self, key: Any, mark: Any) -> None:
+        super().__init__(f"duplicate key {key!r}")
+        self.problem, self.problem_mark = f"duplicate key {short_repr(key)}", mark
+
+
+class StrictLoader(_SafeLoader):  # type: ignore[misc,valid-type]
+    """PyYAML's safe loader (libyaml's C parser where available) that refuses duplicate mapping keys."""
+
+    def construct_mapping(self, node: Any, deep: bool = False) -> Any:
+        seen: set[Any] = set()
+        for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":
+                continue  # '<<' merges are meant to be overridden
+            key = self.construct_object(key_node, deep=True)
+            try:
+                duplicate = key in seen
+                seen.add(key)
+            except TypeError:
+                continue  # unhashable: the base class reports it
+            if duplicate:
+                raise _DuplicateKey(key, key_node.start_mark)
+        return super().construct_mapping(node, deep)
+
+
+def _where(mark: Any) -> str:
+    return f" at line {mark.line + 1} column {mark.column + 1}" if mark is not None else ""
+
+
+def _scan_events(text: str, source: str) -> None:
+    """Refuse deep nesting, long collections, alias bombs and recursive aliases from the event stream.
+
+    Events come one at a time from the parser, so this pass needs no recursion and builds no objects.
+    Each open collection keeps [is mapping, entries, values below it (aliases expanded), height].
+    """
+    anchors: dict[str, tuple[int, int]] = {}
+    open_anchors: set[str] = set()
+    stack: list[list[Any]] = []
+
+    def fail(problem: str, mark: Any) -> None:
+        raise ScenarioError(f"{source}: {problem}{_where(mark)}")
+
+    def add(size: int, height: int, mark: Any) -> None:
+        if not stack:
+            return
+        top = stack[-1]
+        top[1] += 1
+        if top[1] > MAX_ITEMS * (2 if top[0] else 1):
+            fail(f"a {'mapping' if top[0] else 'list'} of more than {MAX_ITEMS:,} entries", mark)
+        top[2] += size
+        top[3] = max(top[3], height + 1)
+        if top[2] > MAX_NODES:
+            fail(f"more than {MAX_NODES:,} values (aliases expanded)", mark)
+
+    for event in yaml.parse(text, Loader=StrictLoader):
+        if isinstance(event, yaml.MappingStartEvent | yaml.SequenceStartEvent):
+            if len(stack) >= MAX_DEPTH:
+                fail(f"nesting deeper than {MAX_DEPTH} levels", event.start_mark)
+            if event.anchor:
+                open_anchors.add(event.anchor)
+            stack.append([isinstance(event, yaml.MappingStartEvent), 0, 1, 1, event.anchor])
+        elif isinstance(event, yaml.CollectionEndEvent):
+            _, _, size, height, anchor = stack.pop()
+            if anchor:
+                anchors[anchor] = (size, height)
+                open_anchors.discard(anchor)
+            add(size, height, event.start_mark)
+        elif isinstance(event, yaml.AliasEvent):
+            if event.anchor in open_anchors:
+                fail(f"alias *{event.anchor} refers to its own anchor (a recursive structure)", event.start_mark)
+            size, height = anchors.get(event.anchor, (1, 0))  # an unknown alias: the loader reports it
+            if len(stack) + height > MAX_DEPTH:
+                fail(f"nesting deeper than {MAX_DEPTH} levels (through alias *{event.anchor})", event.start_mark)
+            add(size, height, event.start_mark)
+        elif isinstance(event, yaml.ScalarEvent):
+            if event.anchor:
+                anchors[event.anchor] = (1, 0)
+            add(1, 0, event.start_mark)
+
+
+def parse_yaml(text: str, source: str) -> Any:
+    """YAML text as Python data, within the caps; one-line :class:`ScenarioError` otherwise."""
+    try:
+        _scan_events(text, source)
+        return yaml.load(text, Loader=StrictLoader)  # a SafeLoader subclass: no arbitrary objects
+    except _DuplicateKey as e:
+        raise ScenarioError(f"{source}: {e.problem}{_where(e.problem_mark)}") from None
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        problem = getattr(e, "problem", None) or (str(e).splitlines() or ["?"])[0]
+        raise MalformedInput(f"{source}: malformed YAML{_where(mark)}: {problem}") from None
+    except (ValueError, OverflowError) as e:  # e.g. an integer of more than 4300 digits
+        if isinstance(e, ScenarioError):
+            raise
+        raise ScenarioError(f"{source}: unreadable YAML value: {one_line(e, 200)}") from None
+
+
+class _DuplicateJSONKey(ValueError):
+    pass
+
+
+def _pairs_without_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    out = dict(pairs)
+    if len(out) != len(pairs):
+        seen: set[str] = set()
+        for key, _ in pairs:
+            if key in seen:
+                raise _DuplicateJSONKey(key)
+            seen.add(key)
+    return out
+
+
+def parse_json(text: str, source: str) -> Any:
+    """JSON text as Python data, within the caps; one-line :class:`ScenarioError` otherwise."""
+    try:
+        data = json.loads(text, object_pairs_hook=_pairs_without_duplicates)
+    except json.JSONDecodeError as e:
+        raise MalformedInput(f"{source}: malformed JSON at line {e.lineno} column {e.colno}: {e.msg}") from None
+    except _DuplicateJSONKey as e:
+        raise ScenarioError(f"{source}: duplicate key {short_repr(e.args[0])}") from None
+    except RecursionError:
+        raise ScenarioError(f"{source}: nesting deeper than {MAX_DEPTH} levels") from None
+    except ValueError as e:  # e.g. an integer of more than 4300 digits
+        raise ScenarioError(f"{source}: unreadable JSON value: {one_line(e, 200)}") from None
+    check_shape(data, source)
+    return data
+
+
+def check_shape(data: Any, source: str = "scenario") -> None:
+    """Refuse nesting deeper than :data:`MAX_DEPTH`, collections longer than :data:`MAX_ITEMS` and more than
+    :data:`MAX_NODES` values (shared sub-structures counted each time they appear; a cycle is too deep)."""
+    nodes = 0
+    stack: list[tuple[Any, int]] = [(data, 0)]
+    while stack:
+        value, depth = stack.pop()
+        nodes += 1
+        if nodes > MAX_NODES:
+            raise ScenarioError(f"{source}: more than {MAX_NODES:,} values")
+        if isinstance(value, dict | list | tuple):
+            if depth >= MAX_DEPTH:
+                raise ScenarioError(f"{source}: nesting deeper than {MAX_DEPTH} levels")
+            if len(value) > MAX_ITEMS:
+                raise ScenarioError(f"{source}: a {'mapping' if isinstance(value, dict) else 'list'} of "
+                                    f"{len(value):,} entries is over the limit of {MAX_ITEMS:,}")
+            children: Iterable[Any] = value.values() if isinstance(value, dict) else value
+            stack.extend((child, depth + 1) for child in children)
+
+
+def parse_mapping(text: str, source: str, fmt: str = "yaml") -> dict[str, Any]:
+    """A mapping from YAML (``fmt="yaml"``, a superset of JSON) or JSON text."""
+    data = parse_json(text, source) if fmt == "json" else parse_yaml(text, source)
+    if not isinstance(data, dict):
+        raise ScenarioError(f"{source}: expected a mapping at the top level, got {type(data).__name__}")
+    return data
+
+
+def read_mapping(path: str | Path, what: str = "a YAML or JSON file") -> dict[str, Any]:
+    """A YAML or JSON file (by its suffix) as a dict, within every cap above."""
+    p = Path(path)
+    text = decode(read_bytes(p, what), str(p))
+    return parse_mapping(text, str(p), "json" if p.suffix.lower() == ".json" else "yaml")
+
+
+# ------------------------------------------------------------------------------------------- writing
+def _same_file(a: os.stat_result, b: os.stat_result) -> bool:
+    return (a.st_dev, a.st_ino) == (b.st_dev, b.st_ino)
+
+
+def check_output(path: str | Path, inputs: Iterable[str | Path] = (), flag: str = "output") -> Path:
+    """Check, before any work, that ``path`` can be written safely; returns it as a :class:`Path`.
+
+    Refused: one of ``inputs`` (the same file under any name), an existing directory, FIFO, device or
+    socket (a symlink is judged by what it points to), and a directory where no file can be created (the
+    check creates and removes a temporary file there). Missing parent directories are created.
+    """
+    p = Path(path)
+    try:
+        target: os.stat_result | None = os.stat(p)
+    except FileNotFoundError:
+        target = None
+    except OSError as err:
+        raise ScenarioError(f"{p}: cannot write here ({err.strerror})") from None
+    if target is not None and stat.S_ISDIR(target.st_mode):
+        raise ScenarioError(f"{p}: is a directory; give a file name to write")
+    if not str(path) or p.name in ("", ".", ".."):
+        raise ScenarioError(f"{flag} {str(path)!r}: give a file name to write")
+    if target is not None:
+        if not stat.S_ISREG(target.st_mode):
+            raise ScenarioError(f"{p}: is {_kind(target.st_mode)}; refusing to replace it with a file")
+        for source in inputs:
+            with contextlib.suppress(OSError):
+                if _same_file(target, os.stat(source)):
+                    raise ScenarioError(f"{p}: is also an input of this command ({source}); write the {flag} "
+                                        "to another file")
+    try:
+        p.parent.mkdir(parents=True, exist_ok=True)
+        fd, probe = tempfile.mkstemp(dir=p.parent, prefix=f".{p.name}.", suffix=".tmp")
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as err:
+        raise ScenarioError(f"{p}: cannot write here ({err.strerror or err})") from None
+    return p
+
+
+def write_bytes(path: str | Path, data: bytes, inputs: Iterable[str | Path] = (), flag: str = "output") -> Path:
+    """Write ``data`` to ``path`` atomically after :func:`check_output`; nothing else is ever touched."""
+    inputs = list(inputs)
+    p = check_output(path, inputs, flag)
+    try:
+        mode = stat.S_IMODE(os.stat(p).st_mode)
+    except OSError:
+        mode = 0o666 & ~_UMASK
+    fd, tmp = tempfile.mkstemp(dir=p.parent, prefix=f".{p.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.chmod(tmp, mode)
+        os.replace(tmp, p)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+    return p
+
+
+def write_text(path: str | Path, text: str, inputs: Iterable[str | Path] = (), flag: str = "output") -> Path:
+    """:func:`write_bytes` of UTF-8 text."""
+    return write_bytes(path, text.encode("utf-8"), inputs, flag)
+
+
+def partial_path(path: str | Path) -> Path:
+    """Where a collector keeps results while it runs: ``comm.json`` -> ``comm.partial.json``."""
+    p = Path(path)
+    if p.name in ("", ".", ".."):
+        return p / "partial"
+    return p.with_name(f"{p.stem}.partial{p.suffix}" if p.suffix else f"{p.name}.partial")
+
+
+__all__ = [
+    "MAX_DEPTH",
+    "MAX_ERRORS_SHOWN",
+    "MAX_INPUT_BYTES",
+    "MAX_ITEMS",
+    "MAX_MESSAGE_CHARS",
+    "MAX_NODES",
+    "MalformedInput",
+    "StrictLoader",
+    "check_output",
+    "check_shape",
+    "decode",
+    "first_non_finite",
+    "join_capped",
+    "json_text",
+    "one_line",
+    "parse_json",
+    "parse_mapping",
+    "parse_yaml",
+    "partial_path",
+    "read_bytes",
+    "read_mapping",
+    "short_repr",
+    "strip_control",
+    "write_bytes",
+    "write_text",
+]
