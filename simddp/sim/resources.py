@@ -19,8 +19,10 @@ import simpy
 
 from simddp.collectives import CollectiveCost
 
-#: Work below this many seconds counts as done (floating-point residue of rate changes).
+#: Work below this many seconds counts as done (floating-point residue of rate changes)...
 _EPS_S = 1e-15
+#: ... or below this fraction of the current time, where a smaller remainder could not move the clock.
+_EPS_REL = 1e-13
 
 
 @dataclass
@@ -76,9 +78,10 @@ class FluidServer:
     def _schedule(self) -> None:
         self._version += 1
         self._rate_now = self.rate()
-        finished = [j for j in self.jobs if j.remaining_s <= _EPS_S]
+        eps = max(_EPS_S, self.env.now * _EPS_REL)
+        finished = [j for j in self.jobs if j.remaining_s <= eps]
         if finished:
-            self.jobs = [j for j in self.jobs if j.remaining_s > _EPS_S]
+            self.jobs = [j for j in self.jobs if j.remaining_s > eps]
             for job in finished:
                 job.done.succeed()
         if not self.jobs:
