@@ -72,18 +72,20 @@ TABLE5 = [
 
 
 def megatron(heads: int, hidden: int, layers: int, tp: int, pp: int, gpus: int, batch: int, mbs: int, v: int,
-             recompute: str = "full", sp: bool = False, zero: int = 0, name: str = "") -> dict[str, Any]:
-    """A Megatron-LM (2021-22) GPT run on DGX A100 nodes."""
+             recompute: str = "full", sp: bool = False, zero: int = 0, name: str = "", year: int = 2022,
+             ddp_overlap: bool = False) -> dict[str, Any]:
+    """A Megatron-LM GPT run on DGX A100 nodes, with the Megatron of ``year`` (2021: SC'21; 2022: Korthikanti)."""
     return {
         "name": name,
         "cluster": {"preset": "dgx-a100-80gb", "num_nodes": max(1, gpus // 8), "gpus_per_node": min(8, gpus)},
         "model": {"transformer": {"num_layers": layers, "hidden_size": hidden, "num_heads": heads,
                                   "ffn_hidden_size": 4 * hidden, "vocab_size": VOCAB, "max_position_embeddings": SEQ}},
         "parallelism": {"tp": tp, "pp": pp, "zero_stage": zero, "sequence_parallel": sp,
-                        "pipeline_schedule": "interleaved-1f1b" if v > 1 else "1f1b", "virtual_stages": v},
+                        "pipeline_schedule": "interleaved-1f1b" if v > 1 else "1f1b", "virtual_stages": v,
+                        "tp_comm_overlap": "none" if year < 2022 else "backward"},
         "training": {"precision": "fp16-mixed", "micro_batch_size": mbs, "global_batch_size": batch,
                      "seq_len": SEQ, "recompute": recompute, "attention": "unfused"},
-        "ddp": {"overlap": False},
+        "ddp": {"overlap": ddp_overlap},
     }
 
 

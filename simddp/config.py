@@ -435,9 +435,9 @@ class Parallelism(_Frozen):
         "(Megatron-Core --tp-comm-overlap: collectives pipelined with the GEMMs in forward and backward).",
     )
     pp_p2p_overlap: bool = Field(
-        default=True,
-        description="Pipeline send/recv runs beside compute (Megatron's asynchronous batched isend/irecv); "
-        "false: a stage's compute waits until its send is done.",
+        default=False,
+        description="Pipeline send/recv runs beside compute (Megatron-Core --overlap-p2p-communication); false "
+        "(Megatron's default: batched isend/irecv, then wait): a stage's compute waits until its send is done.",
     )
 
     @model_validator(mode="after")

@@ -140,6 +140,7 @@ class Workload:
     model_flop_per_sample: float  # whole model, fwd + bwd, no recompute, all tp ranks (for MFU)
     num_stages: int = 1  # virtual pipeline stages: pp x virtual_stages
     boundary_activation_bytes: int = 0  # sent between pipeline stages per micro-batch (per tp rank)
+    boundary_gather_bytes: int = 0  # all-gathered over tp by the receiving stage (Megatron scatter/gather)
     notes: list[str] = field(default_factory=list)
 
     @property
@@ -514,7 +515,10 @@ def _transformer_workload(scenario: Scenario, spec: TransformerSpec) -> Workload
         samples_per_micro_batch=b,
         model_flop_per_sample=flop_per_sample,
         num_stages=num_stages,
-        boundary_activation_bytes=t * h * a // tp,  # Megatron's scatter-gather p2p optimisation
+        # Megatron's scatter/gather optimisation (Narayanan et al. sec. 4.1): each tp rank sends 1/t of the
+        # activation and the receiving stage all-gathers the slices over NVLink.
+        boundary_activation_bytes=t * h * a // tp,
+        boundary_gather_bytes=t * h * a if tp > 1 else 0,
         notes=notes,
     )
 

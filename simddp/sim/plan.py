@@ -16,7 +16,7 @@ from simddp.compute import LayerTiming, layer_timing, optimizer_step_s
 from simddp.config import ParameterSpec, Scenario
 from simddp.sim.layers import LayerPlan, pass_alone
 from simddp.sim.pipeline import PipeOp, schedule
-from simddp.topology import CommGroup, dp_group, group, tp_group
+from simddp.topology import CommGroup, dp_group, group, pp_boundary_group, tp_group
 from simddp.units import dtype_bytes
 from simddp.workload import Collective, Layer, Workload, build_workload, fsdp_unit_layers, grad_reduce_spec
 
@@ -113,6 +113,7 @@ class StepPlan:
     mode: str  # "dp" (pp = 1, DDP / ZeRO-1/2), "fsdp" (ZeRO-3, pp = 1) or "pipeline"
     ops: list[list[PipeOp]]  # pipeline schedule of each rank
     p2p: dict[int, CollectiveCost]  # virtual stage boundary (vs -> vs + 1) -> activation/gradient send
+    p2p_gather: CollectiveCost | None  # the receiver's all-gather of the slices (scatter/gather), if any
     overlap: str  # parallelism.tp_comm_overlap
     interference: float
     cache: dict[str, Any] = field(default_factory=dict)  # derived values computed once per plan
@@ -144,10 +145,17 @@ def layer_plans(scenario: Scenario, layers: Sequence[Layer]) -> list[LayerPlan]:
 
 
 def boundary_group(scenario: Scenario, virtual_stage: int) -> CommGroup:
-    """The pair of ranks that send/recv between virtual stage ``vs`` and ``vs + 1`` (pipeline neighbours)."""
-    par = scenario.parallelism
-    del virtual_stage
-    return group(scenario.cluster, 2, stride=par.tp * scenario.dp)
+    """The pair of ranks that send/recv between virtual stage ``vs`` and ``vs + 1`` (pipeline neighbours).
+
+    With interleaving, virtual stage ``vs + 1`` of the last rank's chunk is the first rank's next chunk: that
+    pair spans every stage, so it crosses nodes unless the whole pipeline fits in one.
+    """
+    par, cluster = scenario.parallelism, scenario.cluster
+    rank = virtual_stage % par.pp
+    if rank < par.pp - 1:
+        return pp_boundary_group(scenario, rank)
+    crosses = par.pp * par.tp * scenario.dp > cluster.gpus_per_node
+    return group(cluster, 2, stride=cluster.gpus_per_node if crosses else 1)
 
 
 def build_plan(scenario: Scenario, workload: Workload | None = None) -> StepPlan:
@@ -203,10 +211,13 @@ def build_plan(scenario: Scenario, workload: Workload | None = None) -> StepPlan
     ops = [schedule(par.pipeline_schedule, par.pp, m, r, par.virtual_stages) for r in range(par.pp)] \
         if mode == "pipeline" else [[] for _ in range(par.pp)]
     p2p: dict[int, CollectiveCost] = {}
+    gather = None
     if mode == "pipeline" and workload.boundary_activation_bytes:
         for vs in range(workload.num_stages - 1):
             p2p[vs] = collective_cost("send-recv", workload.boundary_activation_bytes, boundary_group(scenario, vs))
-    return StepPlan(scenario, workload, ranks, m, mode, ops, p2p, par.tp_comm_overlap,
+        if workload.boundary_gather_bytes:
+            gather = collective_cost("all-gather", workload.boundary_gather_bytes, tp_group(scenario))
+    return StepPlan(scenario, workload, ranks, m, mode, ops, p2p, gather, par.tp_comm_overlap,
                     cluster.comm_compute_interference)
 
 

@@ -369,6 +369,11 @@ def _run_pipeline(env: simpy.Environment, plan: StepPlan, states: list[_Rank]) -
                 t0 = env.now
                 yield arrival(dep)
                 st.add("pipeline_wait", env.now - t0)
+                if plan.p2p_gather is not None:  # reassemble the tp slices of what arrived
+                    t0 = env.now
+                    start, end = yield from st.gpu.collective(plan.p2p_gather, "tp")
+                    st.add("tp_comm", env.now - t0)
+                    st.rec.add(f"all-gather received {op.kind}{op.micro_batch}", "comm tp", start, end)
             if op.kind == "B" and last_b.get(op.virtual_stage) == i:
                 yield from _layer_backward(st, by_stage.get(op.virtual_stage, []), 0)
             else:
@@ -588,7 +593,9 @@ def _pipeline_ends(plan: StepPlan, serial: bool) -> list[float]:
             plans = [p for p, la in zip(rp.plans, rp.layers, strict=True) if la.stage == vs]
             for kind in ("F", "B"):
                 send = plan.p2p.get(vs if kind == "F" else vs - 1)
-                comm = sum(_tp_part(p, kind) for p in plans) + (send.time_s if send is not None else 0.0)
+                received = (vs > 0) if kind == "F" else (vs < num_vs - 1)
+                gather = plan.p2p_gather.time_s if (plan.p2p_gather is not None and received) else 0.0
+                comm = sum(_tp_part(p, kind) for p in plans) + (send.time_s if send is not None else 0.0) + gather
                 per[(kind, vs)] = ((rp.fwd_work_s if kind == "F" else rp.bwd_work_s)[vs], comm)
         costs.append(per)
     delay = []
