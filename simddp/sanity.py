@@ -58,14 +58,20 @@ def check_step_result(result: Any) -> None:
     if result.exposed_comm_time_s > step + tol:
         raise InternalError(f"step result: exposed communication {result.exposed_comm_time_s} s exceeds the step "
                             f"{step} s")
-    parts = (result.compute_time_s + result.optimizer_time_s + result.host_overhead_s
-             + result.exposed_comm_time_s + result.pipeline_bubble_time_s)
+    if result.exposed_comm_time_s > result.comm_time_s + tol:
+        raise InternalError(f"step result: exposed communication {result.exposed_comm_time_s} s exceeds all "
+                            f"communication {result.comm_time_s} s")
+    for part in result.breakdown:
+        if part.time_s < -ABS_TOL_S:
+            raise InternalError(f"step result: breakdown part {part.key} = {part.time_s} s is negative")
+    parts = sum(part.time_s for part in result.breakdown)
     if abs(parts - step) > tol:
-        raise InternalError(
-            f"step result: compute {result.compute_time_s} + optimizer {result.optimizer_time_s} + host "
-            f"{result.host_overhead_s} + exposed communication {result.exposed_comm_time_s} + pipeline bubble "
-            f"{result.pipeline_bubble_time_s} = {parts} s, not the step {step} s"
-        )
+        listed = " + ".join(f"{p.key} {p.time_s}" for p in result.breakdown)
+        raise InternalError(f"step result: breakdown {listed} = {parts} s, not the step {step} s")
+    bounds = result.bounds
+    if not bounds.perfect_overlap_s - tol <= step <= bounds.no_overlap_s + tol:
+        raise InternalError(f"step result: step {step} s outside its bounds {bounds.perfect_overlap_s}.."
+                            f"{bounds.no_overlap_s} s")
     for bucket in result.buckets:
         if not (0 <= bucket.start_s <= bucket.end_s and bucket.ready_s <= bucket.start_s + tol):
             raise InternalError(f"step result: bucket {bucket.index} runs {bucket.start_s}..{bucket.end_s} s, "
