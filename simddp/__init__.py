@@ -52,11 +52,14 @@ def as_scenario(scenario: Scenario | dict[str, Any] | str | Path) -> Scenario:
     return load_scenario(scenario)
 
 
-def simulate(scenario: Scenario | dict[str, Any] | str | Path, trace: bool = True) -> StepResult:
-    """Simulate one training step; see :class:`StepResult` for what comes back."""
+def simulate(scenario: Scenario | dict[str, Any] | str | Path, trace: bool = True, exact: bool = False) -> StepResult:
+    """Simulate one training step; see :class:`StepResult` for what comes back.
+
+    Without a trace the fast engine answers where it is exact; ``exact=True`` forces the simpy simulation.
+    """
     from simddp.sim import simulate_step
 
-    return simulate_step(as_scenario(scenario), trace=trace)
+    return simulate_step(as_scenario(scenario), trace=trace, exact=exact)
 
 
 __all__ = [

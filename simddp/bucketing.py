@@ -44,17 +44,32 @@ from __future__ import annotations
 
 import math
 import operator
+from dataclasses import dataclass
 from collections.abc import Sequence
+from typing import Protocol
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from simddp.config import ParameterSpec
 from simddp.units import MiB, dtype_bytes, mib_to_bytes
+
+
+class ParamLike(Protocol):
+    """What bucketing needs of a parameter (a ``ParameterSpec`` or the engine's ``workload.Param``)."""
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def numel(self) -> int: ...
+    @property
+    def dtype(self) -> str: ...
+
 
 __all__ = [
     "DEFAULT_BUCKET_CAP_MB",
     "DEFAULT_FIRST_BUCKET_BYTES",
     "Bucket",
+    "BucketSpec",
+    "bucket_assignment",
     "bucket_size_limits",
     "buckets_to_json",
     "ddp_buckets",
@@ -117,11 +132,33 @@ def bucket_size_limits(bucket_cap_mb: float | None = None) -> tuple[int, int]:
     return cap_bytes, cap_bytes
 
 
+@dataclass(frozen=True, slots=True)
+class BucketSpec:
+    """A bucket as the engine uses it (the fields of :class:`Bucket`, without validation's cost)."""
+
+    index: int
+    param_indices: list[int]
+    size_bytes: int
+    dtype: str
+    cap_bytes: int
+
+
 def ddp_buckets(
-    params: Sequence[ParameterSpec],
+    params: Sequence[ParamLike],
     ready_order: Sequence[int] | None = None,
     bucket_cap_mb: float | None = None,
 ) -> list[Bucket]:
+    """DDP's rebuilt buckets for ``params`` as :class:`Bucket` models (see :func:`bucket_assignment`)."""
+    return [Bucket.model_construct(index=b.index, param_indices=b.param_indices, size_bytes=b.size_bytes,
+                                   dtype=b.dtype, cap_bytes=b.cap_bytes)
+            for b in bucket_assignment(params, ready_order, bucket_cap_mb)]
+
+
+def bucket_assignment(
+    params: Sequence[ParamLike],
+    ready_order: Sequence[int] | None = None,
+    bucket_cap_mb: float | None = None,
+) -> list[BucketSpec]:
     """DDP's rebuilt buckets for ``params`` (the parameters DDP sees: those requiring grad, deduplicated).
 
     ``ready_order`` lists parameter indices in gradient-ready order; ``None`` means reverse definition
@@ -157,10 +194,7 @@ def ddp_buckets(
         if open_indices[dtype]:
             closed.append((open_indices[dtype], open_bytes[dtype], dtype, limits[limit_pos[dtype]]))
 
-    return [
-        Bucket(index=i, param_indices=indices, size_bytes=size, dtype=dtype, cap_bytes=cap)
-        for i, (indices, size, dtype, cap) in enumerate(closed)
-    ]
+    return [BucketSpec(i, indices, size, dtype, cap) for i, (indices, size, dtype, cap) in enumerate(closed)]
 
 
 def buckets_to_json(buckets: Sequence[Bucket]) -> dict[str, list[dict[str, int | list[int]]]]:

@@ -45,6 +45,7 @@ import math
 from dataclasses import dataclass
 from typing import Literal
 
+from simddp.engine_caches import cached
 from simddp.topology import CommGroup
 from simddp.units import US
 
@@ -362,6 +363,7 @@ def _cost(op: str, size_bytes: int, group: CommGroup, algorithm: str, protocol: 
                           _tier(group))
 
 
+@cached()
 def collective_cost(
     op: Op,
     size_bytes: int,

@@ -31,10 +31,11 @@ Models given as a parameter list use their layer FLOP when given, else the dense
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field, replace
 from typing import Literal
 
-from simddp.config import ParameterSpec, Scenario, TransformerSpec
+from simddp.config import Scenario, TransformerSpec
 from simddp.units import dtype_bytes
 
 #: Parameter dtype of transformer presets for each training precision (mixed precision keeps 16-bit
@@ -51,6 +52,15 @@ FLASH_BLOCK_ROWS = 128
 FLASH_BWD_FLOP_RATIO = 2.5
 _MASK_BYTES = 1  # a dropout mask is one byte per element (torch's native_dropout: bool)
 _FP32 = 4
+
+
+@dataclass(frozen=True, slots=True)
+class Param:
+    """A parameter as the engine sees it: name, elements, torch dtype name (a light ``ParameterSpec``)."""
+
+    name: str
+    numel: int
+    dtype: str = "float32"
 
 
 @dataclass(frozen=True)
@@ -132,7 +142,7 @@ class Layer:
 class Workload:
     """Parameters (in definition order), gradient-ready order and layers (in forward order) of one GPU."""
 
-    parameters: tuple[ParameterSpec, ...]
+    parameters: tuple[Param, ...]
     grad_ready_order: tuple[int, ...]
     layers: tuple[Layer, ...]
     tokens_per_micro_batch: int
@@ -160,10 +170,10 @@ class Workload:
 NARROW_FLOAT_DTYPES = ("bfloat16", "float16", "float8_e4m3fn", "float8_e5m2")
 
 
-def grad_reduce_spec(p: ParameterSpec, reduce_in_fp32: bool) -> ParameterSpec:
+def grad_reduce_spec(p: Param, reduce_in_fp32: bool) -> Param:
     """The parameter as data-parallel reduction sees its gradient (Megatron ``grad_reduce_in_fp32``)."""
     if reduce_in_fp32 and p.dtype in NARROW_FLOAT_DTYPES:
-        return p.model_copy(update={"dtype": "float32"})
+        return Param(p.name, p.numel, "float32")
     return p
 
 
@@ -187,10 +197,18 @@ def build_workload(scenario: Scenario) -> Workload:
     return _parameter_list_workload(scenario)
 
 
+@functools.lru_cache(maxsize=4096)
+def collective(op: str, size_bytes: int, where: str) -> Collective:
+    """A TP collective spec (memoized: identical blocks share the object)."""
+    return Collective(op, size_bytes, where)  # type: ignore[arg-type]
+
+
+@functools.lru_cache(maxsize=4096)
 def memory_kernel(name: str, num_bytes: float) -> Kernel:
     return Kernel(name, "memory", bytes=num_bytes)
 
 
+@functools.lru_cache(maxsize=4096)
 def gemm_kernel(name: str, m: int, n: int, k: int, elem_bytes: int, batch: int = 1) -> Kernel:
     """A (batch of) (m x k) @ (k x n) GEMM; its operands and result cross device memory once."""
     return Kernel(name, "gemm", flop=2.0 * batch * m * n * k, bytes=float(batch * (m * k + k * n + m * n) * elem_bytes),
@@ -200,7 +218,7 @@ def gemm_kernel(name: str, m: int, n: int, k: int, elem_bytes: int, batch: int =
 # ----------------------------------------------------------------------------------- parameter lists
 def _parameter_list_workload(scenario: Scenario) -> Workload:
     tr = scenario.training
-    params = tuple(scenario.model.parameters or ())
+    params = tuple(Param(p.name, p.numel, p.dtype) for p in scenario.model.parameters or ())
     n = len(params)
     ready = tuple(scenario.model.grad_ready_order or range(n - 1, -1, -1))
     specs = scenario.model.layers
@@ -306,18 +324,18 @@ def _names(spec: TransformerSpec) -> _Names:
 
 def _transformer_params(
     spec: TransformerSpec, tp: int, dtype: str
-) -> tuple[list[ParameterSpec], dict[str, list[int]]]:
+) -> tuple[list[Param], dict[str, list[int]]]:
     """Per-GPU parameters in Hugging Face definition order, and the indices each module (layer name) owns."""
     h, ffn, v = spec.hidden_size, spec.ffn_hidden_size, spec.vocab_size
     kv_shard = max(1, spec.kv_heads // tp) * (h // spec.num_heads)  # GQA with tp > kv_heads replicates
     q_shard = h // tp
     names = _names(spec)
-    params: list[ParameterSpec] = []
+    params: list[Param] = []
     groups: dict[str, list[int]] = {}
 
     def add(module: str, name: str, numel: int) -> None:
         groups.setdefault(module, []).append(len(params))
-        params.append(ParameterSpec(name=name, numel=numel, dtype=dtype))
+        params.append(Param(name, numel, dtype))
 
     def norm(module: str, prefix: str) -> None:
         add(module, f"{prefix}.weight", h)
@@ -401,15 +419,15 @@ def _transformer_workload(scenario: Scenario, spec: TransformerSpec) -> Workload
         colls: list[Collective] = []
         if tp_on and kind in ("column", "vocab"):
             if sp:
-                colls += [Collective("all-gather", act, "fwd-pre"), Collective("all-gather", act, "wgrad-pre"),
-                          Collective("reduce-scatter", act, "dgrad-post")]
+                colls += [collective("all-gather", act, "fwd-pre"), collective("all-gather", act, "wgrad-pre"),
+                          collective("reduce-scatter", act, "dgrad-post")]
             else:
-                colls.append(Collective("all-reduce", act, "dgrad-post"))
+                colls.append(collective("all-reduce", act, "dgrad-post"))
         if tp_on and kind == "row":
             if sp:
-                colls += [Collective("reduce-scatter", act, "fwd-post"), Collective("all-gather", act, "bwd-pre")]
+                colls += [collective("reduce-scatter", act, "fwd-post"), collective("all-gather", act, "bwd-pre")]
             else:
-                colls.append(Collective("all-reduce", act, "fwd-post"))
+                colls.append(collective("all-reduce", act, "fwd-post"))
         wgrad: tuple[Kernel, ...] = ()
         if owned(module) or kind == "vocab":
             wgrad = (gemm_kernel("wgrad", k, n, t, a),)

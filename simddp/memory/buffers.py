@@ -10,7 +10,7 @@ fragmentation. Their defaults and sources are in :class:`simddp.config.MemoryCon
 
 from __future__ import annotations
 
-from simddp.bucketing import ddp_buckets
+from simddp.bucketing import bucket_assignment
 from simddp.config import Scenario
 from simddp.memory.items import MemoryItem
 from simddp.units import dtype_bytes
@@ -27,7 +27,7 @@ def buffer_items(scenario: Scenario, workload: Workload, stage: int, ids: list[i
         order = [local[g] for g in workload.grad_ready_order if g in local]
         seen = set(order)
         order += [k for k in range(len(ids)) if k not in seen]  # a tied copy not in this stage's order
-        buckets = ddp_buckets(grads, order, ddp.bucket_cap_mb)
+        buckets = bucket_assignment(grads, order, ddp.bucket_cap_mb)
         if zero == 2:
             largest = max(b.size_bytes for b in buckets)
             items.append(MemoryItem(category="buffers", name="ZeRO-2 reduce buckets", size_bytes=2 * largest,

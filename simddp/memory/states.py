@@ -20,6 +20,7 @@ import math
 from collections.abc import Iterable
 from typing import NamedTuple
 
+from simddp.bucketing import ParamLike
 from simddp.config import ParameterSpec
 from simddp.units import dtype_bytes
 from simddp.workload import PRECISION_ACT_BYTES, PRECISION_PARAM_DTYPE
@@ -65,7 +66,7 @@ def _optimizer_state_numel(optimizer: str, numel: int) -> int:
 
 
 def model_states_bytes(
-    params: Iterable[ParameterSpec],
+    params: Iterable[ParamLike],
     precision: str,
     optimizer: str,
     zero_stage: int = 0,

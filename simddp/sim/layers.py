@@ -42,10 +42,11 @@ class LayerPlan:
     dgrad_post: tuple[CollectiveCost, ...] = ()
     wgrad_pre: tuple[CollectiveCost, ...] = ()
     recompute_comm: bool = False  # recompute repeats the forward collectives
+    layer_name: str = ""  # the layer's own name when its timing is shared with identical layers
 
     @property
     def name(self) -> str:
-        return self.timing.name
+        return self.layer_name or self.timing.name
 
     @property
     def tp_comm_s(self) -> float:
@@ -70,9 +71,11 @@ class Recorder:
 
 
 def _comms(gpu: Gpu, costs: Sequence[CollectiveCost], rec: Recorder, label: str) -> simpy.events.ProcessGenerator:
-    """TP collectives one after another on the TP stream."""
-    for cost in costs:
-        start, end = yield from gpu.collective(cost, TP_STREAM)
+    """TP collectives issued together: one after another on the TP stream, ahead of any issued later."""
+    if not costs:
+        return
+    times = yield from gpu.collectives(tuple(costs), TP_STREAM)
+    for cost, (start, end) in zip(costs, times, strict=True):
         rec.add(f"{cost.op} {label}", "comm tp", start, end, size_bytes=cost.size_bytes,
                 algorithm=f"{cost.algorithm}/{cost.protocol}")
 
@@ -83,11 +86,11 @@ def _kernels(gpu: Gpu, work_s: float, rec: Recorder, name: str) -> simpy.events.
     rec.add(name, "compute", start, gpu.env.now)
 
 
-def forward(gpu: Gpu, plan: LayerPlan, overlap: str, rec: Recorder,
-            label: str = "forward") -> simpy.events.ProcessGenerator:
-    """The layer's forward (or its recomputation, ``label='recompute'``)."""
+def forward(gpu: Gpu, plan: LayerPlan, overlap: str, rec: Recorder, label: str = "forward",
+            work_s: float | None = None) -> simpy.events.ProcessGenerator:
+    """The layer's forward (or its recomputation: ``label='recompute'``, ``work_s`` its kernel time)."""
     env = gpu.env
-    work = plan.timing.fwd_s
+    work = plan.timing.fwd_s if work_s is None else work_s
     if overlap == "full":
         comm = env.process(_comms(gpu, plan.fwd_pre + plan.fwd_post, rec, plan.name))
         yield from _kernels(gpu, work, rec, f"{label} {plan.name}")
@@ -105,7 +108,7 @@ def backward(gpu: Gpu, plan: LayerPlan, overlap: str, rec: Recorder,
     t = plan.timing
     if t.recompute_s > 0:
         if plan.recompute_comm:
-            yield from forward(gpu, plan, overlap, rec, "recompute")
+            yield from forward(gpu, plan, overlap, rec, "recompute", t.recompute_s)
         else:
             yield from _kernels(gpu, t.recompute_s, rec, f"recompute {plan.name}")
     name = plan.name
@@ -138,17 +141,94 @@ def backward(gpu: Gpu, plan: LayerPlan, overlap: str, rec: Recorder,
     yield reduce
 
 
+def overlapped_s(work_s: float, comm_s: float, interference: float) -> float:
+    """When kernels worth ``work_s`` end if collectives are in flight for the first ``comm_s`` seconds (both
+    start together): at rate 1 / (1 + i) while the collectives run, full speed after."""
+    slow = work_s * (1.0 + interference)
+    if slow <= comm_s:
+        return slow
+    return comm_s + (work_s - comm_s / (1.0 + interference))
+
+
+def layer_alone(plan: LayerPlan, overlap: str, kind: str, interference: float) -> tuple[float, float]:
+    """(duration, compute-stream busy time) of one layer's forward (``kind='F'``) or backward on an idle GPU.
+
+    The closed form of :func:`forward` / :func:`backward` when nothing else is in flight: the layer's own
+    collectives run one after another on the TP stream, alone on the link (their ``time_s``), and kernels
+    slow while any of them is in flight (:func:`overlapped_s`).
+    """
+    duration, busy, _ = _alone(plan, overlap, kind, interference)
+    return duration, busy
+
+
+def layer_release_s(plan: LayerPlan, overlap: str, interference: float) -> float:
+    """When, from the start of the layer's backward on an idle GPU, its weight gradients are ready."""
+    return _alone(plan, overlap, "B", interference)[2]
+
+
+def _alone(plan: LayerPlan, overlap: str, kind: str, interference: float) -> tuple[float, float, float]:
+    """(duration, busy, end of the weight-gradient kernels) of :func:`layer_alone`."""
+    t, i = plan.timing, interference
+
+    def total(costs: tuple[CollectiveCost, ...]) -> float:
+        return sum(c.time_s for c in costs if c.time_s > 0)
+
+    def fwd(work: float) -> tuple[float, float]:
+        if overlap == "full":
+            comm = total(plan.fwd_pre + plan.fwd_post)
+            busy = overlapped_s(work, comm, i)
+            return max(busy, comm), busy
+        return total(plan.fwd_pre) + work + total(plan.fwd_post), work
+
+    if kind == "F":
+        d, b = fwd(t.fwd_s)
+        return d, b, d
+    duration = busy = 0.0
+    if t.recompute_s > 0:
+        duration, busy = fwd(t.recompute_s) if plan.recompute_comm else (t.recompute_s, t.recompute_s)
+    if overlap == "none":
+        comm = total(plan.bwd_pre) + total(plan.dgrad_post + plan.wgrad_pre)
+        end = duration + comm + t.dgrad_s + t.wgrad_s
+        return end, busy + t.dgrad_s + t.wgrad_s, end
+    if overlap == "full":
+        comm = total(plan.bwd_pre + plan.wgrad_pre + plan.dgrad_post)
+        ran = overlapped_s(t.dgrad_s + t.wgrad_s, comm, i)
+        return duration + max(ran, comm), busy + ran, duration + ran
+    pre, gather, reduce = total(plan.bwd_pre), total(plan.wgrad_pre), total(plan.dgrad_post)
+    dgrad_end = pre + overlapped_s(t.dgrad_s, gather, i)
+    wgrad_start = max(dgrad_end, pre + gather)  # the reduce waits for the gather on the one TP stream
+    wgrad_ran = overlapped_s(t.wgrad_s, reduce, i)
+    end = wgrad_start + max(wgrad_ran, reduce)
+    return duration + end, busy + (dgrad_end - pre) + wgrad_ran, duration + wgrad_start + wgrad_ran
+
+
 def pass_alone_s(plans: Sequence[LayerPlan], overlap: str, kind: str, interference: float) -> float:
     """Duration of a forward (``kind='F'``) or backward (``'B'``) through ``plans`` on an otherwise idle GPU.
 
-    Pipeline operations that release no gradients run as one piece of this length in the step simulation;
-    this runs the same layer processes, so both agree exactly when nothing else is in flight.
+    Pipeline operations that release no gradients run as one piece of this length in the step simulation.
+    A layer finishes its own collectives before the next starts, so the pass is the sum of its layers'
+    :func:`layer_alone` (``tests/test_layers.py`` checks it against the simpy processes).
     """
     return pass_alone(plans, overlap, kind, interference)[0]
 
 
 def pass_alone(plans: Sequence[LayerPlan], overlap: str, kind: str, interference: float) -> tuple[float, float]:
     """(duration, compute-stream busy time) of :func:`pass_alone_s`'s pass."""
+    duration = busy = 0.0
+    seen: dict[int, tuple[float, float]] = {}  # layers of identical blocks share one timing object
+    for plan in plans:
+        key = id(plan.timing)
+        if key not in seen:
+            seen[key] = layer_alone(plan, overlap, kind, interference)
+        d, b = seen[key]
+        duration += d
+        busy += b
+    return duration, busy
+
+
+def pass_alone_simulated(plans: Sequence[LayerPlan], overlap: str, kind: str,
+                         interference: float) -> tuple[float, float]:
+    """:func:`pass_alone` by running the simpy layer processes (the reference the closed form must equal)."""
     env = simpy.Environment()
     gpu = Gpu(env, interference)
     rec = Recorder(None)

@@ -10,15 +10,15 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from simddp.bucketing import Bucket, ddp_buckets
+from simddp.bucketing import BucketSpec, bucket_assignment
 from simddp.collectives import CollectiveCost, Op, collective_cost
 from simddp.compute import LayerTiming, layer_timing, optimizer_step_s
-from simddp.config import ParameterSpec, Scenario
+from simddp.config import Scenario
 from simddp.sim.layers import LayerPlan, pass_alone
 from simddp.sim.pipeline import PipeOp, schedule
 from simddp.topology import CommGroup, dp_group, group, pp_boundary_group, tp_group
 from simddp.units import dtype_bytes
-from simddp.workload import Collective, Layer, Workload, build_workload, fsdp_unit_layers, grad_reduce_spec
+from simddp.workload import Collective, Layer, Param, Workload, build_workload, fsdp_unit_layers, grad_reduce_spec
 
 
 @dataclass(frozen=True)
@@ -26,9 +26,9 @@ class RankGradients:
     """What DDP on one pipeline rank sees: its parameters (in the reduction dtype), ready order, buckets."""
 
     global_ids: list[int]
-    params: list[ParameterSpec]
+    params: list[Param]
     ready_order: list[int]
-    buckets: list[Bucket]
+    buckets: list[BucketSpec]
 
 
 def rank_gradients(scenario: Scenario, workload: Workload, index: int = 0) -> RankGradients:
@@ -39,7 +39,7 @@ def rank_gradients(scenario: Scenario, workload: Workload, index: int = 0) -> Ra
     local = {g: k for k, g in enumerate(global_ids)}
     params = [grad_reduce_spec(workload.parameters[g], ddp.reduce_in_fp32) for g in global_ids]
     ready_order = [local[g] for g in workload.grad_ready_order if g in local]
-    buckets = ddp_buckets(params, ready_order, ddp.bucket_cap_mb) if params else []
+    buckets = bucket_assignment(params, ready_order, ddp.bucket_cap_mb) if params else []
     return RankGradients(global_ids, params, ready_order, buckets)
 
 
@@ -130,17 +130,27 @@ def layer_plans(scenario: Scenario, layers: Sequence[Layer]) -> list[LayerPlan]:
     eff = scenario.model.compute_efficiency or 1.0
     tp = tp_group(scenario)
     out = []
+    # Identical blocks have identical kernels: time each distinct layer once.
+    seen: dict[tuple[Any, ...], LayerPlan] = {}
     for layer in layers:
-        t: LayerTiming = layer_timing(layer, gpu, tr, eff)
-        if par.tp > 1 and layer.collectives:
-            cs = layer.collectives
-            out.append(LayerPlan(
-                t, fwd_pre=_tp_costs(cs, "fwd-pre", tp), fwd_post=_tp_costs(cs, "fwd-post", tp),
-                bwd_pre=_tp_costs(cs, "bwd-pre", tp), dgrad_post=_tp_costs(cs, "dgrad-post", tp),
-                wgrad_pre=_tp_costs(cs, "wgrad-pre", tp), recompute_comm=t.recompute_s > 0,
-            ))
-        else:
-            out.append(LayerPlan(t))
+        # Kernels and collectives are memoized objects (simddp.workload): identity identifies them.
+        key = (tuple(map(id, layer.fwd)), tuple(map(id, layer.dgrad)), tuple(map(id, layer.wgrad)),
+               tuple(map(id, layer.collectives)), layer.recompute, layer.fwd_time_s, layer.bwd_time_s)
+        if key not in seen:
+            t: LayerTiming = layer_timing(layer, gpu, tr, eff)
+            if par.tp > 1 and layer.collectives:
+                cs = layer.collectives
+                seen[key] = LayerPlan(
+                    t, fwd_pre=_tp_costs(cs, "fwd-pre", tp), fwd_post=_tp_costs(cs, "fwd-post", tp),
+                    bwd_pre=_tp_costs(cs, "bwd-pre", tp), dgrad_post=_tp_costs(cs, "dgrad-post", tp),
+                    wgrad_pre=_tp_costs(cs, "wgrad-pre", tp), recompute_comm=t.recompute_s > 0,
+                )
+            else:
+                seen[key] = LayerPlan(t)
+        template = seen[key]
+        out.append(template if template.timing.name == layer.name else LayerPlan(
+            template.timing, template.fwd_pre, template.fwd_post, template.bwd_pre, template.dgrad_post,
+            template.wgrad_pre, template.recompute_comm, layer.name))
     return out
 
 

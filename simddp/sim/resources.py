@@ -128,16 +128,29 @@ class Gpu:
 
         Returns (start, end) of the collective itself (after waiting for its stream).
         """
+        times = yield from self.collectives((cost,), stream)
+        return times[0]
+
+    def collectives(self, costs: tuple[CollectiveCost, ...], stream: str) -> simpy.events.ProcessGenerator:
+        """Collectives issued together on one stream: they run back to back, before anything issued later.
+
+        Returns the (start, end) of each.
+        """
+        times = []
         with self.stream(stream).request() as turn:
             yield turn
-            start = self.env.now
-            if cost.time_s <= 0:
-                return start, start
-            self.comm_in_flight += 1
-            self.compute.rerate()
-            if cost.latency_s > 0:
-                yield self.env.timeout(cost.latency_s)
-            yield self.links[cost.tier].submit(cost.transfer_s)
-            self.comm_in_flight -= 1
-            self.compute.rerate()
-            return start, self.env.now
+            for cost in costs:
+                start = self.env.now
+                if cost.time_s > 0:
+                    yield from self._run(cost)
+                times.append((start, self.env.now))
+        return times
+
+    def _run(self, cost: CollectiveCost) -> simpy.events.ProcessGenerator:
+        self.comm_in_flight += 1
+        self.compute.rerate()
+        if cost.latency_s > 0:
+            yield self.env.timeout(cost.latency_s)
+        yield self.links[cost.tier].submit(cost.transfer_s)
+        self.comm_in_flight -= 1
+        self.compute.rerate()

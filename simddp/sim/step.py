@@ -86,6 +86,14 @@ class _Rank:
     def add(self, key: str, seconds: float) -> None:
         self.acct[key] = self.acct.get(key, 0.0) + seconds
 
+    @property
+    def link_busy_s(self) -> dict[str, float]:
+        return {tier: link.busy_s for tier, link in self.gpu.links.items()}
+
+    @property
+    def link_work_s(self) -> dict[str, float]:
+        return {tier: link.work_s for tier, link in self.gpu.links.items()}
+
     def release(self, rnd: int, layer: int) -> None:
         """The gradients of ``layer`` are ready (micro-batch round ``rnd``)."""
         env = self.gpu.env
@@ -397,12 +405,20 @@ def _run_pipeline(env: simpy.Environment, plan: StepPlan, states: list[_Rank]) -
 
 
 # ----------------------------------------------------------------------------------------- result
-def simulate_step(scenario: Scenario, trace: bool = True) -> StepResult:
-    """Simulate one optimizer step of ``scenario`` and return its typed breakdown."""
-    from simddp.limits import check_simulation_size
+def simulate_step(scenario: Scenario, trace: bool = True, exact: bool = False) -> StepResult:
+    """Simulate one optimizer step of ``scenario`` and return its typed breakdown.
 
+    The fast engine (:mod:`simddp.sim.fast`) answers when it follows the plan exactly and no trace is asked
+    for; ``exact=True`` always runs the full simpy simulation, the reference.
+    """
+    from simddp.limits import check_simulation_size
+    from simddp.sim import fast
+
+    plan = build_plan(scenario)
+    if not (exact or trace) and fast.supported(plan):
+        return fast.run(plan)
     check_simulation_size(scenario)  # a pipeline or ZeRO-3 step simulates every micro-batch: bound it
-    return run_plan(build_plan(scenario), trace)
+    return run_plan(plan, trace)
 
 
 def run_plan(plan: StepPlan, trace: bool = True) -> StepResult:
@@ -431,7 +447,7 @@ def run_plan(plan: StepPlan, trace: bool = True) -> StepResult:
     return _result(plan, states, spans)
 
 
-def _pipeline_parts(plan: StepPlan, st: _Rank) -> tuple[float, float]:
+def _pipeline_parts(plan: StepPlan, st: Any) -> tuple[float, float]:
     """Split the reported rank's pipeline waits into the bubble of a balanced pipeline and the rest."""
     waits = st.acct.get("pipeline_wait", 0.0)
     par = plan.scenario.parallelism
@@ -443,7 +459,9 @@ def _pipeline_parts(plan: StepPlan, st: _Rank) -> tuple[float, float]:
     return bubble, waits - bubble
 
 
-def _result(plan: StepPlan, states: list[_Rank], spans: list[Span] | None) -> StepResult:
+def _result(plan: StepPlan, states: list[Any], spans: list[Span] | None) -> StepResult:
+    """The typed result of a run; ``states`` are the engine's per-rank outcomes (see :class:`_Rank`'s fields:
+    plan, acct, ready_at, reduced, compute_end_s, end_s, dp_comm_s, link_busy_s, link_work_s)."""
     scenario, workload = plan.scenario, plan.workload
     cluster, tr, par = scenario.cluster, scenario.training, scenario.parallelism
     host = cluster.host_overhead_s
@@ -510,7 +528,7 @@ def _result(plan: StepPlan, states: list[_Rank], spans: list[Span] | None) -> St
         recompute_time_s=values["recompute"],
         interference_time_s=values["interference"],
         breakdown=breakdown,
-        link_busy_s={tier: link.busy_s for tier, link in st.gpu.links.items()},
+        link_busy_s=dict(st.link_busy_s),
         samples_per_s=gbs / step_s,
         tokens_per_s=gbs * tr.seq_len / step_s,
         mfu=workload.model_flop_per_sample * gbs / step_s / (cluster.num_gpus * gpu.peak_flop_per_s(tr.precision)),
@@ -525,7 +543,7 @@ def _result(plan: StepPlan, states: list[_Rank], spans: list[Span] | None) -> St
     )
 
 
-def _bounds(plan: StepPlan, states: list[_Rank], host: float) -> Bounds:
+def _bounds(plan: StepPlan, states: list[Any], host: float) -> Bounds:
     """Closed-form bounds: every collective serialised after the compute it follows (no overlap, no sharing,
     no interference), and the most any resource of a GPU must be busy (perfect overlap)."""
     m = plan.num_micro_batches
@@ -548,7 +566,7 @@ def _bounds(plan: StepPlan, states: list[_Rank], host: float) -> Bounds:
             serial = _pipeline_end(plan, st.plan.index, serial=True)
             kernels = _pipeline_end(plan, st.plan.index, serial=False)
         upper.append(serial + dp_serial + tail_serial)
-        work_before_step = {tier: link.work_s for tier, link in st.gpu.links.items()}
+        work_before_step = dict(st.link_work_s)
         if rp.gather_after_step is not None:
             work_before_step[rp.gather_after_step.tier] -= rp.gather_after_step.transfer_s
         gather_after = rp.gather_after_step.time_s if rp.gather_after_step else 0.0

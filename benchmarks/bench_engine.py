@@ -1,0 +1,112 @@
+"""Engine speed on the cases of issue 10: one evaluation in-process, and a 1,000-configuration sweep.
+
+Each timing is the median of repeats of ``simddp.simulate(scenario, trace=False)`` on an already validated
+``Scenario``; every cache of the engine is cleared before each repeat, so speed comes from the engine and not
+from answering the same request twice. ``--exact`` times the full simpy simulation instead.
+
+    python benchmarks/bench_engine.py [--exact] [--repeats 5]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from typing import Any
+
+import simddp
+from simddp.config import set_value
+from simddp.sweeps import as_scenario_dict
+
+DEFAULT = "simddp/default_scenario.yaml"
+
+CASES: dict[str, Any] = {
+    "default: Llama-2-7B ZeRO-1, 128 H100": DEFAULT,
+    "GPT-3 175B tp8 pp8 v3, 64 A100, 64 micro-batches": {
+        "cluster": {"preset": "dgx-a100-80gb", "num_nodes": 8}, "model": {"preset": "gpt3-175b"},
+        "parallelism": {"tp": 8, "pp": 8, "pipeline_schedule": "interleaved-1f1b", "virtual_stages": 3},
+        "training": {"micro_batch_size": 1, "global_batch_size": 64, "seq_len": 2048, "recompute": "selective"}},
+    "1T tp8 pp64, 512 A100, 512 micro-batches": {
+        "cluster": {"preset": "dgx-a100-80gb", "num_nodes": 64},
+        "model": {"transformer": {"num_layers": 128, "hidden_size": 25600, "num_heads": 160,
+                                  "ffn_hidden_size": 102400, "vocab_size": 51200}},
+        "parallelism": {"tp": 8, "pp": 64},
+        "training": {"micro_batch_size": 1, "global_batch_size": 512, "seq_len": 2048, "recompute": "selective"}},
+    "default on 16,384 H100": {"_base": DEFAULT, "cluster.num_nodes": 2048, "training.global_batch_size": 65536},
+}
+
+
+def scenario_of(case: Any) -> simddp.Scenario:
+    if isinstance(case, dict) and "_base" in case:
+        data = as_scenario_dict(simddp.as_scenario(case["_base"]))
+        for path, value in case.items():
+            if path != "_base":
+                data = set_value(data, path, value)
+        return simddp.as_scenario(data)
+    return simddp.as_scenario(case)
+
+
+def clear_caches() -> None:
+    from simddp import engine_caches
+
+    engine_caches.clear()
+
+
+def time_one(scenario: simddp.Scenario, exact: bool, repeats: int) -> tuple[float, Any]:
+    samples, result = [], None
+    for _ in range(repeats):
+        clear_caches()
+        t0 = time.perf_counter()
+        result = simddp.simulate(scenario, trace=False, exact=exact)
+        samples.append(time.perf_counter() - t0)
+    return statistics.median(samples), result
+
+
+def sweep_configs(n: int = 1000) -> list[dict[str, Any]]:
+    """n DDP variants of the default: bucket caps x nodes x micro-batch sizes x ZeRO stage 0/1."""
+    base = as_scenario_dict(simddp.as_scenario(DEFAULT))
+    out = []
+    caps = [1, 2, 5, 10, 25, 50, 100, 250, 500, 1000]
+    nodes = [2, 4, 8, 16, 32]
+    for cap in caps:
+        for n_nodes in nodes:
+            for mbs in (1, 2, 4, 8):
+                for zero in (0, 1):
+                    for precision_seq in ((2048,), (4096,), (8192,)):
+                        data = set_value(base, "ddp.bucket_cap_mb", cap)
+                        data = set_value(data, "cluster.num_nodes", n_nodes)
+                        data = set_value(data, "training.micro_batch_size", mbs)
+                        data = set_value(data, "training.global_batch_size", 8 * n_nodes * mbs * 4)
+                        data = set_value(data, "parallelism.zero_stage", zero)
+                        data = set_value(data, "training.seq_len", precision_seq[0])
+                        out.append(data)
+    return out[:n]
+
+
+def time_sweep(exact: bool) -> tuple[float, int]:
+    configs = sweep_configs()
+    scenarios = [simddp.as_scenario(c) for c in configs]
+    clear_caches()
+    t0 = time.perf_counter()
+    for s in scenarios:
+        simddp.simulate(s, trace=False, exact=exact)
+    return time.perf_counter() - t0, len(scenarios)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--exact", action="store_true", help="time the full simpy simulation")
+    parser.add_argument("--repeats", type=int, default=5)
+    args = parser.parse_args()
+    print(f"engine: {'exact (simpy)' if args.exact else 'fast'}\n")
+    print("| case | evaluation | step time |\n|---|---|---|")
+    for name, case in CASES.items():
+        scenario = scenario_of(case)
+        t, r = time_one(scenario, args.exact, args.repeats if not args.exact else 1)
+        print(f"| {name} | {t * 1e3:.2f} ms | {r.step_time_s:.4f} s |", flush=True)
+    total, n = time_sweep(args.exact)
+    print(f"| {n}-configuration DDP sweep | {total:.2f} s | {total / n * 1e3:.2f} ms each |")
+
+
+if __name__ == "__main__":
+    main()

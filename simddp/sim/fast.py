@@ -1,0 +1,303 @@
+"""The fast engine: the same step as the simpy simulation, computed without simpy where its dynamics are
+simple enough to follow directly. ``tests/test_fast.py`` checks it equals the simpy engine to 1e-9 on
+generated scenarios; :func:`simddp.sim.step.simulate_step` uses it when :func:`supported` says so, and the
+simpy engine otherwise (and always with ``exact=True`` or when a trace is asked for).
+
+Two cases are covered:
+
+* **Data parallel without tensor parallelism** (pp = 1, DDP or ZeRO-1/2, no overlapped parameter gather):
+  the compute stream runs kernels back to back; the gradient reductions run one at a time on the DP stream,
+  each alone on its link (nothing else uses it), starting when its bucket is ready and the one before it
+  is done. Compute runs at 1 / (1 + i) while a reduction is in flight. A single sweep over the compute
+  jobs, each cut where a bucket completes, follows both streams exactly: a reduction can only be in flight
+  during a job if its bucket was ready before the job started, so the reductions that can slow a job are
+  already scheduled when it runs.
+* **Pipelines whose operations do not overlap communication** (Megatron's defaults: synchronous send/recv,
+  gradient reduction after the schedule, or none with dp = 1): every operation takes its time on an idle
+  GPU (its own TP collectives included), a send blocks its sender, a receiver all-gathers the slices of
+  what arrived; the schedule is the max-plus recurrence of :func:`simddp.sim.pipeline.makespan`, then each
+  rank reduces its buckets one after another, syncs a tied embedding, steps and gathers.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+
+from simddp.results import StepResult
+from simddp.sim.layers import layer_alone, layer_release_s
+from simddp.sim.pipeline import PipeOp, dependency, last_backward
+from simddp.sim.plan import RankPlan, StepPlan
+
+#: Work below this many seconds counts as done (as the simpy engine's fluid server does).
+_EPS_S = 1e-15
+
+
+@dataclass
+class Outcome:
+    """One rank's result, in the fields :func:`simddp.sim.step._result` reads."""
+
+    plan: RankPlan
+    acct: dict[str, float] = field(default_factory=dict)
+    ready_at: dict[tuple[int, int], float] = field(default_factory=dict)
+    reduced: dict[tuple[int, int], tuple[float, float]] = field(default_factory=dict)
+    compute_end_s: float = 0.0
+    end_s: float = 0.0
+    dp_comm_s: float = 0.0
+    link_busy_s: dict[str, float] = field(default_factory=lambda: {"intra": 0.0, "inter": 0.0})
+    link_work_s: dict[str, float] = field(default_factory=lambda: {"intra": 0.0, "inter": 0.0})
+
+    def add(self, key: str, seconds: float) -> None:
+        self.acct[key] = self.acct.get(key, 0.0) + seconds
+
+    def transfer(self, tier: str, seconds: float) -> None:
+        """A transfer alone on a link: it is busy exactly that long."""
+        self.link_busy_s[tier] += seconds
+        self.link_work_s[tier] += seconds
+
+
+def supported(plan: StepPlan) -> bool:
+    """Whether the fast engine follows this plan's dynamics exactly."""
+    scenario = plan.scenario
+    par, ddp = scenario.parallelism, scenario.ddp
+    if plan.mode == "dp":
+        no_tp = all(not (p.fwd_pre or p.fwd_post or p.bwd_pre or p.dgrad_post or p.wgrad_pre)
+                    for r in plan.ranks for p in r.plans)
+        return no_tp and not any(b.gather for r in plan.ranks for b in r.buckets)
+    if plan.mode == "pipeline":
+        reduces = any(r.buckets for r in plan.ranks) and scenario.dp > 1
+        return not par.pp_p2p_overlap and not (ddp.overlap and reduces)
+    return False
+
+
+def run(plan: StepPlan) -> StepResult:
+    """The step of ``plan`` (which :func:`supported` accepts), as the simpy engine would give it."""
+    from simddp.sim.step import _result
+
+    outcomes = _run_dp(plan) if plan.mode == "dp" else _run_pipeline(plan)
+    return _result(plan, outcomes, None)
+
+
+# ------------------------------------------------------------------------------------- data parallel
+class _Reductions:
+    """The DP stream: reductions in (round, bucket) order, each alone on its link, once ready."""
+
+    def __init__(self, out: Outcome, rounds: int, start_after: float | None) -> None:
+        self.out = out
+        self.order = [(rnd, b) for rnd in range(rounds) for b in range(len(out.plan.buckets))]
+        self.next = 0
+        self.end = 0.0 if start_after is None else start_after
+        self.intervals: deque[tuple[float, float]] = deque()
+
+    def schedule(self, now: float) -> None:
+        """Start every reduction whose bucket and predecessors are ready."""
+        out = self.out
+        while self.next < len(self.order) and self.order[self.next] in out.ready_at:
+            key = self.order[self.next]
+            cost = out.plan.buckets[key[1]].reduce
+            start = max(out.ready_at[key], self.end)
+            end = start + cost.time_s if cost.time_s > 0 else start
+            out.reduced[key] = (start, end)
+            if cost.time_s > 0:
+                self.intervals.append((start, end))
+                out.dp_comm_s += end - start
+                out.transfer(cost.tier, cost.transfer_s)
+            self.end = end
+            self.next += 1
+        del now
+
+
+def _advance(t: float, work: float, intervals: deque[tuple[float, float]], rate_in: float) -> float:
+    """When ``work`` seconds of kernels started at ``t`` end, slowed to ``rate_in`` inside ``intervals``."""
+    remaining = work
+    while remaining > _EPS_S:
+        while intervals and intervals[0][1] <= t:
+            intervals.popleft()
+        if intervals and intervals[0][0] <= t:
+            end = intervals[0][1]
+            can = (end - t) * rate_in
+            if can >= remaining:
+                return t + remaining / rate_in
+            remaining -= can
+            t = end
+        else:
+            nxt = intervals[0][0] if intervals else None
+            if nxt is None or nxt - t >= remaining:
+                return t + remaining
+            remaining -= nxt - t
+            t = nxt
+    return t
+
+
+def _run_dp(plan: StepPlan) -> list[Outcome]:
+    p = plan.ranks[0]
+    out = Outcome(p)
+    m, rounds, i = plan.num_micro_batches, p.rounds, plan.interference
+    rate_in = 1.0 / (1.0 + i)
+    silent = m - rounds
+    # Silent micro-batches: nothing in flight, their forward and backward at full speed.
+    t = 0.0
+    if silent:
+        fwd, bwd = p.fwd_work_s[0] * silent, p.bwd_work_s[0] * silent
+        t = fwd + bwd
+        out.add("compute", fwd + bwd - p.bwd_recompute_s[0] * silent)
+        out.add("recompute", p.bwd_recompute_s[0] * silent)
+    overlap = plan.scenario.ddp.overlap
+    stream = _Reductions(out, rounds, None)
+    remaining = {(rnd, b.index): b.num_params for rnd in range(rounds) for b in p.buckets}
+    layers = range(len(p.plans))
+    for rnd in range(rounds):
+        # Forward: one job (no collective of this step can be in flight before the first release).
+        fwd = sum(p.plans[k].timing.fwd_s for k in layers)
+        end = _advance(t, fwd, stream.intervals, rate_in)
+        out.add("compute", fwd)
+        out.add("interference", end - t - fwd)
+        t = end
+        for k in reversed(layers):
+            timing = p.plans[k].timing
+            work = timing.bwd_s
+            end = _advance(t, work, stream.intervals, rate_in)
+            out.add("compute", work - timing.recompute_s)
+            out.add("recompute", timing.recompute_s)
+            out.add("interference", end - t - work)
+            t = end
+            released = False
+            for b in p.bucket_of_layer[k]:
+                key = (rnd, b)
+                remaining[key] -= 1
+                if remaining[key] == 0:
+                    out.ready_at[key] = t
+                    released = True
+            if released and overlap:
+                stream.schedule(t)
+    out.compute_end_s = t
+    if not overlap:
+        stream.end = max(stream.end, t)
+        stream.schedule(t)
+    comm_end = max(stream.end, t)
+    _finish(out, comm_end)
+    return [out]
+
+
+def _finish(out: Outcome, comm_end: float) -> None:
+    """After compute and reductions: embedding sync, optimizer, ZeRO gather (each alone, one after another)."""
+    p = out.plan
+    t = comm_end
+    out.add("dp_comm", comm_end - out.compute_end_s)
+    if p.embedding_sync is not None and p.embedding_sync.time_s > 0:
+        t += p.embedding_sync.time_s
+        out.dp_comm_s += p.embedding_sync.time_s
+        out.add("dp_comm", p.embedding_sync.time_s)
+        out.transfer(p.embedding_sync.tier, p.embedding_sync.transfer_s)
+    t += p.opt_s
+    out.add("optimizer", p.opt_s)
+    out.add("interference", 0.0)
+    gather = p.gather_after_step
+    if gather is not None and gather.time_s > 0:
+        t += gather.time_s
+        out.dp_comm_s += gather.time_s
+        out.add("dp_comm", gather.time_s)
+        out.transfer(gather.tier, gather.transfer_s)
+    out.end_s = t
+
+
+# ---------------------------------------------------------------------------------------- pipelines
+def _release(out: Outcome, vs: int, start: float, counts: dict[int, int], overlap: str, interference: float) -> None:
+    """Bucket ready times of a rank's last backward of ``vs``: its layers run alone, in reverse order."""
+    p = out.plan
+    t = start
+    for k in range(len(p.layers) - 1, -1, -1):
+        if p.layers[k].stage != vs:
+            continue
+        plan = p.plans[k]
+        ready = t + layer_release_s(plan, overlap, interference)
+        t += layer_alone(plan, overlap, "B", interference)[0]
+        # This pass runs layer by layer in the simpy engine, its TP collectives on the link.
+        costs = plan.bwd_pre + plan.dgrad_post + plan.wgrad_pre
+        if plan.recompute_comm:
+            costs += plan.fwd_pre + plan.fwd_post
+        for cost in costs:
+            if cost.time_s > 0:
+                out.transfer(cost.tier, cost.transfer_s)
+        for b in p.bucket_of_layer[k]:
+            counts[b] -= 1
+            if counts[b] == 0:
+                out.ready_at[(0, b)] = ready
+
+
+def _run_pipeline(plan: StepPlan) -> list[Outcome]:
+    par = plan.scenario.parallelism
+    num_vs = par.pp * par.virtual_stages
+    outs = [Outcome(r) for r in plan.ranks]
+    gather = plan.p2p_gather.time_s if plan.p2p_gather is not None and plan.p2p_gather.time_s > 0 else 0.0
+    gather_transfer = plan.p2p_gather.transfer_s if gather and plan.p2p_gather is not None else 0.0
+    gather_tier = plan.p2p_gather.tier if plan.p2p_gather is not None else "intra"
+    arrival: dict[tuple[str, int, int], float] = {}
+    pos = [0] * len(plan.ops)
+    clock = [0.0] * len(plan.ops)
+    last_b = [last_backward(ops) for ops in plan.ops]
+    # Per (rank, kind, virtual stage): duration alone, busy time, kernel work, recompute work.
+    table: list[dict[tuple[str, int], tuple[float, float, float, float]]] = []
+    for rp in plan.ranks:
+        per = {}
+        for vs in rp.fwd_alone_s:
+            per[("F", vs)] = (rp.fwd_alone_s[vs], rp.fwd_busy_s[vs], rp.fwd_work_s[vs], 0.0)
+            per[("B", vs)] = (rp.bwd_alone_s[vs], rp.bwd_busy_s[vs], rp.bwd_work_s[vs], rp.bwd_recompute_s[vs])
+        table.append(per)
+    counts = [{b.index: b.num_params for b in r.buckets} for r in plan.ranks]
+    remaining = sum(len(o) for o in plan.ops)
+    while remaining:
+        progressed = False
+        for r, ops in enumerate(plan.ops):
+            out, per = outs[r], table[r]
+            while pos[r] < len(ops):
+                op: PipeOp = ops[pos[r]]
+                dep = dependency(op, num_vs)
+                t = clock[r]
+                if dep is not None:
+                    if dep not in arrival:
+                        break
+                    if arrival[dep] > t:
+                        out.add("pipeline_wait", arrival[dep] - t)
+                        t = arrival[dep]
+                    if gather:
+                        t += gather
+                        out.add("tp_comm", gather)
+                        out.transfer(gather_tier, gather_transfer)
+                alone, busy, work, recompute = per[(op.kind, op.virtual_stage)]
+                if op.kind == "B" and last_b[r].get(op.virtual_stage) == pos[r]:
+                    _release(out, op.virtual_stage, t, counts[r], plan.overlap, plan.interference)
+                t += alone
+                out.add("compute", work - recompute)
+                out.add("recompute", recompute)
+                out.add("interference", busy - work)
+                out.add("tp_comm", alone - busy)
+                boundary = op.virtual_stage if op.kind == "F" else op.virtual_stage - 1
+                send = plan.p2p.get(boundary)
+                if send is not None and send.time_s > 0:
+                    t += send.time_s
+                    out.add("pipeline_wait", send.time_s)
+                    out.transfer(send.tier, send.transfer_s)
+                arrival[(op.kind, op.micro_batch, op.virtual_stage)] = t
+                clock[r] = t
+                pos[r] += 1
+                remaining -= 1
+                progressed = True
+        if not progressed:
+            raise RuntimeError("pipeline schedule deadlocks")  # a schedule bug, not user input
+    for r, out in enumerate(outs):
+        out.compute_end_s = clock[r]
+        t = clock[r]
+        for b in out.plan.buckets:
+            cost = b.reduce
+            start = t
+            if cost.time_s > 0:
+                t += cost.time_s
+                out.dp_comm_s += cost.time_s
+                out.transfer(cost.tier, cost.transfer_s)
+            out.reduced[(0, b.index)] = (start, t)
+        _finish(out, t)
+    return outs
+
+
+__all__ = ["Outcome", "run", "supported"]
