@@ -44,8 +44,8 @@ from __future__ import annotations
 
 import math
 import operator
-from dataclasses import dataclass
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Protocol
 
 from pydantic import BaseModel, ConfigDict, Field

@@ -11,7 +11,6 @@ from __future__ import annotations
 import math
 from typing import Any
 
-import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
