@@ -132,7 +132,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     for flag, target in (("--trace", args.trace), ("--csv", args.csv)):
         if target:
             safeio.check_output(target, inputs, flag)
-    result = simulate_step(scenario, trace=bool(args.trace or args.csv))
+    result = simulate_step(scenario, trace=bool(args.trace or args.csv), exact=args.exact)
     check_step_result(result)
     if args.trace:
         if result.trace is None:
@@ -664,6 +664,8 @@ def build_parser() -> argparse.ArgumentParser:
     scenario_args(p)
     p.add_argument("--trace", metavar="FILE", help="write a Chrome/Perfetto trace of the timeline")
     p.add_argument("--csv", metavar="DIR", help="write summary.csv, buckets.csv and layers.csv into DIR")
+    p.add_argument("--exact", action="store_true",
+                   help="always run the full event simulation (the reference), not the fast engine")
     p.set_defaults(func=cmd_simulate)
 
     p = sub.add_parser("buckets", help="DDP gradient buckets, exactly as torch builds them")
@@ -774,6 +776,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--headless", action="store_true", help="do not open a browser")
     p.set_defaults(func=cmd_app)
 
+    from simddp.cli_search import add_commands
+
+    add_commands(sub, scenario_args)
     for add in EXTRA_COMMANDS:
         add(sub)
     return parser

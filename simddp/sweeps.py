@@ -14,7 +14,8 @@ divide into are reported as invalid.
 from __future__ import annotations
 
 import copy
-from collections.abc import Iterable, Sequence
+import itertools
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -413,3 +414,105 @@ __all__ = [
     "strategy_sweep",
     "with_values",
 ]
+
+
+# ------------------------------------------------------------------------------------ N-key grids
+class VaryPoint(PointMetrics):
+    """The scenario with each varied key set to one value."""
+
+    values: dict[str, Any] = Field(description="Dotted path -> value of this point.")
+
+
+class VarySweep(_Sweep):
+    """Every combination of values at any number of dotted scenario paths (``simddp sweep``)."""
+
+    scenario: str = Field(description="Name of the swept scenario.")
+    paths: list[str] = Field(description="The varied dotted paths, in --vary order.")
+    values: list[list[Any]] = Field(description="The values of each path.")
+    points: list[VaryPoint]
+
+    def to_dataframe(self) -> Any:
+        import pandas as pd
+
+        rows = [{**p.values, **p.model_dump(exclude={"values"}), "ok": p.ok} for p in self.points]
+        return pd.DataFrame(rows)
+
+    def rows(self) -> list[dict[str, Any]]:
+        """Flat rows (one per point): the varied values, then every metric and the error (CSV, JSON)."""
+        return [{**p.values, **p.model_dump(exclude={"values"})} for p in self.points]
+
+
+def _vary_point(args: tuple[dict[str, Any], dict[str, Any], BatchScaling]) -> VaryPoint:
+    base, update, batch = args
+    return VaryPoint(values=update, **_metrics(with_values(base, update, batch)))
+
+
+def vary_sweep(
+    scenario: Scenario | dict[str, Any],
+    varies: dict[str, Sequence[Any]],
+    batch: BatchScaling = "weak",
+    jobs: int = 1,
+    progress: Callable[[int, int], None] | None = None,
+) -> VarySweep:
+    """The scenario at every combination of ``varies`` (path -> values); ``jobs`` > 1 uses processes.
+
+    A combination that is not a valid scenario, or that the cost model rejects, is kept with its reason.
+    """
+    if not varies:
+        raise ScenarioError("a sweep needs at least one --vary key.path=v1,v2,...")
+    for path, values in varies.items():
+        if not values:
+            raise ScenarioError(f"--vary {path}: no values")
+    base = as_scenario_dict(scenario)
+    ref = scenario_from_dict(base)
+    paths = list(varies)
+    combos = [dict(zip(paths, combo, strict=True)) for combo in itertools.product(*varies.values())]
+    tasks = [(base, combo, batch) for combo in combos]
+    points: list[VaryPoint] = []
+    if jobs > 1 and len(tasks) > 1:
+        from concurrent.futures import ProcessPoolExecutor
+
+        with ProcessPoolExecutor(max_workers=jobs) as pool:
+            for k, point in enumerate(pool.map(_vary_point, tasks, chunksize=max(1, len(tasks) // (8 * jobs)))):
+                points.append(point)
+                if progress is not None:
+                    progress(k + 1, len(tasks))
+    else:
+        for k, task in enumerate(tasks):
+            points.append(_vary_point(task))
+            if progress is not None:
+                progress(k + 1, len(tasks))
+    return VarySweep(scenario=ref.name, paths=paths, values=[list(v) for v in varies.values()], points=points)
+
+
+def sweep_html(sweep: VarySweep) -> str:
+    """A self-contained plotly page: step time against the first key (a line per value of the second), and
+    every point in a table."""
+    import plotly.graph_objects as go
+    from plotly.subplots import make_subplots
+
+    first = sweep.paths[0]
+    second = sweep.paths[1] if len(sweep.paths) > 1 else None
+    fig = make_subplots(rows=2, cols=1, row_heights=[0.55, 0.45], vertical_spacing=0.08,
+                        specs=[[{"type": "xy"}], [{"type": "table"}]],
+                        subplot_titles=[f"step time against {first}", "every point (invalid ones with their reason)"])
+    groups: dict[Any, list[VaryPoint]] = {}
+    for p in sweep.points:
+        groups.setdefault(p.values.get(second) if second else None, []).append(p)
+    for key, pts in groups.items():
+        ok = [p for p in pts if p.ok]
+        fig.add_trace(go.Scatter(x=[str(p.values[first]) for p in ok], y=[p.step_time_s for p in ok],
+                                 mode="lines+markers", name=f"{second}={key}" if second else "step time (s)"),
+                      row=1, col=1)
+    fig.update_yaxes(title_text="step time (s)", row=1, col=1)
+    fig.update_xaxes(title_text=first, type="category", row=1, col=1)
+    rows = sweep.rows()
+    columns = [*sweep.paths, "step_time_s", "exposed_comm_fraction", "mfu", "memory_bytes", "memory_fits", "error"]
+    cells = [[("" if r.get(c) is None else (f"{r[c]:.4g}" if isinstance(r.get(c), float) else str(r[c])))
+              for r in rows] for c in columns]
+    fig.add_trace(go.Table(header={"values": columns}, cells={"values": cells}), row=2, col=1)
+    fig.update_layout(height=900, title=f"simddp sweep of {sweep.scenario}")
+    return str(fig.to_html(include_plotlyjs=True, full_html=True))
+
+
+__all__ += ["VaryPoint", "VarySweep", "sweep_html", "vary_sweep"]

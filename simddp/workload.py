@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass, field, replace
-from typing import Literal
+from typing import Any, Literal
 
 from simddp.config import Scenario, TransformerSpec
 from simddp.units import dtype_bytes
@@ -411,6 +411,12 @@ def _transformer_workload(scenario: Scenario, spec: TransformerSpec) -> Workload
     def owned(module: str) -> tuple[int, ...]:
         return tuple(groups.get(module, []))
 
+    pool: dict[tuple[int, ...], tuple[Any, ...]] = {}
+
+    def shared(items: tuple[Any, ...]) -> tuple[Any, ...]:
+        """One tuple object for equal kernel lists (their items are memoized): identical blocks share them."""
+        return pool.setdefault(tuple(map(id, items)), items)
+
     def linear(name: str, module: str, k: int, n: int, block: int | None, kind: str, model_n: int) -> Layer:
         """A (t x k) @ (k x n) linear on this rank; ``kind``: column, row, or vocab (parallel style).
 
@@ -435,10 +441,10 @@ def _transformer_workload(scenario: Scenario, spec: TransformerSpec) -> Workload
                 wgrad += (memory_kernel("bias-grad", t * n * a),)
         return Layer(
             name, owned(module),
-            fwd=(gemm_kernel("fwd", t, n, k, a),),
-            dgrad=(gemm_kernel("dgrad", t, k, n, a),),
-            wgrad=wgrad,
-            collectives=tuple(colls), block=block, recompute="block" if block is not None else "none",
+            fwd=shared((gemm_kernel("fwd", t, n, k, a),)),
+            dgrad=shared((gemm_kernel("dgrad", t, k, n, a),)),
+            wgrad=shared(wgrad),
+            collectives=shared(tuple(colls)), block=block, recompute="block" if block is not None else "none",
             model_flop=2.0 * t * h * model_n / tp,
         )
 
@@ -448,8 +454,8 @@ def _transformer_workload(scenario: Scenario, spec: TransformerSpec) -> Workload
         numel = tokens * width
         return Layer(
             name, owned(module) if module else (),
-            fwd=(memory_kernel("fwd", fwd_tensors * numel * a),),
-            dgrad=(memory_kernel("dgrad", bwd_tensors * numel * a),) if bwd_tensors else (),
+            fwd=shared((memory_kernel("fwd", fwd_tensors * numel * a),)),
+            dgrad=shared((memory_kernel("dgrad", bwd_tensors * numel * a),) if bwd_tensors else ()),
             block=block, recompute="block" if block is not None else "none",
         )
 
@@ -478,7 +484,8 @@ def _transformer_workload(scenario: Scenario, spec: TransformerSpec) -> Workload
                              h + 2 * (h // spec.num_heads * spec.kv_heads)))
         if spec.position_embedding == "rope":
             layers.append(elementwise(f"{p}.self_attn.rotary", None, 2.0, 2.0, q_width + kv_width, t, i))
-        layers.append(_attention_core(f"{p}.{names.core}", scenario, b, s, heads, kv_heads, head_dim, dropout, a, i))
+        core = _attention_core(f"{p}.{names.core}", scenario, b, s, heads, kv_heads, head_dim, dropout, a, i)
+        layers.append(replace(core, fwd=shared(core.fwd), dgrad=shared(core.dgrad)))
         layers.append(linear(f"{p}.{names.out}", f"{p}.{names.out}", q_width, h, i, "row", h))
         layers.append(elementwise(f"{p}.residual_attn", None, residual_fwd, residual_bwd, h, t_sp, i))
         layers.append(elementwise(f"{p}.{names.norm2}", f"{p}.{names.norm2}", norm_fwd, norm_bwd, h, t_sp, i))

@@ -6,6 +6,7 @@ simulation runs.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -90,16 +91,16 @@ class RankPlan:
     bwd_work_s: dict[int, float] = field(default_factory=dict)
     bwd_recompute_s: dict[int, float] = field(default_factory=dict)
 
-    @property
+    @functools.cached_property
     def kernel_s(self) -> float:
         """Kernel time (forward, recompute, backward) of one micro-batch on this rank."""
         return sum(p.timing.compute_s for p in self.plans)
 
-    @property
+    @functools.cached_property
     def recompute_s(self) -> float:
         return sum(p.timing.recompute_s for p in self.plans)
 
-    @property
+    @functools.cached_property
     def tp_comm_s(self) -> float:
         return sum(p.tp_comm_s for p in self.plans)
 
@@ -133,9 +134,9 @@ def layer_plans(scenario: Scenario, layers: Sequence[Layer]) -> list[LayerPlan]:
     # Identical blocks have identical kernels: time each distinct layer once.
     seen: dict[tuple[Any, ...], LayerPlan] = {}
     for layer in layers:
-        # Kernels and collectives are memoized objects (simddp.workload): identity identifies them.
-        key = (tuple(map(id, layer.fwd)), tuple(map(id, layer.dgrad)), tuple(map(id, layer.wgrad)),
-               tuple(map(id, layer.collectives)), layer.recompute, layer.fwd_time_s, layer.bwd_time_s)
+        # Identical blocks share their kernel and collective tuples (simddp.workload): identity identifies them.
+        key = (id(layer.fwd), id(layer.dgrad), id(layer.wgrad), id(layer.collectives), layer.recompute,
+               layer.fwd_time_s, layer.bwd_time_s)
         if key not in seen:
             t: LayerTiming = layer_timing(layer, gpu, tr, eff)
             if par.tp > 1 and layer.collectives:

@@ -39,6 +39,7 @@ from simddp.sim.layers import LayerPlan, Recorder, backward, forward, pass_alone
 from simddp.sim.pipeline import PipeOp, dependency, last_backward, makespan
 from simddp.sim.plan import RankPlan, StepPlan, build_plan
 from simddp.sim.resources import Gpu
+from simddp.workload import Workload
 
 DP_STREAM = "dp"
 ProcessGen = Generator[simpy.Event, Any, Any]
@@ -405,7 +406,8 @@ def _run_pipeline(env: simpy.Environment, plan: StepPlan, states: list[_Rank]) -
 
 
 # ----------------------------------------------------------------------------------------- result
-def simulate_step(scenario: Scenario, trace: bool = True, exact: bool = False) -> StepResult:
+def simulate_step(scenario: Scenario, trace: bool = True, exact: bool = False,
+                  workload: Workload | None = None) -> StepResult:
     """Simulate one optimizer step of ``scenario`` and return its typed breakdown.
 
     The fast engine (:mod:`simddp.sim.fast`) answers when it follows the plan exactly and no trace is asked
@@ -414,7 +416,7 @@ def simulate_step(scenario: Scenario, trace: bool = True, exact: bool = False) -
     from simddp.limits import check_simulation_size
     from simddp.sim import fast
 
-    plan = build_plan(scenario)
+    plan = build_plan(scenario, workload)
     if not (exact or trace) and fast.supported(plan):
         return fast.run(plan)
     check_simulation_size(scenario)  # a pipeline or ZeRO-3 step simulates every micro-batch: bound it

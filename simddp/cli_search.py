@@ -1,0 +1,187 @@
+"""``simddp plan`` and ``simddp sweep``: many scenarios at once (layouts ranked, grids over any keys)."""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import io
+from collections.abc import Callable
+from typing import Any
+
+from simddp import safeio, units
+from simddp.config import Scenario, ScenarioError
+
+ScenarioArgs = Callable[[argparse.ArgumentParser], None]
+
+
+def _positive_int(text: str) -> int:
+    from simddp.cli import positive_int
+
+    return positive_int(text)
+
+
+def cmd_plan(args: argparse.Namespace) -> int:
+    from simddp.cli import _load
+    from simddp.planner import plan_layouts, terminal_progress
+
+    scenario = _load(args)
+    gpus = args.gpus or scenario.num_gpus
+    result = plan_layouts(scenario, gpus, top=args.top, objective=args.objective,
+                          progress=None if args.json else terminal_progress("plan"))
+    if args.json:
+        print(safeio.json_text(result.to_json_dict(), indent=2))
+        return 0
+    print("\n".join(plan_lines(scenario, result)))
+    return 0
+
+
+def plan_lines(scenario: Scenario, result: Any) -> list[str]:
+    """The text report of a :class:`simddp.planner.PlanResult`: what was searched, then the ranked table."""
+    tr = scenario.training
+    lines = [
+        f"Plan       {scenario.model.preset or scenario.name} on {result.num_gpus} x {scenario.cluster.gpu.name} "
+        f"({scenario.cluster.preset or 'cluster'}), global batch {scenario.global_batch_size} x {tr.seq_len} tokens",
+        f"Searched   {result.evaluated} layouts: {result.fitting} fit in memory "
+        f"({result.dominated} ruled out by a smaller micro-batch or more recompute that did not), "
+        f"{result.simulated} simulated (the others' lower bound could not beat the top {len(result.layouts)})",
+        "",
+    ]
+    if not result.layouts:
+        lines.append("No layout fits in memory: try more GPUs, a larger GPU, or a smaller model or sequence.")
+        return lines
+    header = f"{'#':>3} {'tp':>3} {'pp':>3} {'v':>2} {'dp':>5} {'ZeRO':>4} {'mbs':>4} {'recompute':>9} {'SP':>3} " \
+             f"{'cap':>6} {'step time':>10} {'tokens/s':>11} {'MFU':>6} {'memory/GPU':>11}"
+    lines.append(header)
+    for k, lay in enumerate(result.layouts, start=1):
+        lines.append(
+            f"{k:>3} {lay.tp:>3} {lay.pp:>3} {lay.virtual_stages:>2} {lay.dp:>5} {lay.zero_stage:>4} "
+            f"{lay.micro_batch_size:>4} {lay.recompute:>9} {'yes' if lay.sequence_parallel else 'no':>3} "
+            f"{lay.bucket_cap_mb:>4g}Mi {units.fmt_time(lay.step_time_s):>10} {lay.tokens_per_s:>11,.0f} "
+            f"{lay.mfu:>6.1%} {units.fmt_bytes(lay.memory_bytes):>11}")
+    best = result.layouts[0]
+    lines += ["", "Use the best with: --set parallelism.tp={} --set parallelism.pp={} --set parallelism.virtual_stages={} "
+              "--set parallelism.zero_stage={} --set training.micro_batch_size={} --set training.recompute={} "
+              "--set parallelism.sequence_parallel={} --set ddp.bucket_cap_mb={:g}".format(
+                  best.tp, best.pp, best.virtual_stages, best.zero_stage, best.micro_batch_size, best.recompute,
+                  str(best.sequence_parallel).lower(), best.bucket_cap_mb)]
+    return lines
+
+
+def parse_vary(items: list[str]) -> dict[str, list[Any]]:
+    """``["ddp.bucket_cap_mb=25,50", ...]`` -> ``{"ddp.bucket_cap_mb": [25, 50]}`` (values parsed as YAML)."""
+    from simddp.schema import schema_keys
+
+    varies: dict[str, list[Any]] = {}
+    for item in items:
+        if "=" not in item:
+            raise ScenarioError(f"--vary {safeio.short_repr(item)}: expected key.path=v1,v2,...")
+        path, raw = (part.strip() for part in item.split("=", 1))
+        if path in varies:
+            raise ScenarioError(f"--vary {path}: given twice")
+        try:
+            schema_keys(path)
+        except ScenarioError as err:
+            raise ScenarioError(f"--vary {err}".replace("schema: ", "")) from None
+        values = []
+        for text in raw.split(","):
+            if not text.strip():
+                raise ScenarioError(f"--vary {path}: empty value in {safeio.short_repr(raw)}")
+            try:
+                values.append(safeio.parse_yaml(text.strip(), f"--vary {path}"))
+            except safeio.MalformedInput:
+                values.append(text.strip())
+        varies[path] = values
+    return varies
+
+
+def _csv_text(rows: list[dict[str, Any]]) -> str:
+    buf = io.StringIO()
+    writer = csv.DictWriter(buf, fieldnames=list(rows[0]) if rows else [], lineterminator="\n")
+    writer.writeheader()
+    for row in rows:
+        writer.writerow({k: ("" if v is None else v) for k, v in row.items()})
+    return buf.getvalue()
+
+
+def cmd_sweep(args: argparse.Namespace) -> int:
+    from simddp.cli import _load, _scenario_inputs
+    from simddp.planner import terminal_progress
+    from simddp.sweeps import sweep_html, vary_sweep
+
+    scenario = _load(args)
+    inputs = _scenario_inputs(args, scenario)
+    for flag, target in (("--csv", args.csv), ("--html", args.html)):
+        if target:
+            safeio.check_output(target, inputs, flag)
+    varies = parse_vary(args.vary)
+    points = 1
+    for values in varies.values():
+        points *= len(values)
+    if points > MAX_SWEEP_POINTS:
+        raise ScenarioError(f"--vary: {points:,} combinations exceed the limit of {MAX_SWEEP_POINTS:,} per sweep")
+    sweep = vary_sweep(scenario, varies, batch=args.batch, jobs=args.jobs,
+                       progress=None if args.json else terminal_progress("sweep"))
+    rows = sweep.rows()
+    written = []
+    if args.csv:
+        written.append(safeio.write_text(args.csv, _csv_text(rows), inputs, "--csv"))
+    if args.html:
+        written.append(safeio.write_text(args.html, sweep_html(sweep), inputs, "--html"))
+    if args.json:
+        print(safeio.json_text({"scenario": sweep.scenario, "paths": sweep.paths, "points": rows}, indent=2))
+        return 0
+    print("\n".join(sweep_lines(sweep)))
+    for path in written:
+        print(f"written: {path}")
+    return 0
+
+
+#: Most combinations one ``simddp sweep`` evaluates (each is a full simulation).
+MAX_SWEEP_POINTS = 100_000
+
+
+def sweep_lines(sweep: Any) -> list[str]:
+    """One row per point: the varied values, step time, exposed communication, MFU, memory; or the reason."""
+    widths = [max(len(p), *(len(str(pt.values[p])) for pt in sweep.points)) for p in sweep.paths]
+    head = "  ".join(f"{p:<{w}}" for p, w in zip(sweep.paths, widths, strict=True))
+    lines = [f"Sweep      {sweep.scenario}: {len(sweep.points)} points "
+             f"({sum(not p.ok for p in sweep.points)} invalid, kept with their reason)", "",
+             f"{head}  {'step time':>10}  {'exposed':>8}  {'MFU':>6}  {'memory/GPU':>11}  fits"]
+    for pt in sweep.points:
+        keys = "  ".join(f"{str(pt.values[p]):<{w}}" for p, w in zip(sweep.paths, widths, strict=True))
+        if not pt.ok:
+            lines.append(f"{keys}  invalid: {safeio.one_line(pt.error, 200)}")
+            continue
+        mem = units.fmt_bytes(pt.memory_bytes) if pt.memory_bytes is not None else "-"
+        fits = "-" if pt.memory_fits is None else ("yes" if pt.memory_fits else "NO")
+        lines.append(f"{keys}  {units.fmt_time(pt.step_time_s or 0.0):>10}  {pt.exposed_comm_fraction or 0.0:>8.1%}  "
+                     f"{pt.mfu or 0.0:>6.1%}  {mem:>11}  {fits}")
+    return lines
+
+
+def add_commands(sub: argparse._SubParsersAction, scenario_args: ScenarioArgs) -> None:  # type: ignore[type-arg]
+    from simddp.planner import OBJECTIVES
+
+    p = sub.add_parser("plan", help="the fastest parallel layouts that fit: tp, pp, virtual stages, dp, ZeRO, "
+                                    "micro-batch, recompute, sequence parallel, bucket cap")
+    scenario_args(p)
+    p.add_argument("--gpus", type=_positive_int, help="GPUs to plan for (default: the scenario's cluster)")
+    p.add_argument("--top", type=_positive_int, default=10, help="layouts to list (default 10)")
+    p.add_argument("--objective", choices=OBJECTIVES, default="step_time",
+                   help="rank by step time (default) or tokens per second")
+    p.set_defaults(func=cmd_plan)
+
+    p = sub.add_parser("sweep", help="a grid over any scenario keys: --vary key.path=v1,v2,... (repeatable)")
+    scenario_args(p)
+    p.add_argument("--vary", action="append", default=[], required=True, metavar="KEY.PATH=V1,V2,...",
+                   help="values of one scenario key (repeatable: every combination is simulated)")
+    p.add_argument("--csv", metavar="FILE", help="write every point (invalid ones with their reason) as CSV")
+    p.add_argument("--html", metavar="FILE", help="write a self-contained plotly report")
+    p.add_argument("--jobs", type=_positive_int, default=1, help="worker processes (default 1)")
+    p.add_argument("--batch", choices=("weak", "strong"), default="weak",
+                   help="when the cluster size varies: weak keeps micro-batches per GPU (default), strong keeps "
+                        "the global batch")
+    p.set_defaults(func=cmd_sweep)
+
+
+__all__ = ["add_commands", "cmd_plan", "cmd_sweep", "parse_vary", "plan_lines", "sweep_lines"]

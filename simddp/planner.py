@@ -1,0 +1,300 @@
+"""``simddp plan``: the fastest parallel layouts that fit, for a model, a global batch and a GPU count.
+
+The search enumerates tensor parallelism (divisors of the heads that stay inside a node), pipeline
+parallelism (divisors of the layers), virtual stages (interleaving, when the micro-batches allow it),
+data parallelism (the rest of the GPUs), ZeRO stage (2 and 3 only without pipelining, as DeepSpeed and
+simddp's timing allow), micro-batch size (dividing the per-replica batch), activation recompute, sequence
+parallelism and DDP's bucket cap. The memory model prunes first (cheap); the survivors are simulated
+(the fast engine where it is exact, simpy otherwise) and ranked by step time or tokens per second.
+Everything else (model, batch, precision, optimizer, overlap options, cluster) is the scenario's own.
+"""
+
+from __future__ import annotations
+
+import itertools
+import sys
+from collections.abc import Callable, Iterator
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from simddp.config import Scenario, ScenarioError
+from simddp.limits import MAX_GPUS
+from simddp.memory import memory_breakdown
+from simddp.collectives import collective_cost
+from simddp.sim.layers import pass_alone
+from simddp.sim.plan import boundary_group, layer_plans
+from simddp.sim.step import simulate_step
+from simddp.topology import tp_group
+from simddp.workload import Workload, build_workload
+
+Objective = Literal["step_time", "tokens_per_s"]
+OBJECTIVES: tuple[str, ...] = ("step_time", "tokens_per_s")
+
+#: Bucket caps the search tries, MiB: torch's default 25 and a large one (fewer, larger all-reduces).
+BUCKET_CAPS_MB: tuple[float, ...] = (25.0, 100.0)
+#: Largest interleaving (virtual stages) tried.
+MAX_VIRTUAL_STAGES = 4
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class PlannedLayout(_Frozen):
+    """One layout the planner evaluated."""
+
+    tp: int = Field(description="Tensor-parallel degree.")
+    pp: int = Field(description="Pipeline-parallel stages.")
+    dp: int = Field(description="Data-parallel degree.")
+    virtual_stages: int = Field(description="Model chunks per pipeline stage (interleaved 1F1B when > 1).")
+    zero_stage: int = Field(description="ZeRO stage.")
+    micro_batch_size: int = Field(description="Samples per GPU per micro-batch.")
+    recompute: str = Field(description="Activation recompute: none, selective or full.")
+    sequence_parallel: bool = Field(description="Megatron sequence parallelism.")
+    bucket_cap_mb: float = Field(description="DDP bucket cap, MiB.")
+    step_time_s: float | None = Field(description="Simulated step time, s (null: not simulated, it does not fit).")
+    tokens_per_s: float | None = Field(description="Tokens per second of the whole job.")
+    mfu: float | None = Field(description="Model FLOP utilisation.")
+    memory_bytes: int = Field(description="Peak memory of the most loaded GPU, bytes.")
+    fits: bool = Field(description="Whether that fits the GPU.")
+
+    def label(self) -> str:
+        v = f" v={self.virtual_stages}" if self.virtual_stages > 1 else ""
+        sp = " SP" if self.sequence_parallel else ""
+        return (f"tp={self.tp} pp={self.pp}{v} dp={self.dp} ZeRO-{self.zero_stage} mbs={self.micro_batch_size} "
+                f"recompute={self.recompute}{sp} cap={self.bucket_cap_mb:g}MiB")
+
+
+class PlanResult(_Frozen):
+    """The planner's answer: layouts fastest first (those that fit), then the ones that do not."""
+
+    num_gpus: int = Field(description="GPUs planned for.")
+    objective: Objective = Field(description="What the layouts are ranked by.")
+    evaluated: int = Field(description="Valid layouts evaluated (memory model), fitting or not.")
+    dominated: int = Field(description="Evaluated layouts known not to fit without their own memory estimate: a "
+                                       "smaller micro-batch or heavier recompute of the same layout did not.")
+    fitting: int = Field(description="Evaluated layouts that fit the GPU's memory.")
+    simulated: int = Field(description="Fitting layouts simulated (the rest could not beat the top: their lower "
+                                       "bound was slower).")
+    layouts: list[PlannedLayout] = Field(description="Fitting layouts, best first.")
+
+    def to_json_dict(self) -> dict[str, Any]:
+        """``{"evaluated": int, "layouts": [...]}``, fastest first (issue 10's format)."""
+        return {"evaluated": self.evaluated, "dominated": self.dominated, "fitting": self.fitting, "simulated": self.simulated, "objective": self.objective,
+                "num_gpus": self.num_gpus, "layouts": [layout.model_dump() for layout in self.layouts]}
+
+    def to_dataframe(self) -> Any:
+        import pandas as pd
+
+        return pd.DataFrame([layout.model_dump() for layout in self.layouts], columns=list(PlannedLayout.model_fields))
+
+
+def _divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def candidate_layouts(scenario: Scenario, num_gpus: int) -> Iterator[dict[str, Any]]:
+    """Every layout the search considers, as scenario section updates (before validation)."""
+    tf = scenario.model.transformer
+    per_node = scenario.cluster.gpus_per_node
+    layers = tf.num_layers if tf is not None else len(scenario.model.layers or scenario.model.parameters or [])
+    heads = tf.num_heads if tf is not None else 1
+    gbs = scenario.global_batch_size
+    tps = [t for t in _divisors(per_node) if heads % t == 0] if tf is not None else [1]
+    for tp in tps:
+        for pp in _divisors(layers):
+            if tp * pp > num_gpus or num_gpus % (tp * pp):
+                continue
+            dp = num_gpus // (tp * pp)
+            if gbs % dp:
+                continue
+            per_replica = gbs // dp
+            vs = [v for v in range(1, MAX_VIRTUAL_STAGES + 1) if pp > 1 and layers % (pp * v) == 0] or [1]
+            for v, zero, mbs, recompute, sp, cap in itertools.product(
+                    vs, (0, 1, 2, 3), _divisors(per_replica), ("none", "selective", "full"),
+                    (False, True) if tp > 1 else (False,), BUCKET_CAPS_MB):
+                if pp > 1 and zero >= 2:
+                    continue
+                micro = per_replica // mbs
+                if v > 1 and micro % pp:
+                    continue
+                if zero == 3 and cap != BUCKET_CAPS_MB[0]:
+                    continue  # FSDP reduces per unit: the bucket cap plays no part
+                yield {
+                    "parallelism": {"dp": None, "tp": tp, "pp": pp, "zero_stage": zero, "sequence_parallel": sp,
+                                    "virtual_stages": v,
+                                    "pipeline_schedule": "interleaved-1f1b" if v > 1 else
+                                    (scenario.parallelism.pipeline_schedule
+                                     if scenario.parallelism.pipeline_schedule != "interleaved-1f1b" else "1f1b")},
+                    "training": {"micro_batch_size": mbs, "recompute": recompute, "global_batch_size": gbs},
+                    "ddp": {"bucket_cap_mb": cap},
+                }
+
+
+def _cluster_update(scenario: Scenario, num_gpus: int) -> dict[str, Any]:
+    per_node = scenario.cluster.gpus_per_node
+    if num_gpus <= 0:
+        raise ScenarioError(f"--gpus({num_gpus}) must be > 0")
+    if num_gpus > MAX_GPUS:
+        raise ScenarioError(f"--gpus({num_gpus}) exceeds the limit of {MAX_GPUS} GPUs")
+    if num_gpus % per_node == 0:
+        return {"num_nodes": num_gpus // per_node}
+    if num_gpus < per_node and per_node % num_gpus == 0:
+        return {"num_nodes": 1, "gpus_per_node": num_gpus}
+    raise ScenarioError(f"--gpus({num_gpus}) is not a whole number of {per_node}-GPU nodes "
+                        f"({scenario.cluster.preset or 'cluster'}: gpus_per_node {per_node})")
+
+
+def _workload_key(update: dict[str, Any]) -> tuple[Any, ...]:
+    """What a layout's workload (kernels, layers, stages) depends on: not ZeRO, not the bucket cap."""
+    par, tr = update["parallelism"], update["training"]
+    return (par["tp"], par["pp"], par["virtual_stages"], par["sequence_parallel"], tr["micro_batch_size"],
+            tr["recompute"])
+
+
+def step_lower_bound(scenario: Scenario, workload: Workload) -> float:
+    """A step time the simulation of ``scenario`` never beats: each operation alone, in dependency order.
+
+    Every forward or backward of a virtual stage takes at least its time on an otherwise idle GPU (its
+    kernels and its own blocking TP collectives, :func:`simddp.sim.layers.pass_alone`); a synchronous
+    send and the receiver's all-gather add theirs. Rank ``r`` cannot start before the first micro-batch went
+    forward through the virtual stages ahead of its first chunk (``head``); it then runs its ``m`` forwards
+    and backwards one after another; its last operation, the last micro-batch's backward of its first chunk
+    (every schedule of :mod:`simddp.sim.pipeline` ends so; ``tests/test_planner.py`` checks it), is followed
+    by that micro-batch's backward through those earlier stages (``tail``). Sharing a link, interference,
+    gradient reduction and the optimizer only add time; the tests check the bound on random layouts.
+    """
+    par = scenario.parallelism
+    m = scenario.num_micro_batches
+    overlap, interference = par.tp_comm_overlap, scenario.cluster.comm_compute_interference
+    num_vs = workload.num_stages
+    fwd = [0.0] * num_vs
+    bwd = [0.0] * num_vs
+    for r in range(par.pp):
+        layers = workload.rank_layers(r, par.pp)
+        plans = layer_plans(scenario, layers)
+        for vs in {layer.stage for layer in layers}:
+            stage = [p for p, layer in zip(plans, layers, strict=True) if layer.stage == vs]
+            fwd[vs] = pass_alone(stage, overlap, "F", interference)[0]
+            bwd[vs] = pass_alone(stage, overlap, "B", interference)[0]
+    if par.pp > 1 and workload.boundary_activation_bytes:
+        gather = (collective_cost("all-gather", workload.boundary_gather_bytes, tp_group(scenario)).time_s
+                  if workload.boundary_gather_bytes else 0.0)
+        for vs in range(num_vs - 1):
+            send = 0.0 if par.pp_p2p_overlap else collective_cost(
+                "send-recv", workload.boundary_activation_bytes, boundary_group(scenario, vs)).time_s
+            fwd[vs] += send  # sent by stage vs, forward
+            bwd[vs + 1] += send  # sent by stage vs + 1, backward
+            fwd[vs + 1] += gather  # received by stage vs + 1
+            bwd[vs] += gather
+    bound = 0.0
+    for r in range(par.pp):
+        own = range(r, num_vs, par.pp)
+        work = m * sum(fwd[vs] + bwd[vs] for vs in own)
+        bound = max(bound, sum(fwd[:r]) + work + sum(bwd[:r]))
+    return bound
+
+
+def plan_layouts(scenario: Scenario, num_gpus: int, top: int = 10, objective: Objective = "step_time",
+                 progress: Callable[[int, int], None] | None = None) -> PlanResult:
+    """The ``top`` fastest layouts that fit ``scenario``'s model and global batch on ``num_gpus`` GPUs.
+
+    Exact branch and bound: every valid layout is checked against the memory model; those that fit get a
+    lower bound on their step (:func:`step_lower_bound`) and are simulated in increasing order of it, until
+    the bound of the next one cannot beat the ``top``-th best simulated step. The result is the same as
+    simulating every fitting layout (``tests/test_planner.py`` compares the two).
+    """
+    if top < 1:
+        raise ScenarioError(f"--top({top}) must be >= 1")
+    data = scenario.model_dump()
+    if scenario.model.preset is not None:
+        data["model"] = {"preset": scenario.model.preset}
+    data["name"] = None
+    data["cluster"] = {**data["cluster"], **_cluster_update(scenario, num_gpus)}
+    candidates = list(candidate_layouts(scenario, num_gpus))
+    if not candidates:
+        raise ScenarioError(f"no layout splits global_batch_size({scenario.global_batch_size}) over {num_gpus} GPUs "
+                            "(dp must divide the batch)")
+    total = len(candidates)
+    # Memory never falls as the micro-batch grows or as less is recomputed (tests/test_planner.py checks
+    # both): a layout that does not fit rules out the larger micro-batches and lighter recompute beside it.
+    order = {"full": 0, "selective": 1, "none": 2}
+    candidates.sort(key=lambda u: (u["training"]["micro_batch_size"], order[u["training"]["recompute"]]))
+    failed: dict[tuple[Any, ...], list[tuple[int, int]]] = {}
+    workloads: dict[tuple[Any, ...], tuple[Workload, float]] = {}
+    fitting: list[tuple[float, int, Scenario, Workload, dict[str, Any], int]] = []
+    evaluated = dominated = 0
+    for done, update in enumerate(candidates, start=1):
+        if progress is not None and done % 25 == 0:
+            progress(done, total)
+        par, tr = update["parallelism"], update["training"]
+        base = (par["tp"], par["pp"], par["virtual_stages"], par["sequence_parallel"], par["zero_stage"],
+                update["ddp"]["bucket_cap_mb"])
+        mbs, rc = tr["micro_batch_size"], order[tr["recompute"]]
+        variant = {section: ({**data[section], **values} if isinstance(data.get(section), dict) else values)
+                   for section, values in update.items()}
+        try:
+            s = Scenario.model_validate({**data, **variant})
+        except (ValidationError, ScenarioError, ValueError):
+            continue  # a layout the scenario rules forbid (heads, layers, schedule)
+        evaluated += 1
+        if any(m0 <= mbs and r0 <= rc for m0, r0 in failed.get(base, ())):
+            dominated += 1
+            continue
+        key = _workload_key(update)
+        if key not in workloads:
+            w = build_workload(s)  # shared by the layouts that differ only in ZeRO stage and bucket cap
+            workloads[key] = (w, step_lower_bound(s, w))
+        workload, bound = workloads[key]
+        mem = memory_breakdown(s, workload)
+        if mem.fits:
+            fitting.append((bound, len(fitting), s, workload, update, mem.total_bytes))
+        else:
+            failed.setdefault(base, []).append((mbs, rc))
+    fitting.sort(key=lambda f: (f[0], f[1]))
+    rows: list[PlannedLayout] = []
+    best: list[float] = []  # the top fastest simulated steps so far, ascending
+    for bound, _, s, workload, update, mem_bytes in fitting:
+        if len(best) >= top and bound >= best[top - 1]:
+            break  # no layout left can enter the top
+        try:
+            r = simulate_step(s, trace=False, workload=workload)
+        except ScenarioError:
+            continue  # beyond the simulation size limit (simddp.limits): not a layout we can rank
+        par, tr = s.parallelism, s.training
+        rows.append(PlannedLayout(
+            tp=par.tp, pp=par.pp, dp=s.dp, virtual_stages=par.virtual_stages, zero_stage=par.zero_stage,
+            micro_batch_size=tr.micro_batch_size, recompute=tr.recompute, sequence_parallel=par.sequence_parallel,
+            bucket_cap_mb=float(update["ddp"]["bucket_cap_mb"]), step_time_s=r.step_time_s,
+            tokens_per_s=r.tokens_per_s, mfu=r.mfu, memory_bytes=mem_bytes, fits=True))
+        best = sorted([*best, r.step_time_s])[:top]
+        if progress is not None:
+            progress(total, total)
+    rows.sort(key=lambda r: (r.step_time_s if objective == "step_time" else -(r.tokens_per_s or 0.0),
+                             r.memory_bytes))
+    return PlanResult(num_gpus=num_gpus, objective=objective, evaluated=evaluated, dominated=dominated,
+                      fitting=len(fitting),
+                      simulated=len(rows), layouts=rows[:top])
+
+
+def terminal_progress(label: str) -> Callable[[int, int], None] | None:
+    """A progress bar on stderr when it is a terminal (nothing otherwise)."""
+    if not sys.stderr.isatty():
+        return None
+
+    def show(done: int, total: int) -> None:
+        width = 30
+        filled = int(width * done / max(total, 1))
+        sys.stderr.write(f"\r{label} [{'#' * filled}{'.' * (width - filled)}] {done}/{total}")
+        if done >= total:
+            sys.stderr.write("\n")
+        sys.stderr.flush()
+
+    return show
+
+
+
+
+__all__ = ["BUCKET_CAPS_MB", "OBJECTIVES", "PlanResult", "PlannedLayout", "candidate_layouts", "plan_layouts",
+           "terminal_progress"]

@@ -1,0 +1,187 @@
+"""``simddp plan``: the branch and bound returns what simulating every fitting layout returns (issue 10).
+
+Its two shortcuts are checked here: the lower bound never exceeds the simulated step, and memory never
+falls as the micro-batch grows or recompute gets lighter (which lets one failing layout rule out others).
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from simddp import ScenarioError, as_scenario, memory_breakdown, simulate
+from simddp.cli import main
+from simddp.planner import candidate_layouts, plan_layouts, step_lower_bound
+from simddp.sim.pipeline import schedule
+from simddp.workload import build_workload
+
+SMALL = {
+    "cluster": {"preset": "dgx-a100-80gb", "num_nodes": 1, "gpus_per_node": 4},
+    "model": {"transformer": {"num_layers": 4, "hidden_size": 1024, "num_heads": 16, "ffn_hidden_size": 4096,
+                              "vocab_size": 32000}},
+    "training": {"global_batch_size": 16, "seq_len": 512, "micro_batch_size": 1},
+}
+
+
+def _small() -> dict:
+    return json.loads(json.dumps(SMALL))
+
+
+@pytest.mark.parametrize("name,chunks", [("gpipe", 1), ("1f1b", 1), ("interleaved-1f1b", 2),
+                                         ("interleaved-1f1b", 3)])
+@pytest.mark.parametrize("stages,micro", [(2, 4), (4, 4), (4, 8), (3, 6)])
+def test_every_schedule_ends_with_the_last_backward_of_the_first_chunk(name: str, chunks: int, stages: int,
+                                                                       micro: int) -> None:
+    """step_lower_bound's tail rests on this."""
+    if chunks > 1 and micro % stages:
+        pytest.skip("interleaving needs micro-batches in multiples of the stages")
+    for rank in range(stages):
+        ops = schedule(name, stages, micro, rank, chunks)
+        last = ops[-1]
+        assert (last.kind, last.micro_batch, last.virtual_stage) == ("B", micro - 1, rank)
+
+
+layouts = st.fixed_dictionaries({
+    "tp": st.sampled_from([1, 2, 4]), "pp": st.sampled_from([1, 2, 4]), "v": st.sampled_from([1, 2]),
+    "zero": st.sampled_from([0, 1, 2, 3]), "mbs": st.sampled_from([1, 2]),
+    "recompute": st.sampled_from(["none", "selective", "full"]), "sp": st.booleans(),
+    "overlap": st.booleans(), "p2p_overlap": st.booleans(), "tp_overlap": st.sampled_from(["none", "backward", "full"]),
+    "interference": st.sampled_from([0.0, 0.189]), "nodes": st.sampled_from([1, 2]),
+})
+
+
+def _layout(d: dict) -> dict:
+    v = d["v"] if d["pp"] > 1 else 1
+    return {
+        "cluster": {"preset": "dgx-a100-80gb", "num_nodes": d["nodes"], "comm_compute_interference": d["interference"]},
+        "model": {"transformer": {"num_layers": 8, "hidden_size": 1024, "num_heads": 16, "ffn_hidden_size": 4096,
+                                  "vocab_size": 32000}},
+        "parallelism": {"tp": d["tp"], "pp": d["pp"], "zero_stage": d["zero"] if d["pp"] == 1 else min(d["zero"], 1),
+                        "virtual_stages": v, "pipeline_schedule": "interleaved-1f1b" if v > 1 else "1f1b",
+                        "sequence_parallel": d["sp"] and d["tp"] > 1, "tp_comm_overlap": d["tp_overlap"],
+                        "pp_p2p_overlap": d["p2p_overlap"]},
+        "training": {"micro_batch_size": d["mbs"], "seq_len": 512, "recompute": d["recompute"],
+                     "global_batch_size": d["mbs"] * 8 * d["nodes"] * 8 // (d["tp"] * d["pp"])},
+        "ddp": {"overlap": d["overlap"]},
+    }
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(layouts)
+def test_lower_bound_never_exceeds_the_simulated_step(d: dict) -> None:
+    try:
+        scenario = as_scenario(_layout(d))
+    except ScenarioError:
+        return
+    bound = step_lower_bound(scenario, build_workload(scenario))
+    step = simulate(scenario, trace=False, exact=True).step_time_s
+    assert 0 < bound <= step * (1 + 1e-12)
+    # and it is not vacuous: the kernels alone are most of a step
+    assert bound >= 0.3 * step
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(layouts)
+def test_memory_never_falls_with_a_larger_micro_batch_or_lighter_recompute(d: dict) -> None:
+    lighter = {"full": "selective", "selective": "none", "none": None}
+    data = _layout(d)
+    try:
+        base = memory_breakdown(as_scenario(data)).total_bytes
+    except ScenarioError:
+        return
+    data["training"]["micro_batch_size"] *= 2
+    data["training"]["global_batch_size"] *= 2
+    assert memory_breakdown(as_scenario(data)).total_bytes >= base
+    if lighter[d["recompute"]]:
+        data = _layout(d)
+        data["training"]["recompute"] = lighter[d["recompute"]]
+        assert memory_breakdown(as_scenario(data)).total_bytes >= base
+
+
+def _exhaustive(data: dict, gpus: int) -> list[tuple[float, tuple]]:
+    """Every fitting layout simulated (what the branch and bound must reproduce)."""
+    from simddp.config import Scenario
+
+    scenario = as_scenario(data)
+    out = []
+    for update in candidate_layouts(scenario, gpus):
+        variant = {k: {**scenario.model_dump()[k], **v} for k, v in update.items()}
+        try:
+            s = Scenario.model_validate({**scenario.model_dump(), **variant, "name": None})
+        except (ValueError, ScenarioError):
+            continue
+        if memory_breakdown(s).fits:
+            p = s.parallelism
+            out.append((simulate(s, trace=False).step_time_s,
+                        (p.tp, p.pp, p.virtual_stages, p.zero_stage, s.training.micro_batch_size, s.training.recompute,
+                         p.sequence_parallel, s.ddp.bucket_cap_mb)))
+    return sorted(out)
+
+
+@pytest.mark.parametrize("capacity", [None, 2 * 2**30])
+def test_branch_and_bound_equals_simulating_every_fitting_layout(capacity: float | None) -> None:
+    """With room for every layout, and with a GPU so small that many do not fit."""
+    data = _small()
+    if capacity is not None:
+        gpu = as_scenario(data).cluster.gpu.model_dump()
+        data["cluster"]["gpu"] = {**gpu, "hbm_bytes": int(capacity)}
+    result = plan_layouts(as_scenario(data), 4, top=5)
+    every = _exhaustive(data, 4)
+    assert result.fitting == len(every) and result.simulated <= len(every)
+    if capacity is None:
+        assert result.simulated < len(every) / 4  # the bound prunes most of them
+    got = [(r.step_time_s, (r.tp, r.pp, r.virtual_stages, r.zero_stage, r.micro_batch_size, r.recompute,
+                            r.sequence_parallel, r.bucket_cap_mb)) for r in result.layouts]
+    assert [t for t, _ in got] == pytest.approx([t for t, _ in every[:5]], rel=1e-12)
+    assert result.layouts[0].step_time_s == min(t for t, _ in every)
+    assert all(r.fits and r.dp * r.tp * r.pp == 4 for r in result.layouts)
+
+
+def test_plan_cli_json_and_errors(capsys: pytest.CaptureFixture[str], tmp_path) -> None:
+    path = tmp_path / "s.json"
+    path.write_text(json.dumps(_small()))
+    assert main(["plan", str(path), "--gpus", "4", "--top", "3", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["evaluated"] >= out["fitting"] >= out["simulated"] >= 3 and len(out["layouts"]) == 3
+    assert set(out["layouts"][0]) == {"tp", "pp", "dp", "virtual_stages", "zero_stage", "micro_batch_size",
+                                      "recompute", "sequence_parallel", "bucket_cap_mb", "step_time_s",
+                                      "tokens_per_s", "mfu", "memory_bytes", "fits"}
+    times = [lay["step_time_s"] for lay in out["layouts"]]
+    assert times == sorted(times)
+    assert main(["plan", str(path), "--gpus", "3"]) == 2
+    assert "--gpus(3)" in capsys.readouterr().err
+    assert main(["plan", str(path), "--gpus", "4", "--objective", "tokens_per_s"]) == 0
+    assert "Searched" in capsys.readouterr().out
+
+
+def test_sweep_cli_keeps_invalid_rows_and_writes_reports(capsys: pytest.CaptureFixture[str], tmp_path) -> None:
+    path = tmp_path / "s.json"
+    path.write_text(json.dumps(_small()))
+    csv_path, html = tmp_path / "out.csv", tmp_path / "out.html"
+    assert main(["sweep", str(path), "--vary", "ddp.bucket_cap_mb=-1,5,25", "--vary", "training.seq_len=256,512",
+                 "--csv", str(csv_path), "--html", str(html)]) == 0
+    text = capsys.readouterr().out
+    assert "6 points (2 invalid" in text and "greater than 0" in text
+    rows = csv_path.read_text().splitlines()
+    assert len(rows) == 7 and rows[0].startswith("ddp.bucket_cap_mb,training.seq_len,error")
+    assert "plotly" in html.read_text()[:5000].lower()
+    # a point's numbers are simulate()'s numbers
+    assert main(["sweep", str(path), "--vary", "training.seq_len=512", "--json"]) == 0
+    point = json.loads(capsys.readouterr().out)["points"][0]
+    assert point["step_time_s"] == simulate(_small(), trace=False).step_time_s
+    # an output that is an input is refused before anything runs
+    assert main(["sweep", str(path), "--vary", "training.seq_len=512", "--csv", str(path)]) == 2
+    assert json.loads(path.read_text()) == _small()
+    assert main(["sweep", str(path), "--vary", "training.nope=1"]) == 2
+    assert "--vary training.nope" in capsys.readouterr().err
+
+
+def test_sweep_jobs_give_the_same_points() -> None:
+    from simddp.sweeps import vary_sweep
+
+    one = vary_sweep(_small(), {"ddp.bucket_cap_mb": [5, 25], "training.seq_len": [256, 512]})
+    two = vary_sweep(_small(), {"ddp.bucket_cap_mb": [5, 25], "training.seq_len": [256, 512]}, jobs=2)
+    assert one.rows() == two.rows()
