@@ -59,11 +59,17 @@ def plan_lines(scenario: Scenario, result: Any) -> list[str]:
             f"{lay.bucket_cap_mb:>4g}Mi {units.fmt_time(lay.step_time_s):>10} {lay.tokens_per_s:>11,.0f} "
             f"{lay.mfu:>6.1%} {units.fmt_bytes(lay.memory_bytes):>11}")
     best = result.layouts[0]
-    lines += ["", "Use the best with: --set parallelism.tp={} --set parallelism.pp={} --set parallelism.virtual_stages={} "
-              "--set parallelism.zero_stage={} --set training.micro_batch_size={} --set training.recompute={} "
-              "--set parallelism.sequence_parallel={} --set ddp.bucket_cap_mb={:g}".format(
-                  best.tp, best.pp, best.virtual_stages, best.zero_stage, best.micro_batch_size, best.recompute,
-                  str(best.sequence_parallel).lower(), best.bucket_cap_mb)]
+    sets: dict[str, object] = {}
+    if result.num_gpus != scenario.num_gpus:
+        per_node = min(scenario.cluster.gpus_per_node, result.num_gpus)
+        sets.update({"cluster.num_nodes": result.num_gpus // per_node, "cluster.gpus_per_node": per_node})
+    sets |= {"parallelism.dp": best.dp, "parallelism.tp": best.tp, "parallelism.pp": best.pp, "parallelism.virtual_stages": best.virtual_stages,
+            "parallelism.zero_stage": best.zero_stage, "training.micro_batch_size": best.micro_batch_size,
+            "training.recompute": best.recompute, "parallelism.sequence_parallel": str(best.sequence_parallel).lower(),
+            "ddp.bucket_cap_mb": f"{best.bucket_cap_mb:g}"}
+    if best.virtual_stages > 1:
+        sets["parallelism.pipeline_schedule"] = "interleaved-1f1b"
+    lines += ["", "Use the best with: " + " ".join(f"--set {k}={v}" for k, v in sets.items())]
     return lines
 
 
@@ -148,7 +154,7 @@ def sweep_lines(sweep: Any) -> list[str]:
              f"({sum(not p.ok for p in sweep.points)} invalid, kept with their reason)", "",
              f"{head}  {'step time':>10}  {'exposed':>8}  {'MFU':>6}  {'memory/GPU':>11}  fits"]
     for pt in sweep.points:
-        keys = "  ".join(f"{str(pt.values[p]):<{w}}" for p, w in zip(sweep.paths, widths, strict=True))
+        keys = "  ".join(f"{pt.values[p]!s:<{w}}" for p, w in zip(sweep.paths, widths, strict=True))
         if not pt.ok:
             lines.append(f"{keys}  invalid: {safeio.one_line(pt.error, 200)}")
             continue

@@ -18,10 +18,10 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from simddp.collectives import collective_cost
 from simddp.config import Scenario, ScenarioError
 from simddp.limits import MAX_GPUS
 from simddp.memory import memory_breakdown
-from simddp.collectives import collective_cost
 from simddp.sim.layers import pass_alone
 from simddp.sim.plan import boundary_group, layer_plans
 from simddp.sim.step import simulate_step
@@ -81,7 +81,8 @@ class PlanResult(_Frozen):
 
     def to_json_dict(self) -> dict[str, Any]:
         """``{"evaluated": int, "layouts": [...]}``, fastest first (issue 10's format)."""
-        return {"evaluated": self.evaluated, "dominated": self.dominated, "fitting": self.fitting, "simulated": self.simulated, "objective": self.objective,
+        return {"evaluated": self.evaluated, "dominated": self.dominated, "fitting": self.fitting,
+                "simulated": self.simulated, "objective": self.objective,
                 "num_gpus": self.num_gpus, "layouts": [layout.model_dump() for layout in self.layouts]}
 
     def to_dataframe(self) -> Any:
