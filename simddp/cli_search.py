@@ -25,7 +25,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     from simddp.planner import plan_layouts, terminal_progress
 
     scenario = _load(args)
-    gpus = args.gpus or scenario.num_gpus
+    gpus = args.gpus or scenario.cluster.num_gpus
     result = plan_layouts(scenario, gpus, top=args.top, objective=args.objective,
                           progress=None if args.json else terminal_progress("plan"))
     if args.json:
@@ -60,7 +60,7 @@ def plan_lines(scenario: Scenario, result: Any) -> list[str]:
             f"{lay.mfu:>6.1%} {units.fmt_bytes(lay.memory_bytes):>11}")
     best = result.layouts[0]
     sets: dict[str, object] = {}
-    if result.num_gpus != scenario.num_gpus:
+    if result.num_gpus != scenario.cluster.num_gpus:
         per_node = min(scenario.cluster.gpus_per_node, result.num_gpus)
         sets.update({"cluster.num_nodes": result.num_gpus // per_node, "cluster.gpus_per_node": per_node})
     sets |= {"parallelism.dp": best.dp, "parallelism.tp": best.tp, "parallelism.pp": best.pp, "parallelism.virtual_stages": best.virtual_stages,
