@@ -63,7 +63,8 @@ def plan_lines(scenario: Scenario, result: Any) -> list[str]:
     if result.num_gpus != scenario.cluster.num_gpus:
         per_node = min(scenario.cluster.gpus_per_node, result.num_gpus)
         sets.update({"cluster.num_nodes": result.num_gpus // per_node, "cluster.gpus_per_node": per_node})
-    sets |= {"parallelism.dp": best.dp, "parallelism.tp": best.tp, "parallelism.pp": best.pp, "parallelism.virtual_stages": best.virtual_stages,
+    sets |= {"parallelism.dp": best.dp, "parallelism.tp": best.tp, "parallelism.pp": best.pp,
+             "parallelism.virtual_stages": best.virtual_stages,
             "parallelism.zero_stage": best.zero_stage, "training.micro_batch_size": best.micro_batch_size,
             "training.recompute": best.recompute, "parallelism.sequence_parallel": str(best.sequence_parallel).lower(),
             "ddp.bucket_cap_mb": f"{best.bucket_cap_mb:g}"}
