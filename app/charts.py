@@ -391,6 +391,54 @@ def memory_items(memory: Any) -> Any:
     return out
 
 
+# ------------------------------------------------------------------------------------------ plan
+def plan_table(result: Any) -> Any:
+    """The planner's ranked layouts: rank, layout, step time (ms), tokens/s, MFU (%), memory (GiB)."""
+    import pandas as pd
+
+    rows = [{"rank": k, "tp": lay.tp, "pp": lay.pp, "virtual stages": lay.virtual_stages, "dp": lay.dp,
+             "ZeRO": lay.zero_stage, "micro-batch": lay.micro_batch_size, "recompute": lay.recompute,
+             "sequence parallel": lay.sequence_parallel, "bucket cap (MiB)": lay.bucket_cap_mb,
+             "step time (ms)": _ms(lay.step_time_s), "tokens/s": lay.tokens_per_s,
+             "MFU (%)": None if lay.mfu is None else 100 * lay.mfu, "memory / GPU (GiB)": lay.memory_bytes / units.GiB}
+            for k, lay in enumerate(result.layouts, start=1)]
+    return pd.DataFrame(rows)
+
+
+def plan_front(result: Any, capacity_bytes: float | None = None) -> go.Figure:
+    """Step time against memory per GPU of every simulated layout, the Pareto front joined, the top ranked."""
+    def label(lay: Any) -> str:
+        v = f" v{lay.virtual_stages}" if lay.virtual_stages > 1 else ""
+        return (f"tp{lay.tp} pp{lay.pp}{v} dp{lay.dp} ZeRO-{lay.zero_stage} mbs{lay.micro_batch_size} "
+                f"{lay.recompute}{' SP' if lay.sequence_parallel else ''} {lay.bucket_cap_mb:g}MiB")
+
+    fig = go.Figure()
+    every = result.simulated_layouts
+    fig.add_trace(go.Scatter(x=[lay.memory_bytes / units.GiB for lay in every],
+                             y=[_ms(lay.step_time_s) for lay in every], mode="markers", name="simulated layouts",
+                             marker={"color": COLORS["compute"], "size": 7, "opacity": 0.6},
+                             text=[label(lay) for lay in every], hovertemplate="%{text}<br>%{x:.1f} GiB, %{y:.1f} ms"))
+    if result.front:
+        fig.add_trace(go.Scatter(x=[lay.memory_bytes / units.GiB for lay in result.front],
+                                 y=[_ms(lay.step_time_s) for lay in result.front], mode="lines+markers",
+                                 name="Pareto front (no layout is both faster and smaller)"
+                                 + ("" if result.exact_front else ", of the simulated layouts"), line={"shape": "hv"},
+                                 marker={"color": COLORS["exposed"], "size": 9},
+                                 text=[label(lay) for lay in result.front],
+                                 hovertemplate="%{text}<br>%{x:.1f} GiB, %{y:.1f} ms"))
+    top = result.layouts
+    fig.add_trace(go.Scatter(x=[lay.memory_bytes / units.GiB for lay in top], y=[_ms(lay.step_time_s) for lay in top],
+                             mode="markers+text", name="ranked", text=[str(k) for k in range(1, len(top) + 1)],
+                             textposition="top center", marker={"symbol": "star", "size": 12, "color": COLORS["other"]},
+                             hoverinfo="skip"))
+    if capacity_bytes:
+        fig.add_vline(x=capacity_bytes / units.GiB, line={"dash": "dash", "color": "grey", "width": 1},
+                      annotation_text="GPU memory", annotation_position="top left")
+    fig.update_layout(title="Step time against memory per GPU", xaxis_title="memory per GPU (GiB)",
+                      yaxis_title="step time (ms)", **_LAYOUT)
+    return fig
+
+
 # ------------------------------------------------------------------------------------------ calibration
 def collective_fits(profile: Any) -> go.Figure:
     """Measured collective times against each fitted alpha-beta segment (log-log), per op and communicator."""

@@ -30,6 +30,7 @@ st.set_page_config(page_title="simddp what-if", page_icon=":material/hub:", layo
 page = st.navigation(
     [
         st.Page(PAGES / "planner.py", title="Planner", icon=":material/tune:", default=True),
+        st.Page(PAGES / "plan.py", title="Plan", icon=":material/manage_search:"),
         st.Page(PAGES / "timeline.py", title="Timeline", icon=":material/view_timeline:"),
         st.Page(PAGES / "scaling.py", title="Scaling", icon=":material/trending_up:"),
         st.Page(PAGES / "memory.py", title="Memory", icon=":material/memory:"),

@@ -10,6 +10,7 @@ from typing import Any
 
 from simddp import safeio, units
 from simddp.config import Scenario, ScenarioError
+from simddp.planner import layout_settings
 
 ScenarioArgs = Callable[[argparse.ArgumentParser], None]
 
@@ -59,19 +60,15 @@ def plan_lines(scenario: Scenario, result: Any) -> list[str]:
             f"{lay.bucket_cap_mb:>4g}Mi {units.fmt_time(lay.step_time_s):>10} {lay.tokens_per_s:>11,.0f} "
             f"{lay.mfu:>6.1%} {units.fmt_bytes(lay.memory_bytes):>11}")
     best = result.layouts[0]
-    sets: dict[str, object] = {}
-    if result.num_gpus != scenario.cluster.num_gpus:
-        per_node = min(scenario.cluster.gpus_per_node, result.num_gpus)
-        sets.update({"cluster.num_nodes": result.num_gpus // per_node, "cluster.gpus_per_node": per_node})
-    sets |= {"parallelism.dp": best.dp, "parallelism.tp": best.tp, "parallelism.pp": best.pp,
-             "parallelism.virtual_stages": best.virtual_stages,
-            "parallelism.zero_stage": best.zero_stage, "training.micro_batch_size": best.micro_batch_size,
-            "training.recompute": best.recompute, "parallelism.sequence_parallel": str(best.sequence_parallel).lower(),
-            "ddp.bucket_cap_mb": f"{best.bucket_cap_mb:g}"}
-    if best.virtual_stages > 1:
-        sets["parallelism.pipeline_schedule"] = "interleaved-1f1b"
-    lines += ["", "Use the best with: " + " ".join(f"--set {k}={v}" for k, v in sets.items())]
+    sets = layout_settings(scenario, result.num_gpus, best)
+    lines += ["", "Use the best with: " + " ".join(f"--set {k}={_flag(v)}" for k, v in sets.items())]
     return lines
+
+
+def _flag(value: Any) -> str:
+    if isinstance(value, bool):
+        return str(value).lower()
+    return f"{value:g}" if isinstance(value, float) else str(value)
 
 
 def parse_vary(items: list[str]) -> dict[str, list[Any]]:

@@ -78,6 +78,12 @@ class PlanResult(_Frozen):
     simulated: int = Field(description="Fitting layouts simulated (the rest could not beat the top: their lower "
                                        "bound was slower).")
     layouts: list[PlannedLayout] = Field(description="Fitting layouts, best first.")
+    simulated_layouts: list[PlannedLayout] = Field(description="Every layout simulated, best first.")
+    front: list[PlannedLayout] | None = Field(
+        default=None, description="Pareto front of step time against memory per GPU of the simulated layouts, "
+        "least memory first (when asked for; exact over every fitting layout with exact_front).")
+    exact_front: bool = Field(default=False, description="Whether every layout that could be on the front was "
+                                                         "simulated.")
 
     def to_json_dict(self) -> dict[str, Any]:
         """``{"evaluated": int, "layouts": [...]}``, fastest first (issue 10's format)."""
@@ -198,13 +204,16 @@ def step_lower_bound(scenario: Scenario, workload: Workload) -> float:
 
 
 def plan_layouts(scenario: Scenario, num_gpus: int, top: int = 10, objective: Objective = "step_time",
-                 progress: Callable[[int, int], None] | None = None) -> PlanResult:
+                 progress: Callable[[int, int], None] | None = None, pareto: bool = False,
+                 exact_front: bool = False) -> PlanResult:
     """The ``top`` fastest layouts that fit ``scenario``'s model and global batch on ``num_gpus`` GPUs.
 
     Exact branch and bound: every valid layout is checked against the memory model; those that fit get a
     lower bound on their step (:func:`step_lower_bound`) and are simulated in increasing order of it, until
     the bound of the next one cannot beat the ``top``-th best simulated step. The result is the same as
-    simulating every fitting layout (``tests/test_planner.py`` compares the two).
+    simulating every fitting layout (``tests/test_planner.py`` compares the two). ``pareto`` adds ``front``,
+    the layouts no other simulated one beats on both step time and memory per GPU; with ``exact_front`` too,
+    every layout that could still be on it is simulated, so it is the front over every fitting layout.
     """
     if top < 1:
         raise ScenarioError(f"--top({top}) must be >= 1")
@@ -256,9 +265,17 @@ def plan_layouts(scenario: Scenario, num_gpus: int, top: int = 10, objective: Ob
     fitting.sort(key=lambda f: (f[0], f[1]))
     rows: list[PlannedLayout] = []
     best: list[float] = []  # the top fastest simulated steps so far, ascending
-    for bound, _, s, workload, update, mem_bytes in fitting:
+    steps_total = total + len(fitting)
+    for k, (bound, _, s, workload, update, mem_bytes) in enumerate(fitting):
+        if progress is not None:
+            progress(total + k, steps_total)
         if len(best) >= top and bound >= best[top - 1]:
-            break  # no layout left can enter the top
+            # No layout left can enter the top. For the front, one can still matter if nothing simulated
+            # uses no more memory and is at least as fast as its bound.
+            if not exact_front:
+                break
+            if any(r.memory_bytes <= mem_bytes and r.step_time_s <= bound for r in rows):
+                continue
         try:
             r = simulate_step(s, trace=False, workload=workload)
         except ScenarioError:
@@ -270,13 +287,40 @@ def plan_layouts(scenario: Scenario, num_gpus: int, top: int = 10, objective: Ob
             bucket_cap_mb=float(update["ddp"]["bucket_cap_mb"]), step_time_s=r.step_time_s,
             tokens_per_s=r.tokens_per_s, mfu=r.mfu, memory_bytes=mem_bytes, fits=True))
         best = sorted([*best, r.step_time_s])[:top]
-        if progress is not None:
-            progress(total, total)
+    if progress is not None:
+        progress(steps_total, steps_total)
     rows.sort(key=lambda r: (r.step_time_s if objective == "step_time" else -(r.tokens_per_s or 0.0),
                              r.memory_bytes))
     return PlanResult(num_gpus=num_gpus, objective=objective, evaluated=evaluated, dominated=dominated,
-                      fitting=len(fitting),
-                      simulated=len(rows), layouts=rows[:top])
+                      fitting=len(fitting), simulated=len(rows), layouts=rows[:top],
+                      simulated_layouts=rows, front=pareto_front(rows) if pareto or exact_front else None,
+                      exact_front=exact_front)
+
+
+def layout_settings(scenario: Scenario, num_gpus: int, layout: PlannedLayout) -> dict[str, Any]:
+    """The scenario keys (dotted paths) that turn ``scenario`` into ``layout`` on ``num_gpus`` GPUs."""
+    sets: dict[str, Any] = {}
+    if num_gpus != scenario.cluster.num_gpus:
+        sets.update({f"cluster.{k}": v for k, v in _cluster_update(scenario, num_gpus).items()})
+    sets |= {"parallelism.dp": layout.dp, "parallelism.tp": layout.tp, "parallelism.pp": layout.pp,
+             "parallelism.virtual_stages": layout.virtual_stages, "parallelism.zero_stage": layout.zero_stage,
+             "parallelism.sequence_parallel": layout.sequence_parallel,
+             "training.micro_batch_size": layout.micro_batch_size, "training.recompute": layout.recompute,
+             "ddp.bucket_cap_mb": layout.bucket_cap_mb}
+    if layout.virtual_stages > 1:
+        sets["parallelism.pipeline_schedule"] = "interleaved-1f1b"
+    elif scenario.parallelism.pipeline_schedule == "interleaved-1f1b":
+        sets["parallelism.pipeline_schedule"] = "1f1b"
+    return sets
+
+
+def pareto_front(layouts: list[PlannedLayout]) -> list[PlannedLayout]:
+    """The layouts no other beats on both step time and memory per GPU, least memory first."""
+    front: list[PlannedLayout] = []
+    for lay in sorted(layouts, key=lambda r: (r.memory_bytes, r.step_time_s)):
+        if not front or lay.step_time_s < front[-1].step_time_s:
+            front.append(lay)
+    return front
 
 
 def terminal_progress(label: str) -> Callable[[int, int], None] | None:
@@ -297,5 +341,5 @@ def terminal_progress(label: str) -> Callable[[int, int], None] | None:
 
 
 
-__all__ = ["BUCKET_CAPS_MB", "OBJECTIVES", "PlanResult", "PlannedLayout", "candidate_layouts", "plan_layouts",
-           "terminal_progress"]
+__all__ = ["BUCKET_CAPS_MB", "OBJECTIVES", "PlanResult", "PlannedLayout", "candidate_layouts", "layout_settings",
+           "pareto_front", "plan_layouts", "step_lower_bound", "terminal_progress"]

@@ -152,6 +152,8 @@ class Workload:
     boundary_activation_bytes: int = 0  # sent between pipeline stages per micro-batch (per tp rank)
     boundary_gather_bytes: int = 0  # all-gathered over tp by the receiving stage (Megatron scatter/gather)
     notes: list[str] = field(default_factory=list)
+    #: Values derived from this workload alone (stage parameter lists, bucket assignments), computed once.
+    memo: dict[tuple[object, ...], Any] = field(default_factory=dict, compare=False, repr=False)
 
     @property
     def num_params(self) -> int:
@@ -163,7 +165,10 @@ class Workload:
 
     def rank_layers(self, rank: int, pp: int) -> tuple[Layer, ...]:
         """Layers held by pipeline rank ``rank`` (all its virtual stages), in forward order."""
-        return tuple(layer for layer in self.layers if layer.stage % pp == rank)
+        key = ("rank_layers", rank, pp)
+        if key not in self.memo:
+            self.memo[key] = tuple(layer for layer in self.layers if layer.stage % pp == rank)
+        return self.memo[key]  # type: ignore[no-any-return]
 
 
 #: Floating dtypes narrower than fp32, whose gradients ``reduce_in_fp32`` all-reduces in fp32.
@@ -290,7 +295,7 @@ def _assign_stages(layers: list[Layer], pp: int) -> list[Layer]:
         remaining_layers = len(layers) - i
         stage = min(pp - 1, int(acc / total * pp))
         stage = max(stage, pp - remaining_layers)  # never leave a later stage empty
-        out.append(replace(la, stage=stage))
+        out.append(_with_stage(la, stage))
         acc += la.model_flop
     return out
 
@@ -616,5 +621,12 @@ def _assign_stages_transformer(layers: list[Layer], pp: int, num_blocks: int) ->
             stage = la.block * pp // num_blocks
         else:
             stage = 0 if i == 0 else pp - 1
-        out.append(replace(la, stage=stage))
+        out.append(_with_stage(la, stage))
     return out
+
+
+def _with_stage(layer: Layer, stage: int) -> Layer:
+    """``replace(layer, stage=stage)`` without re-running the dataclass constructor (called per layer)."""
+    new = object.__new__(Layer)
+    new.__dict__.update(layer.__dict__, stage=stage)
+    return new

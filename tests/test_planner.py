@@ -113,11 +113,12 @@ def _exhaustive(data: dict, gpus: int) -> list[tuple[float, tuple]]:
             s = Scenario.model_validate({**scenario.model_dump(), **variant, "name": None})
         except (ValueError, ScenarioError):
             continue
-        if memory_breakdown(s).fits:
+        mem = memory_breakdown(s)
+        if mem.fits:
             p = s.parallelism
             out.append((simulate(s, trace=False).step_time_s,
                         (p.tp, p.pp, p.virtual_stages, p.zero_stage, s.training.micro_batch_size, s.training.recompute,
-                         p.sequence_parallel, s.ddp.bucket_cap_mb)))
+                         p.sequence_parallel, s.ddp.bucket_cap_mb), mem.total_bytes))
     return sorted(out)
 
 
@@ -135,9 +136,18 @@ def test_branch_and_bound_equals_simulating_every_fitting_layout(capacity: float
         assert result.simulated < len(every) / 4  # the bound prunes most of them
     got = [(r.step_time_s, (r.tp, r.pp, r.virtual_stages, r.zero_stage, r.micro_batch_size, r.recompute,
                             r.sequence_parallel, r.bucket_cap_mb)) for r in result.layouts]
-    assert [t for t, _ in got] == pytest.approx([t for t, _ in every[:5]], rel=1e-12)
-    assert result.layouts[0].step_time_s == min(t for t, _ in every)
+    assert [t for t, _ in got] == pytest.approx([e[0] for e in every[:5]], rel=1e-12)
+    assert result.layouts[0].step_time_s == min(e[0] for e in every)
     assert all(r.fits and r.dp * r.tp * r.pp == 4 for r in result.layouts)
+    # the Pareto front of step time against memory, from the search, equals the front over every layout
+    front = plan_layouts(as_scenario(data), 4, top=5, exact_front=True).front
+    assert front is not None
+    expected, fastest = [], float("inf")
+    for t, _, mem in sorted(every, key=lambda e: (e[2], e[0])):
+        if t < fastest:
+            expected.append((mem, t))
+            fastest = t
+    assert [(r.memory_bytes, r.step_time_s) for r in front] == [(m, pytest.approx(t, rel=1e-12)) for m, t in expected]
 
 
 def test_plan_cli_json_and_errors(capsys: pytest.CaptureFixture[str], tmp_path) -> None:
@@ -151,6 +161,15 @@ def test_plan_cli_json_and_errors(capsys: pytest.CaptureFixture[str], tmp_path) 
                                       "tokens_per_s", "mfu", "memory_bytes", "fits"}
     times = [lay["step_time_s"] for lay in out["layouts"]]
     assert times == sorted(times)
+    # the printed --set flags reproduce the best layout
+    assert main(["plan", str(path), "--gpus", "2", "--top", "1"]) == 0
+    text = capsys.readouterr().out
+    flags = text.split("Use the best with: ")[1].split()
+    sets = [f for f in flags if f != "--set"]
+    from simddp.config import load_scenario
+
+    best = plan_layouts(as_scenario(_small()), 2, top=1).layouts[0]
+    assert simulate(load_scenario(path, sets), trace=False).step_time_s == best.step_time_s
     assert main(["plan", str(path), "--gpus", "3"]) == 2
     assert "--gpus(3)" in capsys.readouterr().err
     assert main(["plan", str(path), "--gpus", "4", "--objective", "tokens_per_s"]) == 0

@@ -84,6 +84,13 @@ def _notes(scenario: Scenario) -> list[str]:
 
 def _stage_params(scenario: Scenario, workload: Workload, stage: int) -> list[int]:
     """Global indices of the parameters a GPU of ``stage`` holds (a tied output layer keeps a copy)."""
+    key = ("stage params", stage, scenario.parallelism.pp)
+    if key not in workload.memo:
+        workload.memo[key] = _find_stage_params(scenario, workload, stage)
+    return list(workload.memo[key])
+
+
+def _find_stage_params(scenario: Scenario, workload: Workload, stage: int) -> list[int]:
     ids = sorted({i for layer in workload.rank_layers(stage, scenario.parallelism.pp) for i in layer.param_indices})
     tf = scenario.model.transformer
     pp = scenario.parallelism.pp

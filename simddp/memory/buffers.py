@@ -27,7 +27,10 @@ def buffer_items(scenario: Scenario, workload: Workload, stage: int, ids: list[i
         order = [local[g] for g in workload.grad_ready_order if g in local]
         seen = set(order)
         order += [k for k in range(len(ids)) if k not in seen]  # a tied copy not in this stage's order
-        buckets = bucket_assignment(grads, order, ddp.bucket_cap_mb)
+        key = ("memory buckets", stage, ddp.bucket_cap_mb, ddp.reduce_in_fp32, tuple(ids))
+        if key not in workload.memo:  # the same for every ZeRO stage and layout sharing this workload
+            workload.memo[key] = bucket_assignment(grads, order, ddp.bucket_cap_mb)
+        buckets = workload.memo[key]
         if zero == 2:
             largest = max(b.size_bytes for b in buckets)
             items.append(MemoryItem(category="buffers", name="ZeRO-2 reduce buckets", size_bytes=2 * largest,

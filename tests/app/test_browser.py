@@ -24,7 +24,7 @@ APP = ROOT / "app" / "streamlit_app.py"
 CHROMIUM = Path("/usr/bin/chromium")
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                  "--disable-background-networking", "--disable-component-update", "--disable-sync"]
-PAGES = ["planner", "timeline", "scaling", "memory", "whatif", "calibration", "compare"]
+PAGES = ["planner", "plan", "timeline", "scaling", "memory", "whatif", "calibration", "compare"]
 
 pytestmark = pytest.mark.browser
 
@@ -149,6 +149,15 @@ def test_every_page_renders_in_chromium(server: str, tmp_path: Path) -> None:
                     _settle(page)
                     uploads.nth(1).set_input_files(str(files["ddp"]))
                     expect(page.get_by_test_id("stMetric").filter(has_text="MAPE")).to_be_visible(timeout=60_000)
+                    _settle(page)
+                if name == "plan":  # search the default model's layouts on one node, in the browser
+                    gpus = page.get_by_role("spinbutton", name="GPUs")
+                    gpus.fill("8")
+                    gpus.press("Enter")
+                    _settle(page)
+                    page.get_by_role("button", name="Search layouts").click()
+                    expect(page.get_by_text("Step time against memory per GPU")).to_be_visible(timeout=180_000)
+                    expect(page.get_by_test_id("stMetric").filter(has_text="Layouts evaluated")).to_be_visible()
                     _settle(page)
                 if name == "whatif":
                     page.get_by_text("Heatmap", exact=True).click()
