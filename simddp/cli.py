@@ -54,6 +54,10 @@ def parse_size(text: str) -> int:
         raise UsageError(f"--bytes {text!r}: {err}") from None
     if value <= 0:
         raise UsageError(f"--bytes {text!r}: must be > 0")
+    from simddp.limits import MAX_MESSAGE_BYTES
+
+    if value > MAX_MESSAGE_BYTES:
+        raise UsageError(f"--bytes {safeio.short_repr(text)}: over the limit of 2^60 bytes (1 EiB)")
     return value
 
 

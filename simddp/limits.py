@@ -22,6 +22,8 @@ MAX_PARAMETERS = 2**18
 #: Most (micro-batch, pipeline stage x model chunk) or (micro-batch, layer) passes a pipeline or a
 #: ZeRO-3 step simulates.
 MAX_LAYER_PASSES = 2**17
+#: Largest message ``simddp collective --bytes`` takes: 1 EiB, far beyond any real collective.
+MAX_MESSAGE_BYTES = 2**60
 
 
 def num_model_layers(scenario: Scenario) -> int:
@@ -76,6 +78,7 @@ def check_simulation_size(scenario: Scenario) -> None:
 
 __all__ = [
     "MAX_GPUS",
+    "MAX_MESSAGE_BYTES",
     "MAX_LAYERS",
     "MAX_LAYER_PASSES",
     "MAX_PARAMETERS",

@@ -72,6 +72,8 @@ NOT_RUN: dict[str, tuple[str, bool]] = {
     "torchrun --standalone --nproc_per_node=8 -m calibration.ddp_step --model my_model.py:factory --optimizer adam "
     "--bucket-cap-mb 5 25 100 default --out ddp.json": ("needs a node with 8 NVIDIA GPUs (NCCL)", False),
     "simddp calibrate validate profile.json ddp.json": ("validates the GPU measurements of the lines above", False),
+    "simddp plan examples/gpt3-175b-3d-1024xA100.yaml --gpus 1024 --top 5 --json > gpt3-plan.json":
+        ("searches 7,920 GPT-3 layouts: about two minutes on 2 cores (benchmarks/bench_planner.py times it)", True),
     "torchrun --nnodes=2 --nproc_per_node=8 --rdzv-backend=c10d --rdzv-endpoint=$HEAD:29500 -m "
     "calibration.collectives --backend nccl --out comm.json": ("needs two GPU hosts and a rendezvous host", False),
 }

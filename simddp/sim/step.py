@@ -416,10 +416,10 @@ def simulate_step(scenario: Scenario, trace: bool = True, exact: bool = False,
     from simddp.limits import check_simulation_size
     from simddp.sim import fast
 
+    check_simulation_size(scenario)  # a pipeline or ZeRO-3 step simulates every micro-batch: bound it
     plan = build_plan(scenario, workload)
     if not (exact or trace) and fast.supported(plan):
         return fast.run(plan)
-    check_simulation_size(scenario)  # a pipeline or ZeRO-3 step simulates every micro-batch: bound it
     return run_plan(plan, trace)
 
 

@@ -16,10 +16,10 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 
-import fit_compute  # noqa: E402
+import fit_compute
 
-from simddp.config import GPU  # noqa: E402
-from simddp.presets.clusters import a100_gpu, h100_gpu  # noqa: E402
+from simddp.config import GPU
+from simddp.presets.clusters import a100_gpu, h100_gpu
 
 
 @pytest.fixture(scope="module")

@@ -20,7 +20,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 
-import megatron_table1  # noqa: E402
+import megatron_table1
 
 
 @pytest.fixture(scope="module")
