@@ -78,9 +78,9 @@ def check_simulation_size(scenario: Scenario) -> None:
 
 __all__ = [
     "MAX_GPUS",
-    "MAX_MESSAGE_BYTES",
     "MAX_LAYERS",
     "MAX_LAYER_PASSES",
+    "MAX_MESSAGE_BYTES",
     "MAX_PARAMETERS",
     "check_scenario_size",
     "check_simulation_size",
