@@ -99,7 +99,7 @@ def _span_kind(name: str, stream: str) -> str:
         return "forward"
     if name.startswith("bwd"):
         return "backward"
-    if name.startswith("micro-batches"):
+    if name.startswith("micro-batch"):
         return "accumulation"
     if name.startswith("optimizer"):
         return "optimizer"

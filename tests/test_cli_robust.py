@@ -65,8 +65,8 @@ def test_a_result_that_fails_its_checks_is_an_internal_error(capsys: pytest.Capt
 
     real = step.simulate_step
 
-    def broken(scenario: Any, trace: bool = True) -> Any:
-        result = real(scenario, trace=trace)
+    def broken(scenario: Any, trace: bool = True, **kwargs: Any) -> Any:
+        result = real(scenario, trace=trace, **kwargs)
         return result.model_copy(update={"exposed_comm_time_s": result.step_time_s * 2})
 
     monkeypatch.setattr("simddp.sim.simulate_step", broken)
@@ -74,8 +74,8 @@ def test_a_result_that_fails_its_checks_is_an_internal_error(capsys: pytest.Capt
     assert rc == INTERNAL_ERROR_EXIT and out == ""
     assert err.startswith("simddp: internal error: step result: exposed communication") and err.count("\n") == 1
 
-    def nan(scenario: Any, trace: bool = True) -> Any:
-        return real(scenario, trace=trace).model_copy(update={"mfu": math.nan})
+    def nan(scenario: Any, trace: bool = True, **kwargs: Any) -> Any:
+        return real(scenario, trace=trace, **kwargs).model_copy(update={"mfu": math.nan})
 
     monkeypatch.setattr("simddp.sim.simulate_step", nan)
     rc, out, err = run(capsys, "simulate", *GPT2)

@@ -63,8 +63,8 @@ def test_booleans_are_not_list_numbers_and_bool_fields_still_take_booleans() -> 
                                 "grad_ready_order": [True, False]})
     assert "model.grad_ready_order: expected numbers, not booleans" in _error(data)
     scenario = scenario_from_dict(base_scenario(ddp={"overlap": False, "gradient_as_bucket_view": True},
-                                                memory={"dropout": True}))
-    assert scenario.ddp.overlap is False and scenario.memory.dropout is True
+                                                training={"dropout": True}))
+    assert scenario.ddp.overlap is False and scenario.training.dropout is True
     assert scenario_from_dict(base_scenario(parallelism={"tp": 2})).parallelism.tp == 2  # ints unchanged
 
 

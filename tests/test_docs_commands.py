@@ -57,25 +57,25 @@ NOT_RUN: dict[str, tuple[str, bool]] = {
     ".venv/bin/mypy simddp": ("CI runs it itself (.ci/run); about a minute from a cold cache", False),
     "export OMP_NUM_THREADS=1": (CPU_CALIBRATION, True),
     "M=calibration/models/small_transformer.py:factory": (CPU_CALIBRATION, True),
-    "torchrun --standalone --nproc_per_node=2 -m calibration.collectives --backend gloo --threads 1 --out comm.json":
+    "simddp calibrate collect comm --nproc-per-node 2 --backend gloo --threads 1 --out comm.json":
         (CPU_CALIBRATION, True),
-    "torchrun --standalone --nproc_per_node=2 -m calibration.compute --model $M --device cpu --threads 1 "
-    "--out compute.json": (CPU_CALIBRATION, True),
+    "simddp calibrate collect compute --nproc-per-node 2 --model $M --device cpu --threads 1 --out compute.json":
+        (CPU_CALIBRATION, True),
     "simddp calibrate fit comm.json compute.json --out profile.json": (CPU_CALIBRATION, True),
-    "torchrun --standalone --nproc_per_node=2 -m calibration.ddp_step --model $M --threads 1 --bucket-cap-mb 0.25 "
-    "1 4 25 --out ddp.json": (CPU_CALIBRATION, True),
+    "simddp calibrate collect ddp --nproc-per-node 2 --model $M --threads 1 --bucket-cap-mb 0.25 1 4 25 "
+    "--out ddp.json": (CPU_CALIBRATION, True),
     "simddp calibrate validate profile.json ddp.json --extrapolate 2,8,32,128": (CPU_CALIBRATION, True),
-    "torchrun --standalone --nproc_per_node=8 -m calibration.collectives --backend nccl --out comm.json":
+    "simddp calibrate collect comm --nproc-per-node 8 --backend nccl --out comm.json":
         ("needs a node with 8 NVIDIA GPUs (NCCL)", False),
-    "python -m calibration.compute --model my_model.py:factory --device cuda --optimizer adam --out compute.json":
-        ("needs a CUDA GPU and the user's own model file", False),
-    "torchrun --standalone --nproc_per_node=8 -m calibration.ddp_step --model my_model.py:factory --optimizer adam "
+    "simddp calibrate collect compute --model my_model.py:factory --device cuda --optimizer adam "
+    "--out compute.json": ("needs a CUDA GPU and the user's own model file", False),
+    "simddp calibrate collect ddp --nproc-per-node 8 --model my_model.py:factory --optimizer adam "
     "--bucket-cap-mb 5 25 100 default --out ddp.json": ("needs a node with 8 NVIDIA GPUs (NCCL)", False),
     "simddp calibrate validate profile.json ddp.json": ("validates the GPU measurements of the lines above", False),
     "simddp plan examples/gpt3-175b-3d-1024xA100.yaml --gpus 1024 --top 5 --json > gpt3-plan.json":
         ("searches 7,920 GPT-3 layouts: about two minutes on 2 cores (benchmarks/bench_planner.py times it)", True),
-    "torchrun --nnodes=2 --nproc_per_node=8 --rdzv-backend=c10d --rdzv-endpoint=$HEAD:29500 -m "
-    "calibration.collectives --backend nccl --out comm.json": ("needs two GPU hosts and a rendezvous host", False),
+    "simddp calibrate collect comm --nnodes 2 --nproc-per-node 8 --rdzv-backend c10d --rdzv-endpoint $HEAD:29500 "
+    "--backend nccl --out comm.json": ("needs two GPU hosts and a rendezvous host", False),
 }
 
 

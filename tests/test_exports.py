@@ -87,7 +87,7 @@ def test_simulate_csv_writes_summary_buckets_and_layers(tmp_path: Path) -> None:
     result = json.loads(run("simulate", "--json", "--set", "model.preset=gpt2").stdout)
     summary = {row["metric"]: row["value"] for row in _csv((out / "summary.csv").read_text())}
     assert list(summary)[:2] == ["fits", "memory_bytes"]
-    assert float(summary["step_time_s"]) == result["step_time_s"]
+    assert float(summary["step_time_s"]) == pytest.approx(result["step_time_s"], rel=1e-9)  # trace vs fast engine
     assert summary["scenario"] == "gpt2-zero1-128xH100"
     buckets = _csv((out / "buckets.csv").read_text())
     assert [int(b["size_bytes"]) for b in buckets] == [b["size_bytes"] for b in result["buckets"]]

@@ -118,8 +118,12 @@ class _Accounting(Recorder):
             self.rank.add(key, seconds)
 
 
-def _fused(st: _Rank, vs: int, kind: str, times: int = 1) -> ProcessGen:
-    """``times`` forwards (kind F) or backwards (B) through virtual stage ``vs`` that release no gradients."""
+def _fused(st: _Rank, vs: int, kind: str, times: int = 1, label: str = "") -> ProcessGen:
+    """``times`` forwards (kind F) or backwards (B) through virtual stage ``vs`` that release no gradients.
+
+    ``label`` names the span: a pipeline operation ("F3", "B3 vs1") or the quiet accumulation
+    micro-batches ("micro-batches ...").
+    """
     p = st.plan
     alone = (p.fwd_alone_s if kind == "F" else p.bwd_alone_s)[vs] * times
     busy = (p.fwd_busy_s if kind == "F" else p.bwd_busy_s)[vs] * times
@@ -138,7 +142,7 @@ def _fused(st: _Rank, vs: int, kind: str, times: int = 1) -> ProcessGen:
         yield env.timeout(alone - work)
         st.add("interference", busy - work)
         st.add("tp_comm", alone - busy)
-    st.rec.add(f"{kind} x{times}" if times > 1 else kind, "compute", start, env.now, virtual_stage=vs)
+    st.rec.add(label or kind, "compute", start, env.now, virtual_stage=vs)
 
 
 def _layer_forward(st: _Rank, positions: list[int], gate: Callable[[int], simpy.Event | None]) -> ProcessGen:
@@ -255,14 +259,14 @@ def _run_dp(env: simpy.Environment, plan: StepPlan, st: _Rank) -> None:
         if gathers is not None:  # the step's first forward waits for the parameter gathers, layer by layer
             yield from _layer_forward(st, positions, gate)
             if silent:
-                yield from _fused(st, 0, "B")
+                yield from _fused(st, 0, "B", label="micro-batch 0 backward (no_sync)")
             else:
                 yield from _layer_backward(st, positions, 0)
             j = 1
         quiet = max(0, silent - j)
         if quiet:
-            yield from _fused(st, 0, "F", quiet)
-            yield from _fused(st, 0, "B", quiet)
+            yield from _fused(st, 0, "F", quiet, label=f"micro-batches {j}-{j + quiet - 1} forward (no_sync)")
+            yield from _fused(st, 0, "B", quiet, label=f"micro-batches {j}-{j + quiet - 1} backward (no_sync)")
             j += quiet
         for k in range(j, m):
             yield from _layer_forward(st, positions, lambda i: None)
@@ -386,7 +390,8 @@ def _run_pipeline(env: simpy.Environment, plan: StepPlan, states: list[_Rank]) -
             if op.kind == "B" and last_b.get(op.virtual_stage) == i:
                 yield from _layer_backward(st, by_stage.get(op.virtual_stage, []), 0)
             else:
-                yield from _fused(st, op.virtual_stage, op.kind)
+                vs_label = f" vs{op.virtual_stage}" if par.virtual_stages > 1 else ""
+                yield from _fused(st, op.virtual_stage, op.kind, label=f"{op.kind}{op.micro_batch}{vs_label}")
             if par.pp_p2p_overlap:
                 sends.append(env.process(send(st, op)))
             else:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import yaml
 from apptest_helpers import assert_clean, figure, open_page, start
 
@@ -18,7 +19,7 @@ def test_empty_then_examples_side_by_side() -> None:
     assert list(table["scenario"]) == ["planner", "ZeRO-1", "100 MiB buckets", "100 Gbit/s NICs", "no overlap"]
     saved = at.session_state["saved_scenarios"]
     steps = [simddp.simulate(saved[n], trace=False).step_time_s / units.MS for n in table["scenario"]]
-    assert list(table["step time (ms)"]) == steps
+    assert list(table["step time (ms)"]) == pytest.approx(steps, rel=1e-9)  # traced (simpy) vs fast engine
     assert table["step time (ms)"][4] > table["step time (ms)"][0]  # no overlap is slower
     assert figure(at, "Step time by scenario")
 

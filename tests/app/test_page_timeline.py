@@ -56,4 +56,4 @@ def test_banner_first_when_the_layout_does_not_fit() -> None:
     at.switch_page("app_pages/timeline.py").run()
     assert_clean(at, errors_allowed=True)
     (banner,) = at.error
-    assert banner.value.startswith("**DOES NOT FIT: needs 134.9 GiB per GPU, 79.6 GiB available (55.3 GiB over)**")
+    assert banner.value.startswith("**DOES NOT FIT: needs 133.8 GiB per GPU, 79.6 GiB available (54.2 GiB over)**")
