@@ -737,12 +737,15 @@ def _models_under(model: type[BaseModel], found: dict[str, type[BaseModel]]) -> 
 _CONFIG_MODELS = _models_under(Scenario, {})
 
 
-def scenario_from_dict(data: dict[str, Any]) -> Scenario:
-    """Validate a scenario dict; raises :class:`ScenarioError` with a one-line message."""
+def validate_scenario(data: dict[str, Any]) -> Scenario:
+    """Validate a complete scenario dict; raises :class:`ScenarioError` with a one-line message.
+
+    ``calibration`` is kept as a path only: filling keys from the profile it names is the job of
+    :func:`simddp.scenario_io.scenario_from_dict`, a layer above (config never imports the profile).
+    """
     if not isinstance(data, dict):
         raise ScenarioError(f"a scenario must be a mapping, got {type(data).__name__}")
     safeio.check_shape(data)
-    data = _apply_calibration(data)
     try:
         scenario = Scenario.model_validate(data)
     except ValidationError as err:
@@ -755,46 +758,7 @@ def scenario_from_dict(data: dict[str, Any]) -> Scenario:
     return scenario
 
 
-def _apply_calibration(data: dict[str, Any]) -> dict[str, Any]:
-    """Fill model, layer times and links from a calibration profile named by ``calibration``.
-
-    The profile loader lives in :mod:`simddp.profile`; it returns scenario keys that the user's own keys
-    override, so ``{"calibration": "profile.json", "parallelism": {"dp": 2}}`` is a complete scenario.
-    """
-    path = data.get("calibration")
-    if path is None or path == "":
-        return data
-    if not isinstance(path, str | Path):
-        raise ScenarioError(f"calibration: expected the path of a profile, got {type(path).__name__}")
-    from simddp.profile import scenario_defaults_from_profile
-
-    return deep_merge(scenario_defaults_from_profile(path), data)
-
-
 def read_mapping(path: str | Path) -> dict[str, Any]:
     """Read a YAML or JSON file into a dict, with one-line errors for missing, malformed, special or
     oversized files (the caps of :mod:`simddp.safeio`)."""
     return safeio.read_mapping(path)
-
-
-def load_scenario(path: str | Path, overrides: list[str] | None = None) -> Scenario:
-    """Load and validate a scenario file, applying ``key.path=value`` overrides first."""
-    data = read_mapping(path)
-    if data.get("calibration") and isinstance(data["calibration"], str):
-        cal = Path(data["calibration"])
-        if not cal.is_absolute():
-            data["calibration"] = str((Path(path).parent / cal).resolve())
-    for item in overrides or []:
-        if "=" not in item:
-            raise ScenarioError(f"--set {item!r}: expected key.path=value")
-        key, value = item.split("=", 1)
-        data = set_path(data, key.strip(), value)
-    return scenario_from_dict(_mark_modified(data, overrides or []))
-
-
-def _mark_modified(data: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
-    """A named scenario changed by ``--set`` says so in its name (an unnamed one derives its name anyway)."""
-    keys = [item.split("=", 1)[0].strip() for item in overrides]
-    if not data.get("name") or not keys or "name" in keys:
-        return data
-    return {**data, "name": f"{data['name']} (modified: {', '.join(o.strip() for o in overrides)})"}

@@ -22,7 +22,8 @@ from pydantic.fields import FieldInfo
 from pydantic_core import PydanticUndefined
 
 from simddp import units
-from simddp.config import Cluster, ModelConfig, Scenario, ScenarioError, scenario_from_dict
+from simddp.config import Cluster, ModelConfig, Scenario, ScenarioError
+from simddp.scenario_io import scenario_from_dict
 from simddp.keys import model_at, submodels, unknown_key_message
 from simddp.presets import CLUSTER_PRESETS, MODEL_PRESETS, Preset
 

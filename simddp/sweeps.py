@@ -19,7 +19,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from simddp.config import ModelConfig, Scenario, ScenarioError, scenario_from_dict, set_value
+from simddp.config import ModelConfig, Scenario, ScenarioError, set_value
+from simddp.scenario_io import scenario_from_dict
 from simddp.results import StepResult
 
 BatchScaling = Literal["weak", "strong"]

@@ -13,7 +13,8 @@ from hypothesis import strategies as st
 
 import simddp
 from simddp.cli import main
-from simddp.config import ParameterSpec, Scenario, ScenarioError, TransformerSpec, deep_merge, scenario_from_dict
+from simddp.config import ParameterSpec, Scenario, ScenarioError, TransformerSpec, deep_merge
+from simddp.scenario_io import scenario_from_dict
 from simddp.memory import (
     FSDP_SHARDING_ZERO_STAGE,
     MemoryBreakdown,

@@ -216,7 +216,7 @@ def test_overlap_off_equals_sum_of_parts_computed_independently() -> None:
     from simddp.bucketing import ddp_buckets
     from simddp.collectives import collective_cost
     from simddp.compute import layer_timing, optimizer_step_s
-    from simddp.config import scenario_from_dict
+    from simddp.scenario_io import scenario_from_dict
     from simddp.topology import dp_group
     from simddp.workload import build_workload
 

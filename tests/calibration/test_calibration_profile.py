@@ -10,7 +10,8 @@ from conftest import ALPHA_S, BUSBW, comm_measurements, compute_measurements, ru
 
 import simddp
 from simddp.cli import main
-from simddp.config import ScenarioError, load_scenario, scenario_from_dict
+from simddp.config import ScenarioError
+from simddp.scenario_io import load_scenario, scenario_from_dict
 from simddp.fit import fit_profile
 from simddp.profile import (
     PROFILE_VERSION,

@@ -18,7 +18,8 @@ from robustness_probe import time_bound
 
 import simddp
 from simddp import cli, safeio
-from simddp.config import Scenario, ScenarioError, deep_merge, scenario_from_dict, set_value
+from simddp.config import Scenario, ScenarioError, deep_merge, set_value
+from simddp.scenario_io import scenario_from_dict
 from simddp.sanity import check_step_result
 
 TIME_BOUND_S = 30

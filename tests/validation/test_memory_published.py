@@ -17,7 +17,8 @@ from typing import Any
 
 import pytest
 
-from simddp.config import Scenario, TransformerSpec, deep_merge, scenario_from_dict
+from simddp.config import Scenario, TransformerSpec, deep_merge
+from simddp.scenario_io import scenario_from_dict
 from simddp.memory import memory_breakdown, transformer_layer_activation_bytes
 from simddp.units import GB, GiB
 
