@@ -37,9 +37,9 @@ from typing import Any
 from simddp.bucketing import Bucket, ddp_buckets
 from simddp.collectives import CollectiveCost, collective_cost
 from simddp.config import Scenario, ScenarioError
-from simddp.scenario_io import load_scenario, scenario_from_dict
 from simddp.memory import MemoryBreakdown, max_micro_batch_that_fits, memory_breakdown, smallest_layout_that_fits
 from simddp.results import Bounds, BucketTiming, StepResult, Trace
+from simddp.scenario_io import load_scenario, scenario_from_dict
 
 __version__ = "0.1.0"
 

@@ -19,9 +19,9 @@ from typing import Any
 
 from simddp import __version__, safeio, units
 from simddp.config import Cluster, Scenario, ScenarioError, format_validation_error
-from simddp.scenario_io import load_scenario
 from simddp.errors import INTERNAL_ERROR_EXIT, InternalError
 from simddp.presets import CLUSTER_PRESETS, MODEL_PRESETS
+from simddp.scenario_io import load_scenario
 
 DEFAULT_SCENARIO = "default_scenario.yaml"
 

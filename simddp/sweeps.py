@@ -20,8 +20,8 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from simddp.config import ModelConfig, Scenario, ScenarioError, set_value
-from simddp.scenario_io import scenario_from_dict
 from simddp.results import StepResult
+from simddp.scenario_io import scenario_from_dict
 
 BatchScaling = Literal["weak", "strong"]
 

@@ -14,7 +14,6 @@ from hypothesis import strategies as st
 import simddp
 from simddp.cli import main
 from simddp.config import ParameterSpec, Scenario, ScenarioError, TransformerSpec, deep_merge
-from simddp.scenario_io import scenario_from_dict
 from simddp.memory import (
     FSDP_SHARDING_ZERO_STAGE,
     MemoryBreakdown,
@@ -28,6 +27,7 @@ from simddp.memory import (
     transformer_output_activation_bytes,
     zero_model_states_bytes,
 )
+from simddp.scenario_io import scenario_from_dict
 from simddp.units import GiB, MiB
 from simddp.workload import build_workload
 

@@ -13,9 +13,9 @@ import yaml
 
 from simddp.cli import default_scenario_path
 from simddp.config import Cluster, ModelConfig, Scenario, ScenarioError, read_mapping
-from simddp.scenario_io import scenario_from_dict
 from simddp.keys import submodels
 from simddp.presets import CLUSTER_PRESETS, MODEL_PRESETS
+from simddp.scenario_io import scenario_from_dict
 from simddp.schema import KeyDoc, preset_yaml, schema_keys, starter_scenario
 
 

@@ -18,8 +18,8 @@ from typing import Any
 import pytest
 
 from simddp.config import Scenario, TransformerSpec, deep_merge
-from simddp.scenario_io import scenario_from_dict
 from simddp.memory import memory_breakdown, transformer_layer_activation_bytes
+from simddp.scenario_io import scenario_from_dict
 from simddp.units import GB, GiB
 
 # Korthikanti et al. 2022, Table 3 (s = 2048, t = 8).
