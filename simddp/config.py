@@ -39,6 +39,7 @@ from simddp.units import DTYPE_BYTES, KiB, MiB, parse_rate, parse_size
 Precision = Literal["fp32", "bf16-mixed", "fp16-mixed"]
 Optimizer = Literal["adamw", "adam", "sgd", "sgd-momentum", "adafactor"]
 Algorithm = Literal["auto", "ring", "tree", "nvls", "hierarchical"]
+Implementation = Literal["torch", "deepspeed", "megatron"]
 
 
 def _size(value: Any) -> Any:
@@ -488,22 +489,77 @@ class Training(_Frozen):
     )
 
 
-class DDPConfig(_Frozen):
-    """torch DistributedDataParallel options."""
+#: ZeRO stages each data-parallel implementation provides (see :mod:`simddp.zero`).
+SUPPORTED_ZERO_STAGES: dict[str, tuple[int, ...]] = {"torch": (0, 1, 2, 3), "deepspeed": (0, 1, 2, 3),
+                                                     "megatron": (0, 1)}
 
-    bucket_cap_mb: float | None = Field(
-        default=None, gt=0, description="Bucket cap in MiB, as torch reads it; null = torch's 25 (1 MiB first)."
+
+def default_overlap(implementation: str, zero_stage: int) -> bool:
+    """Whether gradient reduction runs beside backward by default: torch DDP and FSDP always; DeepSpeed's
+    ``overlap_comm`` only for ZeRO-3 (``overlap_comm_valid`` in deepspeed/runtime/zero/config.py); Megatron's
+    ``overlap_grad_reduce`` is off (megatron/core/distributed/distributed_data_parallel_config.py)."""
+    if implementation == "torch":
+        return True
+    return implementation == "deepspeed" and zero_stage == 3
+
+
+def default_reduce_in_fp32(implementation: str, precision: str) -> bool:
+    """Megatron-LM accumulates and reduces bf16 gradients in fp32 (``--bf16`` turns on
+    ``accumulate_allreduce_grads_in_fp32``, megatron/training/arguments.py); torch and DeepSpeed reduce in
+    the parameters' dtype."""
+    return implementation == "megatron" and precision == "bf16-mixed"
+
+
+class DDPConfig(_Frozen):
+    """Data-parallel implementation and its options; a null option takes the named implementation's default."""
+
+    implementation: Implementation = Field(
+        default="torch",
+        description="Who runs the ZeRO stage (simddp.zero): torch (0 DDP, 1 ZeroRedundancyOptimizer on DDP, 2 FSDP "
+        "SHARD_GRAD_OP, 3 FSDP FULL_SHARD), deepspeed (its ZeRO stages 1-3; 0 = its own data parallel) or "
+        "megatron (0 DDP, 1 distributed optimizer). It sets which collectives run, when, and which buffers exist.",
     )
-    gradient_as_bucket_view: bool = Field(default=False, description="Gradients are views into the buckets.")
-    overlap: bool = Field(default=True, description="All-reduce buckets while backward runs.")
+    bucket_cap_mb: float | None = Field(
+        default=None, gt=0,
+        description="Gradient bucket size in MiB; null = the implementation's: torch DDP 25 (1 MiB first, as torch "
+        "reads bucket_cap_mb); DeepSpeed reduce_bucket_size 5e8 elements; Megatron max(4e7, 1e6 x dp) elements "
+        "with overlap, one bucket without. An element count is MiB x 2^20 / gradient bytes.",
+    )
+    gradient_as_bucket_view: bool = Field(
+        default=False, description="torch DDP: gradients are views into the buckets (no bucket copies)."
+    )
+    overlap: bool | None = Field(
+        default=None,
+        description="Reduce gradient buckets while backward runs; null = the implementation's default: torch "
+        "always, DeepSpeed overlap_comm (false for ZeRO-0/1/2, true for ZeRO-3), Megatron --overlap-grad-reduce "
+        "(false).",
+    )
     algorithm: Algorithm = Field(default="auto", description="All-reduce algorithm; auto = NCCL tuner's choice.")
     overlap_param_gather: bool = Field(
         default=False,
-        description="ZeRO-1/2: all-gather the updated parameters bucket by bucket while the next step's forward "
-        "runs (Megatron --overlap-param-gather); false (Megatron's default): after the optimizer step.",
+        description="Megatron distributed optimizer (ZeRO-1, with overlap): all-gather the updated parameters "
+        "bucket by bucket while the next step's forward runs (--overlap-param-gather); false (Megatron's "
+        "default): after the optimizer step.",
     )
-    reduce_in_fp32: bool = Field(
-        default=False, description="All-reduce 16-bit gradients in fp32 (Megatron grad_reduce_in_fp32)."
+    reduce_in_fp32: bool | None = Field(
+        default=None,
+        description="Accumulate and reduce 16-bit gradients in fp32 (Megatron grad_reduce_in_fp32); null = the "
+        "implementation's default: on for Megatron with bf16 (Megatron-LM forces it), off otherwise.",
+    )
+    stage3_prefetch_numel: int | None = Field(
+        default=None, ge=0,
+        description="DeepSpeed ZeRO-3 stage3_prefetch_bucket_size: parameter elements gathered ahead of use; "
+        "null = 5e7.",
+    )
+    stage3_max_reuse_distance_numel: int | None = Field(
+        default=None, ge=0,
+        description="DeepSpeed ZeRO-3 stage3_max_reuse_distance: a module's parameters stay gathered if fewer "
+        "elements are used before their next use; null = 1e9.",
+    )
+    stage3_persistence_threshold_numel: int | None = Field(
+        default=None, ge=0,
+        description="DeepSpeed ZeRO-3 stage3_param_persistence_threshold: parameters with fewer elements are "
+        "never partitioned; null = 1e5.",
     )
 
 
@@ -613,6 +669,30 @@ class Scenario(_Frozen):
                 f"global_batch_size({tr.global_batch_size}) is not a multiple of "
                 f"micro_batch_size({tr.micro_batch_size}) * dp({dp}) = {per_step}"
             )
+        return self
+
+    @model_validator(mode="after")
+    def _check_implementation(self) -> Scenario:
+        ddp, par = self.ddp, self.parallelism
+        impl, zero = ddp.implementation, par.zero_stage
+        if zero not in SUPPORTED_ZERO_STAGES[impl]:
+            raise ValueError(
+                f"ddp.implementation 'megatron' provides zero_stage 0 (DDP) and 1 (distributed optimizer), not "
+                f"zero_stage({zero}); Megatron-FSDP is not modelled: use implementation 'torch' (FSDP) or 'deepspeed'"
+            )
+        if impl == "deepspeed" and zero >= 2 and par.pp > 1:
+            raise ValueError(
+                f"ddp.implementation 'deepspeed' with zero_stage({zero}) and pp({par.pp}): DeepSpeed's pipeline "
+                "engine refuses ZeRO-2 and ZeRO-3 (use zero_stage 0 or 1, or implementation 'torch')"
+            )
+        if ddp.overlap_param_gather:
+            overlap = ddp.overlap if ddp.overlap is not None else default_overlap(impl, zero)
+            if impl != "megatron" or zero != 1 or not overlap:
+                raise ValueError(
+                    f"ddp.overlap_param_gather(true) is Megatron's --overlap-param-gather: it needs implementation "
+                    f"'megatron', zero_stage 1 and overlap true (got implementation {impl!r}, zero_stage({zero}), "
+                    f"overlap({overlap}))"
+                )
         return self
 
     @property

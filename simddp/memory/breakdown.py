@@ -21,6 +21,7 @@ from simddp.memory.items import MemoryBreakdown, MemoryItem
 from simddp.memory.states import OPTIMIZER_STATE_BYTES_PER_PARAM, model_states_bytes
 from simddp.units import fmt_bytes
 from simddp.workload import PRECISION_ACT_BYTES, Workload, build_workload, uses_dropout
+from simddp.zero import describe, zero_rule
 
 
 def memory_breakdown(scenario: Scenario, workload: Workload | None = None, stage: int | None = None) -> MemoryBreakdown:
@@ -72,9 +73,7 @@ def memory_breakdown(scenario: Scenario, workload: Workload | None = None, stage
 
 
 def _notes(scenario: Scenario) -> list[str]:
-    par, notes = scenario.parallelism, []
-    if par.zero_stage >= 2 and par.pp > 1:
-        notes.append(f"zero_stage={par.zero_stage} with pp={par.pp}: DeepSpeed allows only ZeRO-1 with pipelines")
+    notes = [f"data parallel: {describe(zero_rule(scenario))}"] if scenario.dp > 1 else []
     if scenario.model.transformer is None and scenario.training.recompute != "none":
         notes.append(
             f"recompute={scenario.training.recompute!r} is not applied to parameter-list models (no transformer blocks)"
@@ -94,18 +93,19 @@ def _stage_params(scenario: Scenario, workload: Workload, stage: int) -> list[in
 
 
 def _stage_items(scenario: Scenario, workload: Workload, stage: int) -> tuple[list[MemoryItem], int, float]:
-    tr, par, ddp, mem = scenario.training, scenario.parallelism, scenario.ddp, scenario.memory
+    tr, par, mem = scenario.training, scenario.parallelism, scenario.memory
     dp, zero = scenario.dp, par.zero_stage
+    fp32_grads = zero_rule(scenario).reduce_in_fp32
     ids = _stage_params(scenario, workload, stage)
     params = [workload.parameters[i] for i in ids]
     num_params = sum(p.numel for p in params)
-    states = model_states_bytes(params, tr.precision, tr.optimizer, zero, dp, ddp.reduce_in_fp32)
+    states = model_states_bytes(params, tr.precision, tr.optimizer, zero, dp, fp32_grads)
     shard = f" / {dp} dp ranks" if dp > 1 else ""
     items = [
         MemoryItem(category="params", name="parameters", size_bytes=states.params_bytes,
                    note=f"{num_params:,} params" + (shard if zero >= 3 else "")),
         MemoryItem(category="grads", name="gradients", size_bytes=states.grads_bytes,
-                   note=("fp32 main grads" if ddp.reduce_in_fp32 else "param dtype") + (shard if zero >= 2 else "")),
+                   note=("fp32 main grads" if fp32_grads else "param dtype") + (shard if zero >= 2 else "")),
     ]
     if states.master_bytes:
         items.append(MemoryItem(category="optimizer", name="fp32 master weights", size_bytes=states.master_bytes,
