@@ -468,13 +468,22 @@ class Training(_Frozen):
         default=None, gt=0, description="Samples per optimizer step; null = micro_batch_size x dp."
     )
     seq_len: int = Field(default=2048, gt=0, description="Tokens per sample (1 for non-sequence models).")
-    recompute: Literal["none", "selective", "full"] = Field(
-        default="none", description="Activation recompute: selective re-runs the attention core, full each block."
+    recompute: Literal["none", "selective", "selective-op", "full"] = Field(
+        default="none",
+        description="Activation recompute: selective re-runs the attention core (Megatron), selective-op is "
+        "torchtitan's op-level checkpointing (keeps every other matmul output and the attention output, re-runs "
+        "the rest of the block), full re-runs each block from its input.",
     )
     attention: Literal["flash", "unfused"] = Field(
         default="flash",
         description="Attention kernel: flash (FlashAttention: fused, scores never stored) or unfused (Megatron's "
         "QK^T, softmax, dropout, PV: the s x s scores are written and saved for backward).",
+    )
+    cross_entropy: Literal["fused", "unfused"] = Field(
+        default="fused",
+        description="Loss kernel: fused (Megatron's vocab-parallel cross-entropy: keeps the fp32 softmax, writes "
+        "the gradient in place) or unfused (F.cross_entropy(logits.float()), as torchtitan and plain PyTorch "
+        "run it: keeps fp32 log-probabilities; its backward holds two more fp32 logit-sized tensors at once).",
     )
     dropout: bool | None = Field(
         default=None,

@@ -142,8 +142,8 @@ with col_model:
     if not st.session_state[GBS_AUTO_KEY]:
         widgets.number("Global batch size", "training.global_batch_size", shown.global_batch_size,
                        model=Training, field="global_batch_size", integer=True, min_value=1, step=64)
-    widgets.choice("Activation recompute", "training.recompute", tr.recompute, ["none", "selective", "full"],
-                   model=Training, field="recompute")
+    widgets.choice("Activation recompute", "training.recompute", tr.recompute,
+                   ["none", "selective", "selective-op", "full"], model=Training, field="recompute")
 
 # ---------------------------------------------------------------------------------- cluster
 with col_cluster:

@@ -95,7 +95,10 @@ def _stage_params(scenario: Scenario, workload: Workload, stage: int) -> list[in
 def _stage_items(scenario: Scenario, workload: Workload, stage: int) -> tuple[list[MemoryItem], int, float]:
     tr, par, mem = scenario.training, scenario.parallelism, scenario.memory
     dp, zero = scenario.dp, par.zero_stage
-    fp32_grads = zero_rule(scenario).reduce_in_fp32
+    rule = zero_rule(scenario)
+    # FSDP keeps fp32 sharded parameters (the master weights) and fp32 sharded gradients whatever dtype it
+    # reduces in: the ZeRO paper's 16 bytes per parameter (states.py); reduce_in_fp32 adds no gradient bytes.
+    fp32_grads = rule.reduce_in_fp32 and not (rule.implementation == "torch" and zero >= 2)
     ids = _stage_params(scenario, workload, stage)
     params = [workload.parameters[i] for i in ids]
     num_params = sum(p.numel for p in params)
@@ -162,9 +165,15 @@ def _activation_items(scenario: Scenario, workload: Workload, stage: int, in_fli
         items.append(MemoryItem(category="activations", name="embedding", size_bytes=round(emb * in_flight),
                                 note=f"token ids{', dropout mask' if dropout else ''} {k}"))
     if stage == par.pp - 1:
-        out = transformer_output_activation_bytes(spec, **shape, act_bytes=act)
+        out = transformer_output_activation_bytes(spec, **shape, act_bytes=act, cross_entropy=tr.cross_entropy)
+        what = "logits, fp32 softmax" if tr.cross_entropy == "fused" else "fp32 log-probs and their gradients"
+        # The loss sits in the last virtual stage, whose micro-batches run forward then backward at once
+        # (1F1B, interleaved); only GPipe keeps every micro-batch's (interleaving holds other chunks' layers).
+        out_flight = in_flight if par.pipeline_schedule == "gpipe" else 1.0
         items.append(MemoryItem(category="activations", name="output layer and loss",
-                                size_bytes=round(out * in_flight), note=f"norm/head inputs, logits, fp32 softmax {k}"))
+                                size_bytes=round(out * out_flight),
+                                note=f"norm/head inputs, {what} x {out_flight:g} micro-batch"
+                                + ("es" if out_flight != 1 else "")))
     if tr.recompute != "none" and blocks:
         full = transformer_layer_activation_bytes(spec, **shape, recompute="none", act_bytes=act, dropout=dropout,
                                                   attention=tr.attention)

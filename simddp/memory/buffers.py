@@ -34,7 +34,7 @@ from simddp.zero import ZeroRule, gradient_buckets, param_bytes, param_units, re
 def buffer_items(scenario: Scenario, workload: Workload, stage: int, ids: list[int]) -> list[MemoryItem]:
     tr, par, mem = scenario.training, scenario.parallelism, scenario.memory
     items: list[MemoryItem] = []
-    if ids:
+    if ids and scenario.dp > 1:  # one data-parallel rank needs no data-parallel wrapper
         items += data_parallel_buffers(zero_rule(scenario), scenario, workload, stage, ids)
     spec = scenario.model.transformer
     if par.pp > 1 and spec is not None:
@@ -81,7 +81,7 @@ def data_parallel_buffers(rule: ZeroRule, scenario: Scenario, workload: Workload
                               note=f"{len(buckets)} buckets; none with gradient_as_bucket_view"))
     if rule.reduce_buffers:
         assert rule.bucket_numel is not None
-        size = rule.reduce_buffers * rule.bucket_numel * dtype_bytes(grads[0].dtype)
+        size = rule.reduce_buffers * rule.bucket_numel * dtype_bytes(params[ids[0]].dtype)  # the model's dtype
         out.append(MemoryItem(category="buffers", name="DeepSpeed reduce buffers", size_bytes=size,
                               note=f"{rule.reduce_buffers} x reduce_bucket_size {rule.bucket_numel:,} elements"
                               + (" (overlap_comm)" if rule.reduce_buffers > 1 else "")))
@@ -131,7 +131,7 @@ def _unit_buffers(rule: ZeroRule, workload: Workload, layers: Sequence[Layer], i
     out.append(MemoryItem(category="buffers", name="ZeRO-3 unsharded gradients", size_bytes=own,
                           note="largest module's gradients before they enter the reduce buffer"))
     out.append(MemoryItem(category="buffers", name="DeepSpeed reduce buffers",
-                          size_bytes=rule.bucket_numel * reduce_bytes,
+                          size_bytes=rule.bucket_numel * dtype_bytes(params[ids[0]].dtype),
                           note=f"reduce_bucket_size {rule.bucket_numel:,} elements"))
     if units.persistent_ids:
         persistent = param_bytes(params, units.persistent_ids)
