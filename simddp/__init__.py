@@ -13,6 +13,10 @@ dp / tp / pp degree
 bucket
     A group of gradients that torch DDP all-reduces in one collective (``bucket_cap_mb``, MiB).
     Buckets are formed in gradient-ready order after DDP's first iteration, exactly as torch does.
+ZeRO stage, implementation
+    What is sharded over the dp ranks (1: optimizer states; 2: and gradients; 3: and parameters), and who runs
+    it (``ddp.implementation``: torch, DeepSpeed or Megatron-LM), which decides the collectives, when they run
+    and which buffers exist (:mod:`simddp.zero`).
 link tier
     NVLink/NVSwitch or PCIe inside a node, NICs between nodes; each has a latency (alpha) and a
     bandwidth (1/beta) in the alpha-beta model.

@@ -339,9 +339,10 @@ def _module_units(rule: ZeroRule, layers: Sequence[Layer], params: Sequence[Para
             groups[-1].persistent.extend(ids)
         else:
             pending.append(pos)
-    if not groups:
-        return ParamUnits([], None, persistent)
-    groups[-1].positions.extend(pending)
+    if not groups:  # every parameter persists: one unit that gathers nothing and reduces them all
+        groups.append(_Group(pending, 0, [], [g for la in layers for g in la.param_indices]))
+    else:
+        groups[-1].positions.extend(pending)
     numel = [sum(params[g].numel for g in grp.gathered) for grp in groups]
     # DeepSpeed counts every parameter of the modules it walks toward the reuse distance, persistent included.
     traced = [n + sum(params[g].numel for g in grp.persistent) for n, grp in zip(numel, groups, strict=True)]

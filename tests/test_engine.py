@@ -97,11 +97,19 @@ def test_concurrent_collectives_share_the_link() -> None:
 
 def test_zero_stages_rank_sensibly_on_the_default_scenario() -> None:
     # Same GPUs, same batch: ZeRO-3 (torch FSDP) moves 1.5x DDP's bytes per micro-batch (two gathers and a
-    # reduce-scatter against one all-reduce) and can no longer look faster than the default scenario's ZeRO-1
-    # (Megatron's distributed optimizer, overlapped reduce-scatter) by getting free links.
-    times = {z: simulate("simddp/default_scenario.yaml" if z == 1 else {
-        "cluster": {"preset": "dgx-h100-80gb", "num_nodes": 16}, "model": {"preset": "llama2-7b"},
-        "parallelism": {"zero_stage": z}, "training": {"micro_batch_size": 1, "global_batch_size": 512,
-                                                      "seq_len": 4096, "recompute": "selective"},
-        "ddp": {"bucket_cap_mb": 25}}, trace=False).step_time_s for z in (0, 1, 3)}
-    assert times[3] >= times[1] * (1 - 1e-9)
+    # reduce-scatter against one all-reduce) and can no longer look faster than a ZeRO-1 that overlaps its
+    # reduction (Megatron's distributed optimizer with --overlap-grad-reduce) by getting free links. torch's
+    # ZeroRedundancyOptimizer, the default scenario's ZeRO-1, pays DDP's all-reduce plus broadcasts after the
+    # step that nothing hides: it is slower than DDP.
+    def step(zero: int, **ddp: object) -> float:
+        return simulate({
+            "cluster": {"preset": "dgx-h100-80gb", "num_nodes": 16}, "model": {"preset": "llama2-7b"},
+            "parallelism": {"zero_stage": zero}, "training": {"micro_batch_size": 1, "global_batch_size": 512,
+                                                             "seq_len": 4096, "recompute": "selective"},
+            "ddp": ddp}, trace=False).step_time_s
+
+    ddp, torch_z1, z3 = step(0, bucket_cap_mb=25), simulate("simddp/default_scenario.yaml", trace=False).step_time_s, \
+        step(3, bucket_cap_mb=25)
+    megatron_z1 = step(1, implementation="megatron", overlap=True)
+    assert z3 >= megatron_z1 * (1 - 1e-9)
+    assert torch_z1 > ddp
