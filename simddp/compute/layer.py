@@ -89,7 +89,8 @@ def layer_timing(layer: Layer, gpu: GPU, training: Training, compute_efficiency:
         fwd = pass_s(layer.fwd, gpu, p, compute_efficiency)
         dgrad = pass_s(layer.dgrad, gpu, p, compute_efficiency)
         wgrad = pass_s(layer.wgrad, gpu, p, compute_efficiency)
-    recompute = fwd * recomputed(layer, training.recompute)
+    share = recomputed(layer, training.recompute)
+    recompute = fwd * share if share else 0.0  # never inf x 0: an overflowing forward recomputes nothing
     return LayerTiming(layer.name, fwd, dgrad, wgrad, recompute)
 
 
