@@ -23,8 +23,8 @@ import torch
 import yaml
 
 from simddp import safeio
-from simddp.config import scenario_from_dict
 from simddp.errors import ScenarioError
+from simddp.scenario_io import scenario_from_dict
 from simddp_calibration.common import CollectorError, build_model, dtype_name, model_file, set_threads
 from simddp_calibration.compute import grad_ready_order
 

@@ -13,6 +13,10 @@ dp / tp / pp degree
 bucket
     A group of gradients that torch DDP all-reduces in one collective (``bucket_cap_mb``, MiB).
     Buckets are formed in gradient-ready order after DDP's first iteration, exactly as torch does.
+ZeRO stage, implementation
+    What is sharded over the dp ranks (1: optimizer states; 2: and gradients; 3: and parameters), and who runs
+    it (``ddp.implementation``: torch, DeepSpeed or Megatron-LM), which decides the collectives, when they run
+    and which buffers exist (:mod:`simddp.zero`).
 link tier
     NVLink/NVSwitch or PCIe inside a node, NICs between nodes; each has a latency (alpha) and a
     bandwidth (1/beta) in the alpha-beta model.
@@ -36,9 +40,10 @@ from typing import Any
 
 from simddp.bucketing import Bucket, ddp_buckets
 from simddp.collectives import CollectiveCost, collective_cost
-from simddp.config import Scenario, ScenarioError, load_scenario, scenario_from_dict
+from simddp.config import Scenario, ScenarioError
 from simddp.memory import MemoryBreakdown, max_micro_batch_that_fits, memory_breakdown, smallest_layout_that_fits
 from simddp.results import Bounds, BucketTiming, StepResult, Trace
+from simddp.scenario_io import load_scenario, scenario_from_dict
 
 __version__ = "0.1.0"
 

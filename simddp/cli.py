@@ -18,9 +18,11 @@ from pathlib import Path
 from typing import Any
 
 from simddp import __version__, safeio, units
-from simddp.config import Cluster, Scenario, ScenarioError, format_validation_error, load_scenario
+from simddp.config import Cluster, Scenario, ScenarioError, format_validation_error
 from simddp.errors import INTERNAL_ERROR_EXIT, InternalError
 from simddp.presets import CLUSTER_PRESETS, MODEL_PRESETS
+from simddp.scenario_io import load_scenario
+from simddp.zero import zero_rule
 
 DEFAULT_SCENARIO = "default_scenario.yaml"
 
@@ -162,7 +164,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         f"  compute (fwd+bwd)      {f(result.compute_time_s):>12}",
         f"  optimizer              {f(result.optimizer_time_s):>12}",
         f"  data-parallel comm     {f(result.comm_time_s):>12}   {len(result.buckets)} "
-        f"{'FSDP units' if scenario.parallelism.zero_stage == 3 and result.pp == 1 else 'buckets'}, "
+        f"{_reduction_units(scenario, result.pp)}, "
         f"{', '.join(algos) or '-'}",
     ]
     if result.tp > 1:
@@ -198,6 +200,14 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     return 0
 
 
+def _reduction_units(scenario: Scenario, pp: int) -> str:
+    """What the data-parallel reduction works on: buckets, FSDP units or DeepSpeed ZeRO-3 modules."""
+    rule = zero_rule(scenario)
+    if not rule.sharded_params or pp > 1:
+        return "buckets"
+    return "FSDP units" if rule.unit_rule == "block" else "ZeRO-3 reduce buckets"
+
+
 def cmd_buckets(args: argparse.Namespace) -> int:
     from simddp.exports import bucket_export
 
@@ -215,8 +225,9 @@ def cmd_buckets(args: argparse.Namespace) -> int:
     print(f"{len(buckets)} buckets, {units.fmt_bytes(sum(b.size_bytes for b in buckets))} of gradients "
           f"({where}tp shard {(par.tp > 1 and f'1 of {par.tp}') or 'whole model'}; parameter indices are this "
           "rank's, in model.parameters() order)")
-    if par.zero_stage == 3:
-        print("note: with zero_stage 3, FSDP reduce-scatters per unit instead (see simddp simulate --trace)")
+    rule = zero_rule(scenario)
+    if rule.sharded_params:
+        print(f"note: {rule.name} reduce-scatters per unit instead (see simddp simulate --trace)")
     print(f"{'#':>4} {'size':>12} {'dtype':>9} {'params':>7}  first .. last parameter")
     for b in buckets:
         print(f"{b.index:>4} {units.fmt_bytes(b.size_bytes):>12} {b.dtype:>9} {len(b.params):>7}  "

@@ -39,6 +39,7 @@ from simddp.units import DTYPE_BYTES, KiB, MiB, parse_rate, parse_size
 Precision = Literal["fp32", "bf16-mixed", "fp16-mixed"]
 Optimizer = Literal["adamw", "adam", "sgd", "sgd-momentum", "adafactor"]
 Algorithm = Literal["auto", "ring", "tree", "nvls", "hierarchical"]
+Implementation = Literal["torch", "deepspeed", "megatron"]
 
 
 def _size(value: Any) -> Any:
@@ -467,13 +468,22 @@ class Training(_Frozen):
         default=None, gt=0, description="Samples per optimizer step; null = micro_batch_size x dp."
     )
     seq_len: int = Field(default=2048, gt=0, description="Tokens per sample (1 for non-sequence models).")
-    recompute: Literal["none", "selective", "full"] = Field(
-        default="none", description="Activation recompute: selective re-runs the attention core, full each block."
+    recompute: Literal["none", "selective", "selective-op", "full"] = Field(
+        default="none",
+        description="Activation recompute: selective re-runs the attention core (Megatron), selective-op is "
+        "torchtitan's op-level checkpointing (keeps every other matmul output and the attention output, re-runs "
+        "the rest of the block), full re-runs each block from its input.",
     )
     attention: Literal["flash", "unfused"] = Field(
         default="flash",
         description="Attention kernel: flash (FlashAttention: fused, scores never stored) or unfused (Megatron's "
         "QK^T, softmax, dropout, PV: the s x s scores are written and saved for backward).",
+    )
+    cross_entropy: Literal["fused", "unfused"] = Field(
+        default="fused",
+        description="Loss kernel: fused (Megatron's vocab-parallel cross-entropy: keeps the fp32 softmax, writes "
+        "the gradient in place) or unfused (F.cross_entropy(logits.float()), as torchtitan and plain PyTorch "
+        "run it: keeps fp32 log-probabilities; its backward holds two more fp32 logit-sized tensors at once).",
     )
     dropout: bool | None = Field(
         default=None,
@@ -488,22 +498,77 @@ class Training(_Frozen):
     )
 
 
-class DDPConfig(_Frozen):
-    """torch DistributedDataParallel options."""
+#: ZeRO stages each data-parallel implementation provides (see :mod:`simddp.zero`).
+SUPPORTED_ZERO_STAGES: dict[str, tuple[int, ...]] = {"torch": (0, 1, 2, 3), "deepspeed": (0, 1, 2, 3),
+                                                     "megatron": (0, 1)}
 
-    bucket_cap_mb: float | None = Field(
-        default=None, gt=0, description="Bucket cap in MiB, as torch reads it; null = torch's 25 (1 MiB first)."
+
+def default_overlap(implementation: str, zero_stage: int) -> bool:
+    """Whether gradient reduction runs beside backward by default: torch DDP and FSDP always; DeepSpeed's
+    ``overlap_comm`` only for ZeRO-3 (``overlap_comm_valid`` in deepspeed/runtime/zero/config.py); Megatron's
+    ``overlap_grad_reduce`` is off (megatron/core/distributed/distributed_data_parallel_config.py)."""
+    if implementation == "torch":
+        return True
+    return implementation == "deepspeed" and zero_stage == 3
+
+
+def default_reduce_in_fp32(implementation: str, precision: str) -> bool:
+    """Megatron-LM accumulates and reduces bf16 gradients in fp32 (``--bf16`` turns on
+    ``accumulate_allreduce_grads_in_fp32``, megatron/training/arguments.py); torch and DeepSpeed reduce in
+    the parameters' dtype."""
+    return implementation == "megatron" and precision == "bf16-mixed"
+
+
+class DDPConfig(_Frozen):
+    """Data-parallel implementation and its options; a null option takes the named implementation's default."""
+
+    implementation: Implementation = Field(
+        default="torch",
+        description="Who runs the ZeRO stage (simddp.zero): torch (0 DDP, 1 ZeroRedundancyOptimizer on DDP, 2 FSDP "
+        "SHARD_GRAD_OP, 3 FSDP FULL_SHARD), deepspeed (its ZeRO stages 1-3; 0 = its own data parallel) or "
+        "megatron (0 DDP, 1 distributed optimizer). It sets which collectives run, when, and which buffers exist.",
     )
-    gradient_as_bucket_view: bool = Field(default=False, description="Gradients are views into the buckets.")
-    overlap: bool = Field(default=True, description="All-reduce buckets while backward runs.")
+    bucket_cap_mb: float | None = Field(
+        default=None, gt=0,
+        description="Gradient bucket size in MiB; null = the implementation's: torch DDP 25 (1 MiB first, as torch "
+        "reads bucket_cap_mb); DeepSpeed reduce_bucket_size 5e8 elements; Megatron max(4e7, 1e6 x dp) elements "
+        "with overlap, one bucket without. An element count is MiB x 2^20 / gradient bytes.",
+    )
+    gradient_as_bucket_view: bool = Field(
+        default=False, description="torch DDP: gradients are views into the buckets (no bucket copies)."
+    )
+    overlap: bool | None = Field(
+        default=None,
+        description="Reduce gradient buckets while backward runs; null = the implementation's default: torch "
+        "always, DeepSpeed overlap_comm (false for ZeRO-0/1/2, true for ZeRO-3), Megatron --overlap-grad-reduce "
+        "(false).",
+    )
     algorithm: Algorithm = Field(default="auto", description="All-reduce algorithm; auto = NCCL tuner's choice.")
     overlap_param_gather: bool = Field(
         default=False,
-        description="ZeRO-1/2: all-gather the updated parameters bucket by bucket while the next step's forward "
-        "runs (Megatron --overlap-param-gather); false (Megatron's default): after the optimizer step.",
+        description="Megatron distributed optimizer (ZeRO-1, with overlap): all-gather the updated parameters "
+        "bucket by bucket while the next step's forward runs (--overlap-param-gather); false (Megatron's "
+        "default): after the optimizer step.",
     )
-    reduce_in_fp32: bool = Field(
-        default=False, description="All-reduce 16-bit gradients in fp32 (Megatron grad_reduce_in_fp32)."
+    reduce_in_fp32: bool | None = Field(
+        default=None,
+        description="Accumulate and reduce 16-bit gradients in fp32 (Megatron grad_reduce_in_fp32); null = the "
+        "implementation's default: on for Megatron with bf16 (Megatron-LM forces it), off otherwise.",
+    )
+    stage3_prefetch_numel: int | None = Field(
+        default=None, ge=0,
+        description="DeepSpeed ZeRO-3 stage3_prefetch_bucket_size: parameter elements gathered ahead of use; "
+        "null = 5e7.",
+    )
+    stage3_max_reuse_distance_numel: int | None = Field(
+        default=None, ge=0,
+        description="DeepSpeed ZeRO-3 stage3_max_reuse_distance: a module's parameters stay gathered if fewer "
+        "elements are used before their next use; null = 1e9.",
+    )
+    stage3_persistence_threshold_numel: int | None = Field(
+        default=None, ge=0,
+        description="DeepSpeed ZeRO-3 stage3_param_persistence_threshold: parameters with fewer elements are "
+        "never partitioned; null = 1e5.",
     )
 
 
@@ -613,6 +678,30 @@ class Scenario(_Frozen):
                 f"global_batch_size({tr.global_batch_size}) is not a multiple of "
                 f"micro_batch_size({tr.micro_batch_size}) * dp({dp}) = {per_step}"
             )
+        return self
+
+    @model_validator(mode="after")
+    def _check_implementation(self) -> Scenario:
+        ddp, par = self.ddp, self.parallelism
+        impl, zero = ddp.implementation, par.zero_stage
+        if zero not in SUPPORTED_ZERO_STAGES[impl]:
+            raise ValueError(
+                f"ddp.implementation 'megatron' provides zero_stage 0 (DDP) and 1 (distributed optimizer), not "
+                f"zero_stage({zero}); Megatron-FSDP is not modelled: use implementation 'torch' (FSDP) or 'deepspeed'"
+            )
+        if impl == "deepspeed" and zero >= 2 and par.pp > 1:
+            raise ValueError(
+                f"ddp.implementation 'deepspeed' with zero_stage({zero}) and pp({par.pp}): DeepSpeed's pipeline "
+                "engine refuses ZeRO-2 and ZeRO-3 (use zero_stage 0 or 1, or implementation 'torch')"
+            )
+        if ddp.overlap_param_gather:
+            overlap = ddp.overlap if ddp.overlap is not None else default_overlap(impl, zero)
+            if impl != "megatron" or zero != 1 or not overlap:
+                raise ValueError(
+                    f"ddp.overlap_param_gather(true) is Megatron's --overlap-param-gather: it needs implementation "
+                    f"'megatron', zero_stage 1 and overlap true (got implementation {impl!r}, zero_stage({zero}), "
+                    f"overlap({overlap}))"
+                )
         return self
 
     @property
@@ -737,12 +826,15 @@ def _models_under(model: type[BaseModel], found: dict[str, type[BaseModel]]) -> 
 _CONFIG_MODELS = _models_under(Scenario, {})
 
 
-def scenario_from_dict(data: dict[str, Any]) -> Scenario:
-    """Validate a scenario dict; raises :class:`ScenarioError` with a one-line message."""
+def validate_scenario(data: dict[str, Any]) -> Scenario:
+    """Validate a complete scenario dict; raises :class:`ScenarioError` with a one-line message.
+
+    ``calibration`` is kept as a path only: filling keys from the profile it names is the job of
+    :func:`simddp.scenario_io.scenario_from_dict`, a layer above (config never imports the profile).
+    """
     if not isinstance(data, dict):
         raise ScenarioError(f"a scenario must be a mapping, got {type(data).__name__}")
     safeio.check_shape(data)
-    data = _apply_calibration(data)
     try:
         scenario = Scenario.model_validate(data)
     except ValidationError as err:
@@ -755,46 +847,7 @@ def scenario_from_dict(data: dict[str, Any]) -> Scenario:
     return scenario
 
 
-def _apply_calibration(data: dict[str, Any]) -> dict[str, Any]:
-    """Fill model, layer times and links from a calibration profile named by ``calibration``.
-
-    The profile loader lives in :mod:`simddp.profile`; it returns scenario keys that the user's own keys
-    override, so ``{"calibration": "profile.json", "parallelism": {"dp": 2}}`` is a complete scenario.
-    """
-    path = data.get("calibration")
-    if path is None or path == "":
-        return data
-    if not isinstance(path, str | Path):
-        raise ScenarioError(f"calibration: expected the path of a profile, got {type(path).__name__}")
-    from simddp.profile import scenario_defaults_from_profile
-
-    return deep_merge(scenario_defaults_from_profile(path), data)
-
-
 def read_mapping(path: str | Path) -> dict[str, Any]:
     """Read a YAML or JSON file into a dict, with one-line errors for missing, malformed, special or
     oversized files (the caps of :mod:`simddp.safeio`)."""
     return safeio.read_mapping(path)
-
-
-def load_scenario(path: str | Path, overrides: list[str] | None = None) -> Scenario:
-    """Load and validate a scenario file, applying ``key.path=value`` overrides first."""
-    data = read_mapping(path)
-    if data.get("calibration") and isinstance(data["calibration"], str):
-        cal = Path(data["calibration"])
-        if not cal.is_absolute():
-            data["calibration"] = str((Path(path).parent / cal).resolve())
-    for item in overrides or []:
-        if "=" not in item:
-            raise ScenarioError(f"--set {item!r}: expected key.path=value")
-        key, value = item.split("=", 1)
-        data = set_path(data, key.strip(), value)
-    return scenario_from_dict(_mark_modified(data, overrides or []))
-
-
-def _mark_modified(data: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
-    """A named scenario changed by ``--set`` says so in its name (an unnamed one derives its name anyway)."""
-    keys = [item.split("=", 1)[0].strip() for item in overrides]
-    if not data.get("name") or not keys or "name" in keys:
-        return data
-    return {**data, "name": f"{data['name']} (modified: {', '.join(o.strip() for o in overrides)})"}

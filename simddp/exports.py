@@ -154,8 +154,10 @@ def layer_rows(scenario: Scenario, result: StepResult) -> list[LayerRow]:
     """Every layer of every pipeline stage; forward and backward times where the trace has the layer."""
     from simddp.sim.plan import rank_gradients
     from simddp.workload import build_workload
+    from simddp.zero import zero_rule
 
     workload = build_workload(scenario)
+    sharded = zero_rule(scenario).sharded_params
     spans: dict[str, tuple[float, float]] = {}
     for s in result.trace.spans if result.trace is not None else []:
         if s.stream == "compute":  # pp = 1: one span per layer and phase of the traced micro-batch
@@ -168,7 +170,7 @@ def layer_rows(scenario: Scenario, result: StepResult) -> list[LayerRow]:
         for layer in workload.rank_layers(rank, scenario.parallelism.pp):
             params = [workload.parameters[g] for g in layer.param_indices]
             buckets = sorted({bucket_of[local[g]] for g in layer.param_indices if local.get(g) in bucket_of}
-                             if scenario.parallelism.zero_stage < 3 else [])  # ZeRO-3 reduces per FSDP unit
+                             if not sharded else [])  # sharded parameters reduce per unit
             fwd, bwd = spans.get(f"fwd {layer.name}"), spans.get(f"bwd {layer.name}")
             rows.append(LayerRow(
                 stage=layer.stage, layer=layer.name, num_params=sum(p.numel for p in params),

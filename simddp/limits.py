@@ -54,6 +54,8 @@ def check_scenario_size(scenario: Scenario) -> None:
 
 def check_simulation_size(scenario: Scenario) -> None:
     """Refuse a step whose pipeline or ZeRO-3 schedule would simulate too many passes."""
+    from simddp.zero import zero_rule
+
     check_scenario_size(scenario)
     par, micro = scenario.parallelism, scenario.num_micro_batches
     how = (f"{micro:,} micro-batches per step = global_batch_size({scenario.global_batch_size}) / "
@@ -66,13 +68,14 @@ def check_simulation_size(scenario: Scenario) -> None:
                 f"virtual_stages({par.virtual_stages})), over the limit of {MAX_LAYER_PASSES:,} "
                 "(simddp.limits.MAX_LAYER_PASSES); use fewer micro-batches per step"
             )
-    elif par.zero_stage == 3:
+    elif zero_rule(scenario).sharded_params:
         layers = num_model_layers(scenario)
         passes = micro * layers
         if passes > MAX_LAYER_PASSES:
             raise ScenarioError(
-                f"ZeRO-3 would simulate {passes:,} layer passes ({how}, x {layers:,} layers), over the limit of "
-                f"{MAX_LAYER_PASSES:,} (simddp.limits.MAX_LAYER_PASSES); use fewer micro-batches per step"
+                f"{zero_rule(scenario).name} would simulate {passes:,} layer passes ({how}, x {layers:,} layers), "
+                f"over the limit of {MAX_LAYER_PASSES:,} (simddp.limits.MAX_LAYER_PASSES); use fewer micro-batches "
+                "per step"
             )
 
 

@@ -12,6 +12,7 @@ Everything else (model, batch, precision, optimizer, overlap options, cluster) i
 from __future__ import annotations
 
 import itertools
+import math
 import sys
 from collections.abc import Callable, Iterator
 from typing import Any, Literal
@@ -274,7 +275,7 @@ def plan_layouts(scenario: Scenario, num_gpus: int, top: int = 10, objective: Ob
             # uses no more memory and is at least as fast as its bound.
             if not exact_front:
                 break
-            if any(r.memory_bytes <= mem_bytes and r.step_time_s <= bound for r in rows):
+            if any(r.memory_bytes <= mem_bytes and _time(r) <= bound for r in rows):
                 continue
         try:
             r = simulate_step(s, trace=False, workload=workload)
@@ -314,11 +315,16 @@ def layout_settings(scenario: Scenario, num_gpus: int, layout: PlannedLayout) ->
     return sets
 
 
+def _time(layout: PlannedLayout) -> float:
+    """A simulated layout's step time (one not simulated never wins)."""
+    return math.inf if layout.step_time_s is None else layout.step_time_s
+
+
 def pareto_front(layouts: list[PlannedLayout]) -> list[PlannedLayout]:
     """The layouts no other beats on both step time and memory per GPU, least memory first."""
     front: list[PlannedLayout] = []
-    for lay in sorted(layouts, key=lambda r: (r.memory_bytes, r.step_time_s)):
-        if not front or lay.step_time_s < front[-1].step_time_s:
+    for lay in sorted(layouts, key=lambda r: (r.memory_bytes, _time(r))):
+        if not front or _time(lay) < _time(front[-1]):
             front.append(lay)
     return front
 

@@ -422,7 +422,7 @@ def load_profile(path: str | Path) -> CalibrationProfile:
 def scenario_defaults_from_profile(path: str | Path) -> dict[str, Any]:
     """Scenario keys (cluster, model, training, name) from a calibration profile.
 
-    Called by :func:`simddp.config.scenario_from_dict` for a scenario that names ``calibration``.
+    Called by :func:`simddp.scenario_io.scenario_from_dict` for a scenario that names ``calibration``.
     """
     return load_profile(path).scenario_defaults()
 

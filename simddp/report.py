@@ -30,10 +30,11 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from simddp import safeio
-from simddp.config import Scenario, ScenarioError, deep_merge, scenario_from_dict
+from simddp.config import Scenario, ScenarioError, deep_merge
 from simddp.fit import interference_settings
 from simddp.profile import CalibrationProfile, DDPMeasurements, load_profile
 from simddp.results import StepResult
+from simddp.scenario_io import scenario_from_dict
 
 
 class _Result(BaseModel):

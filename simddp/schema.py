@@ -22,9 +22,10 @@ from pydantic.fields import FieldInfo
 from pydantic_core import PydanticUndefined
 
 from simddp import units
-from simddp.config import Cluster, ModelConfig, Scenario, ScenarioError, scenario_from_dict
+from simddp.config import Cluster, ModelConfig, Scenario, ScenarioError
 from simddp.keys import model_at, submodels, unknown_key_message
 from simddp.presets import CLUSTER_PRESETS, MODEL_PRESETS, Preset
+from simddp.scenario_io import scenario_from_dict
 
 #: Unit of a key, from the end of its name (longest suffix first).
 _UNIT_SUFFIXES: tuple[tuple[str, str], ...] = (

@@ -15,13 +15,14 @@ from __future__ import annotations
 
 import copy
 import itertools
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from simddp.config import ModelConfig, Scenario, ScenarioError, scenario_from_dict, set_value
+from simddp.config import ModelConfig, Scenario, ScenarioError, set_value
 from simddp.results import StepResult
+from simddp.scenario_io import scenario_from_dict
 
 BatchScaling = Literal["weak", "strong"]
 
@@ -449,7 +450,7 @@ def _vary_point(args: tuple[dict[str, Any], dict[str, Any], BatchScaling]) -> Va
 
 def vary_sweep(
     scenario: Scenario | dict[str, Any],
-    varies: dict[str, Sequence[Any]],
+    varies: Mapping[str, Sequence[Any]],
     batch: BatchScaling = "weak",
     jobs: int = 1,
     progress: Callable[[int, int], None] | None = None,

@@ -116,6 +116,7 @@ class Layer:
     activation_bytes: int = 0  # saved for backward (parameter-list models; transformers use simddp.memory)
     block: int | None = None  # transformer block index (None: embedding, output layer, loss, other models)
     recompute: Recompute = "none"  # recomputed under recompute "full" (block) or "selective" too (core)
+    sac_recompute: float = 1.0  # share of a block layer's forward re-run under "selective-op" (op-level SAC)
     stage: int = 0  # virtual pipeline stage (rank = stage % pp)
     model_flop: float = 0.0  # forward FLOP in Megatron's accounting (MFU); backward counts 2x
     fwd_time_s: float | None = None  # measured (calibration) overrides the kernels
@@ -422,10 +423,12 @@ def _transformer_workload(scenario: Scenario, spec: TransformerSpec) -> Workload
         """One tuple object for equal kernel lists (their items are memoized): identical blocks share them."""
         return pool.setdefault(tuple(map(id, items)), items)
 
-    def linear(name: str, module: str, k: int, n: int, block: int | None, kind: str, model_n: int) -> Layer:
+    def linear(name: str, module: str, k: int, n: int, block: int | None, kind: str, model_n: int,
+               sac: float = 1.0) -> Layer:
         """A (t x k) @ (k x n) linear on this rank; ``kind``: column, row, or vocab (parallel style).
 
-        ``model_n`` is the width it multiplies h by in the whole model (for model FLOP: 2 t h model_n).
+        ``model_n`` is the width it multiplies h by in the whole model (for model FLOP: 2 t h model_n);
+        ``sac`` the share of it op-level selective checkpointing re-runs (:func:`op_sac_recompute`).
         """
         colls: list[Collective] = []
         if tp_on and kind in ("column", "vocab"):
@@ -486,7 +489,8 @@ def _transformer_workload(scenario: Scenario, spec: TransformerSpec) -> Workload
         p = names.block.format(i=i)
         layers.append(elementwise(f"{p}.{names.norm1}", f"{p}.{names.norm1}", norm_fwd, norm_bwd, h, t_sp, i))
         layers.append(linear(f"{p}.{names.qkv}", f"{p}.{names.qkv}", h, q_width + 2 * kv_width, i, "column",
-                             h + 2 * (h // spec.num_heads * spec.kv_heads)))
+                             h + 2 * (h // spec.num_heads * spec.kv_heads),
+                             sac=kv_width / (q_width + 2 * kv_width) if gated else 0.0))
         if spec.position_embedding == "rope":
             layers.append(elementwise(f"{p}.self_attn.rotary", None, 2.0, 2.0, q_width + kv_width, t, i))
         core = _attention_core(f"{p}.{names.core}", scenario, b, s, heads, kv_heads, head_dim, dropout, a, i)
@@ -495,12 +499,13 @@ def _transformer_workload(scenario: Scenario, spec: TransformerSpec) -> Workload
         layers.append(elementwise(f"{p}.residual_attn", None, residual_fwd, residual_bwd, h, t_sp, i))
         layers.append(elementwise(f"{p}.{names.norm2}", f"{p}.{names.norm2}", norm_fwd, norm_bwd, h, t_sp, i))
         layers.append(linear(f"{p}.{names.mlp_in}", f"{p}.{names.mlp_in}", h, ffn_local * (2 if gated else 1), i,
-                             "column", ffn * (2 if gated else 1)))
+                             "column", ffn * (2 if gated else 1), sac=0.5 if gated else 0.0))
         # SwiGLU reads gate and up, writes their product; backward reads both and dy, writes two gradients.
         act_fwd, act_bwd = (3.0, 5.0) if gated else (2.0, 3.0)
         act_name = f"{p}.mlp.act_fn" if gated else f"{p}.mlp.act"
         layers.append(elementwise(act_name, None, act_fwd, act_bwd, ffn_local, t, i))
-        layers.append(linear(f"{p}.{names.mlp_out}", f"{p}.{names.mlp_out}", ffn_local, h, i, "row", ffn))
+        layers.append(linear(f"{p}.{names.mlp_out}", f"{p}.{names.mlp_out}", ffn_local, h, i, "row", ffn,
+                             sac=0.0 if gated else 1.0))
         layers.append(elementwise(f"{p}.residual_mlp", None, residual_fwd, residual_bwd, h, t_sp, i))
     if spec.final_norm:
         layers.append(elementwise(names.final_norm, names.final_norm, norm_fwd, norm_bwd, h, t_sp, None))
@@ -515,10 +520,16 @@ def _transformer_workload(scenario: Scenario, spec: TransformerSpec) -> Workload
     # sum of exponentials) of one fp32 per token each.
     logits = t * v // tp
     loss_colls = tuple(Collective("all-reduce", t * _FP32, "fwd-post") for _ in range(3)) if tp_on else ()
+    fwd_bytes, bwd_bytes = a + _FP32 + 5 * _FP32, 3 * _FP32 + a
+    if tr.cross_entropy == "unfused":
+        # F.cross_entropy(logits.float()): the cast (read 16-bit, write fp32), log_softmax (max, sum of
+        # exponentials, write: four fp32 passes); backward: nll_loss_backward writes a dense fp32 gradient,
+        # log_softmax_backward reads it and the log-probabilities and writes another, the cast back to 16 bits.
+        fwd_bytes, bwd_bytes = a + _FP32 + 4 * _FP32, _FP32 + 3 * _FP32 + _FP32 + a
     layers.append(Layer(
         "loss", (),
-        fwd=(memory_kernel("cross-entropy", logits * (a + _FP32 + 5 * _FP32)),),
-        dgrad=(memory_kernel("cross-entropy-bwd", logits * (3 * _FP32 + a)),),
+        fwd=(memory_kernel("cross-entropy", logits * fwd_bytes),),
+        dgrad=(memory_kernel("cross-entropy-bwd", logits * bwd_bytes),),
         collectives=loss_colls,
     ))
     num_stages = par.pp * par.virtual_stages
@@ -574,7 +585,7 @@ def _attention_core(name: str, scenario: Scenario, b: int, s: int, heads: int, k
         return Layer(name, (), fwd=(Kernel("flash-fwd", "flash-fwd", flop=work, bytes=io, k=keys, tiles=tiles),),
                      dgrad=(Kernel("flash-bwd", "flash-bwd", flop=FLASH_BWD_FLOP_RATIO * work, bytes=2 * io,
                                    k=keys, tiles=tiles),),
-                     block=block, recompute="core", model_flop=model_flop)
+                     block=block, recompute="core", model_flop=model_flop, sac_recompute=0.0)
     scores = bh * s * s
     mask = _MASK_BYTES if dropout else 0
     fwd = [gemm_kernel("qk", s, s, head_dim, a, bh), memory_kernel("scale-mask-softmax", 2.0 * scores * a)]

@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 from scenarios import base_scenario
 
-from simddp.config import Scenario, ScenarioError, deep_merge, load_scenario, scenario_from_dict, set_path
+from simddp.config import Scenario, ScenarioError, deep_merge, set_path
+from simddp.scenario_io import load_scenario, scenario_from_dict
 from simddp.units import GB, GBIT, MiB
 
 

@@ -11,11 +11,12 @@ import pytest
 from scenarios import base_scenario
 
 import simddp
-from simddp.config import CollectiveFit, Link, ScenarioError, load_scenario, scenario_from_dict, set_path
+from simddp.config import CollectiveFit, Link, ScenarioError, set_path
 from simddp.limits import MAX_GPUS, MAX_LAYER_PASSES, check_simulation_size
 from simddp.memory import smallest_layout_that_fits
 from simddp.memory.search import _divisors
 from simddp.profile import TimingStats
+from simddp.scenario_io import load_scenario, scenario_from_dict
 
 
 def _error(data: dict[str, Any]) -> str:

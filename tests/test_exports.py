@@ -13,8 +13,8 @@ import pytest
 
 import simddp
 from simddp.cli import default_scenario_path
-from simddp.config import load_scenario
 from simddp.exports import BucketParamRow, bucket_export, layer_rows
+from simddp.scenario_io import load_scenario
 from simddp.workload import build_workload
 
 

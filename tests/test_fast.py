@@ -44,7 +44,7 @@ def _check(data: dict) -> bool:
         return False
     fast = simulate(data, trace=False)
     _equal(fast.model_dump(exclude={"trace"}), exact.model_dump(exclude={"trace"}))
-    from simddp.config import scenario_from_dict
+    from simddp.scenario_io import scenario_from_dict
     return supported(build_plan(scenario_from_dict(data)))
 
 
@@ -101,7 +101,9 @@ def pipelines(draw: st.DrawFn) -> dict:
 @settings(max_examples=700, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(data_parallel())
 def test_fast_equals_simpy_data_parallel(data: dict) -> None:
-    assert _check(data)
+    taken = _check(data)
+    # torch's ZeRO-2 is FSDP SHARD_GRAD_OP (gathers per unit): the simpy engine alone runs it
+    assert taken or data["parallelism"]["zero_stage"] == 2
 
 
 @settings(max_examples=700, deadline=None, suppress_health_check=[HealthCheck.too_slow])

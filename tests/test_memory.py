@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 import simddp
 from simddp.cli import main
-from simddp.config import ParameterSpec, Scenario, ScenarioError, TransformerSpec, deep_merge, scenario_from_dict
+from simddp.config import ParameterSpec, Scenario, ScenarioError, TransformerSpec, deep_merge
 from simddp.memory import (
     FSDP_SHARDING_ZERO_STAGE,
     MemoryBreakdown,
@@ -27,6 +27,7 @@ from simddp.memory import (
     transformer_output_activation_bytes,
     zero_model_states_bytes,
 )
+from simddp.scenario_io import scenario_from_dict
 from simddp.units import GiB, MiB
 from simddp.workload import build_workload
 
@@ -322,9 +323,19 @@ def test_ddp_bucket_copies_vanish_with_gradient_as_bucket_view():
     assert view.total_bytes < m.total_bytes
 
 
-def test_zero2_keeps_two_reduce_buckets():
-    m = memory_breakdown(make({"parallelism": {"dp": 8, "zero_stage": 2}, "ddp": {"bucket_cap_mb": 25}}))
-    assert 2 * 25 * MiB <= item(m, "ZeRO-2 reduce buckets") <= 2 * 25 * MiB + 2 * 50257 * 768 * 2
+def test_deepspeed_zero2_keeps_its_contiguous_reduce_buffers():
+    # DeepSpeed allocates reduce_bucket_size elements (5e8) of contiguous gradient buffer in backward(), two
+    # with overlap_comm, and flattens each bucket for its all-reduce (stage_1_and_2.py).
+    ds = {"parallelism": {"dp": 8, "zero_stage": 2}, "ddp": {"implementation": "deepspeed"}}
+    m = memory_breakdown(make(ds))
+    assert item(m, "DeepSpeed reduce buffers") == 500_000_000 * 2
+    grads = sum(2 * p.numel for p in build_workload(make(ds)).parameters)  # gpt2 fits in one 5e8 bucket
+    assert item(m, "DeepSpeed flattened bucket") == grads
+    overlapped = memory_breakdown(make(deep_merge(ds, {"ddp": {"overlap": True}})))
+    assert item(overlapped, "DeepSpeed reduce buffers") == 2 * 500_000_000 * 2
+    small = memory_breakdown(make(deep_merge(ds, {"ddp": {"bucket_cap_mb": 25}})))
+    assert item(small, "DeepSpeed reduce buffers") == 25 * MiB
+    assert not any(i.name == "DDP bucket copies" for i in m.items)
 
 
 def test_zero3_gathers_the_largest_unit_plus_prefetch_and_root():
@@ -333,7 +344,11 @@ def test_zero3_gathers_the_largest_unit_plus_prefetch_and_root():
     block = sum(p.numel for p in build_workload(s).parameters if p.name.startswith("model.layers.0."))
     root = 2 * 32000 * 8192 + 8192
     assert item(m, "ZeRO-3 gathered parameters") == 2 * (2 * block + root)
-    assert item(m, "ZeRO-3 unsharded gradients") == 2 * block
+    # The unit computing (bf16) and the one whose reduce-scatter is in flight (its input, bf16 here).
+    assert item(m, "ZeRO-3 unsharded gradients") == 2 * block + 2 * block
+    # The untied output layer and the final norm: their gradients wait through backward for the root's
+    # reduce-scatter.
+    assert item(m, "FSDP root gradients") == 2 * (32000 * 8192 + 8192)  # output layer and final norm
     more = memory_breakdown(llama70b().model_copy(update={"memory": s.memory.model_copy(
         update={"fsdp_prefetch_layers": 2})}))
     assert item(more, "ZeRO-3 gathered parameters") - item(m, "ZeRO-3 gathered parameters") == 2 * block

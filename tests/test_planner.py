@@ -166,7 +166,7 @@ def test_plan_cli_json_and_errors(capsys: pytest.CaptureFixture[str], tmp_path) 
     text = capsys.readouterr().out
     flags = text.split("Use the best with: ")[1].split()
     sets = [f for f in flags if f != "--set"]
-    from simddp.config import load_scenario
+    from simddp.scenario_io import load_scenario
 
     best = plan_layouts(as_scenario(_small()), 2, top=1).layouts[0]
     assert simulate(load_scenario(path, sets), trace=False).step_time_s == best.step_time_s

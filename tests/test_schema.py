@@ -12,9 +12,10 @@ import pytest
 import yaml
 
 from simddp.cli import default_scenario_path
-from simddp.config import Cluster, ModelConfig, Scenario, ScenarioError, read_mapping, scenario_from_dict
+from simddp.config import Cluster, ModelConfig, Scenario, ScenarioError, read_mapping
 from simddp.keys import submodels
 from simddp.presets import CLUSTER_PRESETS, MODEL_PRESETS
+from simddp.scenario_io import scenario_from_dict
 from simddp.schema import KeyDoc, preset_yaml, schema_keys, starter_scenario
 
 

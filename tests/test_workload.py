@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 from scenarios import base_scenario
 
-from simddp.config import ModelConfig, deep_merge, scenario_from_dict
+from simddp.config import ModelConfig, deep_merge
+from simddp.scenario_io import scenario_from_dict
 from simddp.workload import build_workload, total_params
 
 # Parameter counts from the Hugging Face reference implementations (model.num_parameters()).

@@ -8,6 +8,7 @@ from simddp import units
 from simddp.config import GPU, Cluster, DDPConfig, Link, Network, Parallelism, Training, TransformerSpec
 from simddp.presets import CLUSTER_PRESETS, MODEL_PRESETS
 from simddp.results import StepResult
+from simddp.zero import describe, zero_rule
 from simddp_app import charts, state, widgets
 from simddp_app.widgets import field_help
 
@@ -142,8 +143,8 @@ with col_model:
     if not st.session_state[GBS_AUTO_KEY]:
         widgets.number("Global batch size", "training.global_batch_size", shown.global_batch_size,
                        model=Training, field="global_batch_size", integer=True, min_value=1, step=64)
-    widgets.choice("Activation recompute", "training.recompute", tr.recompute, ["none", "selective", "full"],
-                   model=Training, field="recompute")
+    widgets.choice("Activation recompute", "training.recompute", tr.recompute,
+                   ["none", "selective", "selective-op", "full"], model=Training, field="recompute")
 
 # ---------------------------------------------------------------------------------- cluster
 with col_cluster:
@@ -220,14 +221,18 @@ with col_layout:
                        field="virtual_stages", integer=True, min_value=1, step=1, where=c2)
     st.divider()
     ddp = shown.ddp
+    rule = zero_rule(shown)  # the implementation's defaults, where the scenario leaves a key null
+    widgets.choice("Data-parallel implementation", "ddp.implementation", ddp.implementation,
+                   ["torch", "deepspeed", "megatron"], model=DDPConfig, field="implementation")
     c1, c2 = st.columns(2)
     widgets.number("Bucket cap (MiB)", "ddp.bucket_cap_mb", ddp.bucket_cap_mb or 25.0, model=DDPConfig,
                    field="bucket_cap_mb", min_value=0.0, step=5.0, fmt="%.1f", where=c1)
     widgets.choice("All-reduce algorithm", "ddp.algorithm", ddp.algorithm, ["auto", "ring", "tree", "hierarchical"],
                    model=DDPConfig, field="algorithm", where=c2)
-    widgets.flag("Overlap communication with backward", "ddp.overlap", ddp.overlap, model=DDPConfig, field="overlap")
-    widgets.flag("Reduce in fp32", "ddp.reduce_in_fp32", ddp.reduce_in_fp32, model=DDPConfig,
+    widgets.flag("Overlap communication with backward", "ddp.overlap", rule.overlap, model=DDPConfig, field="overlap")
+    widgets.flag("Reduce in fp32", "ddp.reduce_in_fp32", rule.reduce_in_fp32, model=DDPConfig,
                  field="reduce_in_fp32")
+    st.caption(describe(rule))
 
 # ---------------------------------------------------------------------------------- details
 if result is not None:

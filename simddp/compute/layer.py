@@ -64,11 +64,17 @@ def pass_s(kernels: tuple[Kernel, ...], gpu: GPU, precision: str, compute_effici
     return sum(kernel_s(k, gpu, precision, compute_efficiency) for k in kernels)
 
 
-def recomputed(layer: Layer, recompute: str) -> bool:
-    """Whether ``layer``'s forward runs again in backward under the training's ``recompute``."""
-    return (recompute == "full" and layer.recompute in ("block", "core")) or (
-        recompute == "selective" and layer.recompute == "core"
-    )
+def recomputed(layer: Layer, recompute: str) -> float:
+    """How much of ``layer``'s forward runs again in backward under the training's ``recompute``: all of a
+    block's layers under full, the attention core under selective, and under selective-op (torchtitan's
+    op-level checkpointing) everything but the matmul outputs it keeps and the FlashAttention output."""
+    if recompute == "full":
+        return 1.0 if layer.recompute in ("block", "core") else 0.0
+    if recompute == "selective":
+        return 1.0 if layer.recompute == "core" else 0.0
+    if recompute == "selective-op":
+        return layer.sac_recompute if layer.recompute in ("block", "core") else 0.0
+    return 0.0
 
 
 def layer_timing(layer: Layer, gpu: GPU, training: Training, compute_efficiency: float = 1.0) -> LayerTiming:
@@ -83,7 +89,8 @@ def layer_timing(layer: Layer, gpu: GPU, training: Training, compute_efficiency:
         fwd = pass_s(layer.fwd, gpu, p, compute_efficiency)
         dgrad = pass_s(layer.dgrad, gpu, p, compute_efficiency)
         wgrad = pass_s(layer.wgrad, gpu, p, compute_efficiency)
-    recompute = fwd if recomputed(layer, training.recompute) else 0.0
+    share = recomputed(layer, training.recompute)
+    recompute = fwd * share if share else 0.0  # never inf x 0: an overflowing forward recomputes nothing
     return LayerTiming(layer.name, fwd, dgrad, wgrad, recompute)
 
 

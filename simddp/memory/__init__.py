@@ -27,7 +27,9 @@ shrinks K and V), the attention core (softmax, dropout mask and output: 5 bytes 
 dropout), and the MLP (GeLU input and output; a gated MLP saves the gate and up outputs and their product,
 as Megatron's fused SwiGLU does). 16-bit activations are 2 bytes, fp32 ones 4; dropout masks 1 byte.
 Embedding (int64 token ids, dropout mask) and output layer (final norm input, logits in the activation
-dtype and the fp32 softmax the fused cross-entropy saves) add to the first and last stage. With recompute,
+dtype and the fp32 softmax the fused cross-entropy saves, or the unfused one's fp32 log-probabilities and the
+two gradients its backward holds) add to the first and last stage; torchtitan's op-level checkpointing
+(``selective-op``) keeps a block's input, every other matmul output and the attention output. With recompute,
 backward re-creates one layer's activations at a time (one micro-batch), counted as a working set.
 
 Pipelines hold several micro-batches (Narayanan et al., SC'21; Korthikanti et al. sec. 4.2.3): 1F1B's stage
@@ -35,12 +37,15 @@ i holds min(p - i, m), GPipe all m, interleaved 1F1B with v chunks min(mv, 2(p -
 chunks, which is p(1 + (p - 1)/(pv)) micro-batches on the first stage. Parameter-list models use their
 layers' ``activation_numel_per_sample`` and are not recomputed.
 
-Buffers: DDP's bucket copies of the gradients (none with ``gradient_as_bucket_view``, Li et al., VLDB'20);
-ZeRO-2's reduce buckets (two: one filling, one reducing); ZeRO-3/FSDP gathered parameters of the unit
-computing, of ``fsdp_prefetch_layers`` prefetched units and of the root unit (embedding and output layer,
-which FSDP does not reshard after forward), plus one unit's unsharded gradients; pipeline send/receive
-tensors; NCCL buffers of each communicator. Overheads: the CUDA context and the caching allocator's
-fragmentation. Their defaults and sources are in :class:`simddp.config.MemoryConfig`.
+Buffers follow the data-parallel implementation's rule (:mod:`simddp.zero`, the one the simulator times):
+torch DDP's bucket copies (none with ``gradient_as_bucket_view``), DeepSpeed's contiguous reduce buffers and
+flattened buckets, nothing for Megatron's views; ZeRO-3 (FSDP, DeepSpeed) parameters in flight (the unit
+computing, the prefetched ones, those kept gathered: FSDP's root, DeepSpeed's modules within the reuse
+distance) and unsharded gradients (the unit computing and the one reduce-scattering; FSDP's root gradients
+held through backward); FSDP with pipelines keeps the stage unsharded; pipeline send/receive tensors; NCCL
+buffers of each communicator. Overheads: the CUDA context and the caching allocator's fragmentation. Their
+defaults and sources are in :class:`simddp.config.MemoryConfig`. Measured peaks of real runs (torchtitan on
+H100, simddp's own H100 steps) are compared in ``docs/memory.md``.
 
 Not modelled: CPU/NVMe offload, activation offload, optimizer-step temporaries, context parallelism, MoE.
 """

@@ -10,8 +10,10 @@ shrinks K and V), the attention core (softmax, dropout mask and output: 5 bytes 
 dropout), and the MLP (GeLU input and output; a gated MLP saves the gate and up outputs and their product,
 as Megatron's fused SwiGLU does). 16-bit activations are 2 bytes, fp32 ones 4; dropout masks 1 byte.
 Embedding (int64 token ids, dropout mask) and output layer (final norm input, logits in the activation
-dtype and the fp32 softmax the fused cross-entropy saves) add to the first and last stage. With recompute,
-backward re-creates one layer's activations at a time (one micro-batch), counted as a working set.
+dtype and the fp32 softmax the fused cross-entropy saves) add to the first and last stage. torchtitan's
+op-level selective checkpointing ("selective-op") keeps a block's input, every other matmul output and the
+attention output (:func:`_op_sac_per_token`). With recompute, backward re-creates one layer's activations at
+a time (one micro-batch), counted as a working set.
 
 Pipelines hold several micro-batches (Narayanan et al., SC'21; Korthikanti et al. sec. 4.2.3): 1F1B's stage
 i holds min(p - i, m), GPipe all m, interleaved 1F1B with v chunks min(mv, 2(p - i - 1) + (v - 1)p + 1)
@@ -26,7 +28,7 @@ from simddp.config import TransformerSpec
 _TOKEN_ID_BYTES = 8  # int64 input ids
 _LSE_BYTES = 4  # FlashAttention's fp32 log-sum-exp per head and token
 _SOFTMAX_BYTES = 4  # fp32 softmax saved by the fused (vocab-parallel) cross-entropy
-_RECOMPUTE = ("none", "selective", "full")
+_RECOMPUTE = ("none", "selective", "selective-op", "full")
 _SCHEDULES = ("1f1b", "gpipe", "interleaved-1f1b")
 
 
@@ -83,8 +85,28 @@ def transformer_layer_activation_bytes(
         core = _LSE_BYTES * (a / tp)
     elif attention != "unfused":
         raise ValueError(f"unknown attention {attention!r}; expected 'flash' or 'unfused'")
+    if recompute == "selective-op":
+        return round(_op_sac_per_token(spec, tp, sp, act_bytes, attention, q_width, kv_width) * tokens)
     per_token = replicated + sharded + (core if recompute == "none" else 0.0)
     return round(per_token * tokens)
+
+
+def _op_sac_per_token(spec: TransformerSpec, tp: int, sp: int, act_bytes: int, attention: str, q_width: float,
+                      kv_width: float) -> float:
+    """torchtitan's op-level selective activation checkpointing (``selective_ac_option = "op"``,
+    torchtitan/models/llama/parallelize_llama.py ``_save_list``): a block keeps its input (the checkpoint's),
+    the output of every other matmul (``aten.mm`` counted in forward order, odd ones saved), the attention
+    kernel's output and log-sum-exp (flash or efficient SDPA), and the reduce-scatter outputs of sequence
+    parallelism; everything else is re-run in backward. A Llama block's matmuls are wq, wk, wv, wo, w1, w3, w2:
+    wq, wv, w1 and w2 are kept; a GPT block's are the fused QKV, out, fc1, fc2: QKV and fc1 are kept. Linears
+    with a bias run ``addmm``, which the policy does not keep."""
+    h, a, ffn = spec.hidden_size, spec.num_heads, spec.ffn_hidden_size
+    kept = 0.0
+    if not spec.bias:
+        kept = (q_width + kv_width + ffn / tp + h) if spec.gated_mlp else (q_width + 2 * kv_width + ffn / tp)
+    core = (act_bytes * q_width + _LSE_BYTES * a / tp) if attention == "flash" else 0.0
+    scattered = 2 * h / sp if (tp > 1 and sp > 1) else 0.0  # reduce_scatter_tensor outputs after wo and w2
+    return act_bytes * (h / sp + kept + scattered) + core
 
 
 def transformer_embedding_activation_bytes(
@@ -109,18 +131,28 @@ def transformer_output_activation_bytes(
     tp: int = 1,
     sequence_parallel: bool = False,
     act_bytes: int = 2,
+    cross_entropy: str = "fused",
 ) -> int:
-    """Last stage, one micro-batch: final-norm and output-layer inputs, the logits and the fp32 softmax.
+    """Last stage, one micro-batch: final-norm and output-layer inputs, the logits and what the loss holds.
 
-    The vocabulary-parallel output layer and cross-entropy divide the logits by tp (Megatron); the loss
-    keeps an fp32 softmax (4 bytes per logit) beside the logits in the activation dtype.
+    The vocabulary-parallel output layer and cross-entropy divide the logits by tp (Megatron). The fused
+    loss keeps an fp32 softmax (4 bytes per logit) beside the logits in the activation dtype and computes its
+    gradient in place. The unfused one, ``F.cross_entropy(logits.float())``, keeps the fp32 log-probabilities
+    (``log_softmax`` saves its output; the 16-bit logits are freed); at the start of backward
+    ``nll_loss_backward`` writes a dense fp32 gradient and ``log_softmax_backward`` another before either is
+    freed: 12 bytes per logit at once.
     """
     _check_shape(spec, seq_len, micro_batch_size, tp, act_bytes)
     tokens = seq_len * micro_batch_size
     sp = tp if sequence_parallel else 1
     norm_and_head_inputs = 2 * act_bytes * spec.hidden_size / sp
-    logits = (act_bytes + _SOFTMAX_BYTES) * spec.vocab_size / tp
-    return round(tokens * (norm_and_head_inputs + logits))
+    if cross_entropy == "fused":
+        per_logit = act_bytes + _SOFTMAX_BYTES
+    elif cross_entropy == "unfused":
+        per_logit = 3 * _SOFTMAX_BYTES
+    else:
+        raise ValueError(f"unknown cross_entropy {cross_entropy!r}; expected 'fused' or 'unfused'")
+    return round(tokens * (norm_and_head_inputs + per_logit * spec.vocab_size / tp))
 
 
 def in_flight_micro_batches(

@@ -21,6 +21,7 @@ from simddp.memory.items import MemoryBreakdown, MemoryItem
 from simddp.memory.states import OPTIMIZER_STATE_BYTES_PER_PARAM, model_states_bytes
 from simddp.units import fmt_bytes
 from simddp.workload import PRECISION_ACT_BYTES, Workload, build_workload, uses_dropout
+from simddp.zero import describe, zero_rule
 
 
 def memory_breakdown(scenario: Scenario, workload: Workload | None = None, stage: int | None = None) -> MemoryBreakdown:
@@ -72,9 +73,7 @@ def memory_breakdown(scenario: Scenario, workload: Workload | None = None, stage
 
 
 def _notes(scenario: Scenario) -> list[str]:
-    par, notes = scenario.parallelism, []
-    if par.zero_stage >= 2 and par.pp > 1:
-        notes.append(f"zero_stage={par.zero_stage} with pp={par.pp}: DeepSpeed allows only ZeRO-1 with pipelines")
+    notes = [f"data parallel: {describe(zero_rule(scenario))}"] if scenario.dp > 1 else []
     if scenario.model.transformer is None and scenario.training.recompute != "none":
         notes.append(
             f"recompute={scenario.training.recompute!r} is not applied to parameter-list models (no transformer blocks)"
@@ -101,18 +100,22 @@ def _find_stage_params(scenario: Scenario, workload: Workload, stage: int) -> li
 
 
 def _stage_items(scenario: Scenario, workload: Workload, stage: int) -> tuple[list[MemoryItem], int, float]:
-    tr, par, ddp, mem = scenario.training, scenario.parallelism, scenario.ddp, scenario.memory
+    tr, par, mem = scenario.training, scenario.parallelism, scenario.memory
     dp, zero = scenario.dp, par.zero_stage
+    rule = zero_rule(scenario)
+    # FSDP keeps fp32 sharded parameters (the master weights) and fp32 sharded gradients whatever dtype it
+    # reduces in: the ZeRO paper's 16 bytes per parameter (states.py); reduce_in_fp32 adds no gradient bytes.
+    fp32_grads = rule.reduce_in_fp32 and not (rule.implementation == "torch" and zero >= 2)
     ids = _stage_params(scenario, workload, stage)
     params = [workload.parameters[i] for i in ids]
     num_params = sum(p.numel for p in params)
-    states = model_states_bytes(params, tr.precision, tr.optimizer, zero, dp, ddp.reduce_in_fp32)
+    states = model_states_bytes(params, tr.precision, tr.optimizer, zero, dp, fp32_grads)
     shard = f" / {dp} dp ranks" if dp > 1 else ""
     items = [
         MemoryItem(category="params", name="parameters", size_bytes=states.params_bytes,
                    note=f"{num_params:,} params" + (shard if zero >= 3 else "")),
         MemoryItem(category="grads", name="gradients", size_bytes=states.grads_bytes,
-                   note=("fp32 main grads" if ddp.reduce_in_fp32 else "param dtype") + (shard if zero >= 2 else "")),
+                   note=("fp32 main grads" if fp32_grads else "param dtype") + (shard if zero >= 2 else "")),
     ]
     if states.master_bytes:
         items.append(MemoryItem(category="optimizer", name="fp32 master weights", size_bytes=states.master_bytes,
@@ -169,9 +172,15 @@ def _activation_items(scenario: Scenario, workload: Workload, stage: int, in_fli
         items.append(MemoryItem(category="activations", name="embedding", size_bytes=round(emb * in_flight),
                                 note=f"token ids{', dropout mask' if dropout else ''} {k}"))
     if stage == par.pp - 1:
-        out = transformer_output_activation_bytes(spec, **shape, act_bytes=act)
+        out = transformer_output_activation_bytes(spec, **shape, act_bytes=act, cross_entropy=tr.cross_entropy)
+        what = "logits, fp32 softmax" if tr.cross_entropy == "fused" else "fp32 log-probs and their gradients"
+        # The loss sits in the last virtual stage, whose micro-batches run forward then backward at once
+        # (1F1B, interleaved); only GPipe keeps every micro-batch's (interleaving holds other chunks' layers).
+        out_flight = in_flight if par.pipeline_schedule == "gpipe" else 1.0
         items.append(MemoryItem(category="activations", name="output layer and loss",
-                                size_bytes=round(out * in_flight), note=f"norm/head inputs, logits, fp32 softmax {k}"))
+                                size_bytes=round(out * out_flight),
+                                note=f"norm/head inputs, {what} x {out_flight:g} micro-batch"
+                                + ("es" if out_flight != 1 else "")))
     if tr.recompute != "none" and blocks:
         full = transformer_layer_activation_bytes(spec, **shape, recompute="none", act_bytes=act, dropout=dropout,
                                                   attention=tr.attention)

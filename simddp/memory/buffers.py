@@ -1,56 +1,42 @@
-"""Buffers beside model states and activations: DDP bucket copies, ZeRO reduce buckets, FSDP gathers, p2p, NCCL.
+"""Buffers beside model states and activations, by the data-parallel implementation's rule; p2p; NCCL.
 
-Buffers: DDP's bucket copies of the gradients (none with ``gradient_as_bucket_view``, Li et al., VLDB'20);
-ZeRO-2's reduce buckets (two: one filling, one reducing); ZeRO-3/FSDP gathered parameters of the unit
-computing, of ``fsdp_prefetch_layers`` prefetched units and of the root unit (embedding and output layer,
-which FSDP does not reshard after forward), plus one unit's unsharded gradients; pipeline send/receive
-tensors; NCCL buffers of each communicator. Overheads: the CUDA context and the caching allocator's
-fragmentation. Their defaults and sources are in :class:`simddp.config.MemoryConfig`.
+The gradient and parameter buffers follow :func:`simddp.zero.zero_rule`, the rule the step simulator times
+the same implementation by (its buckets, units, prefetch and reuse), so the two cannot disagree:
+
+* torch DDP (and ZeroRedundancyOptimizer on it): a flat copy of every bucket, none with
+  ``gradient_as_bucket_view`` (Li et al., VLDB'20).
+* DeepSpeed ZeRO-1/2 (and its stage 0): the contiguous gradient buffers of ``reduce_bucket_size`` elements
+  (two with ``overlap_comm``), the flattened copy each bucket's all-reduce makes, and for ZeRO-1 the copy of
+  this rank's gradient partition (``grads_in_partition``) beside the full gradients.
+* Megatron: none; buckets and the parameter all-gather are views of its contiguous buffers.
+* ZeRO-3 (FSDP ``FULL_SHARD``, DeepSpeed): the parameters in flight, the largest over the forward of the
+  unit computing plus the units being prefetched, besides the units kept gathered (FSDP's root, which is not
+  resharded after forward; DeepSpeed modules within ``stage3_max_reuse_distance``); the unsharded gradients
+  in flight: the unit computing (parameter dtype) and, for FSDP, the previous unit's reduce-scatter input
+  (reduction dtype); DeepSpeed's contiguous gradient buffer and its never-partitioned small parameters.
+* FSDP with pipeline parallelism: the stage's parameters and gradients stay unsharded across micro-batches.
+
+Also pipeline send/receive tensors and NCCL buffers of each communicator. Overheads (CUDA context,
+allocator fragmentation) and their sources are in :class:`simddp.config.MemoryConfig`.
 """
 
 from __future__ import annotations
 
-from simddp.bucketing import bucket_assignment
+from collections.abc import Sequence
+
+from simddp.bucketing import ParamLike
 from simddp.config import Scenario
 from simddp.memory.items import MemoryItem
 from simddp.units import dtype_bytes
-from simddp.workload import PRECISION_ACT_BYTES, Workload, fsdp_unit_layers, grad_reduce_spec
+from simddp.workload import PRECISION_ACT_BYTES, Layer, Workload
+from simddp.zero import ZeroRule, gradient_buckets, param_bytes, param_units, reduce_specs, zero_rule
 
 
 def buffer_items(scenario: Scenario, workload: Workload, stage: int, ids: list[int]) -> list[MemoryItem]:
-    tr, par, ddp, mem = scenario.training, scenario.parallelism, scenario.ddp, scenario.memory
+    tr, par, mem = scenario.training, scenario.parallelism, scenario.memory
     items: list[MemoryItem] = []
-    zero = par.zero_stage
-    grads = [grad_reduce_spec(workload.parameters[i], ddp.reduce_in_fp32) for i in ids]
-    if zero <= 2 and ids and (zero == 2 or not ddp.gradient_as_bucket_view):
-        local = {g: k for k, g in enumerate(ids)}
-        order = [local[g] for g in workload.grad_ready_order if g in local]
-        seen = set(order)
-        order += [k for k in range(len(ids)) if k not in seen]  # a tied copy not in this stage's order
-        key = ("memory buckets", stage, ddp.bucket_cap_mb, ddp.reduce_in_fp32, tuple(ids))
-        if key not in workload.memo:  # the same for every ZeRO stage and layout sharing this workload
-            workload.memo[key] = bucket_assignment(grads, order, ddp.bucket_cap_mb)
-        buckets = workload.memo[key]
-        if zero == 2:
-            largest = max(b.size_bytes for b in buckets)
-            items.append(MemoryItem(category="buffers", name="ZeRO-2 reduce buckets", size_bytes=2 * largest,
-                                    note="2 x largest bucket (one filling, one reducing)"))
-        else:
-            items.append(MemoryItem(category="buffers", name="DDP bucket copies",
-                                    size_bytes=sum(b.size_bytes for b in buckets),
-                                    note=f"{len(buckets)} buckets; none with gradient_as_bucket_view"))
-    if zero == 3 and ids:
-        units, root = fsdp_units(scenario, workload, stage, ids)
-        width = {i: dtype_bytes(workload.parameters[i].dtype) for i in ids}
-        gwidth = {g: dtype_bytes(spec.dtype) for g, spec in zip(ids, grads, strict=True)}
-        unit_bytes = max((sum(workload.parameters[i].numel * width[i] for i in u) for u in units), default=0)
-        unit_grads = max((sum(workload.parameters[i].numel * gwidth[i] for i in u) for u in units), default=0)
-        root_bytes = sum(workload.parameters[i].numel * width[i] for i in root)
-        gathered = (1 + mem.fsdp_prefetch_layers) * unit_bytes + root_bytes
-        items.append(MemoryItem(category="buffers", name="ZeRO-3 gathered parameters", size_bytes=gathered,
-                                note=f"(1 + {mem.fsdp_prefetch_layers} prefetched) x largest unit + root unit"))
-        items.append(MemoryItem(category="buffers", name="ZeRO-3 unsharded gradients", size_bytes=unit_grads,
-                                note="largest unit, before its reduce-scatter"))
+    if ids and scenario.dp > 1:  # one data-parallel rank needs no data-parallel wrapper
+        items += data_parallel_buffers(zero_rule(scenario), scenario, workload, stage, ids)
     spec = scenario.model.transformer
     if par.pp > 1 and spec is not None:
         sp = par.tp if par.sequence_parallel else 1
@@ -66,22 +52,99 @@ def buffer_items(scenario: Scenario, workload: Workload, stage: int, ids: list[i
     return items
 
 
-def fsdp_units(
-    scenario: Scenario, workload: Workload, stage: int, ids: list[int]
-) -> tuple[list[list[int]], list[int]]:
-    """Parameter indices of each FSDP unit of ``stage``, and of the root unit.
-
-    The units are :func:`simddp.workload.fsdp_unit_layers`' (one per transformer block, or per layer of a
-    parameter list), the rule the simulator times them by; the root holds every other parameter.
-    """
+def data_parallel_buffers(rule: ZeroRule, scenario: Scenario, workload: Workload, stage: int,
+                          ids: list[int]) -> list[MemoryItem]:
+    """The gradient and parameter buffers ``rule`` keeps on a GPU of pipeline ``stage`` holding ``ids``."""
+    params = workload.parameters
+    grads = reduce_specs(rule, [params[i] for i in ids])
     layers = workload.rank_layers(stage, scenario.parallelism.pp)
-    unit_layers, _ = fsdp_unit_layers(layers)
-    owner: set[int] = set()
-    units: list[list[int]] = []
-    for positions in unit_layers:
-        params = [i for pos in positions for i in layers[pos].param_indices if i not in owner]
-        owner.update(params)
-        if params:
-            units.append(params)
-    root = [i for i in ids if i not in owner]
-    return units, root
+    dp = scenario.dp
+    if rule.unsharded_across_micro_batches:
+        out = []
+        if rule.stage == 3:
+            out.append(MemoryItem(category="buffers", name="FSDP unsharded parameters",
+                                  size_bytes=param_bytes(params, ids),
+                                  note="pipeline: not resharded between micro-batches"))
+        out.append(MemoryItem(category="buffers", name="FSDP unsharded gradients", size_bytes=_bytes(grads),
+                              note="pipeline: accumulated unsharded until the last micro-batch"))
+        return out
+    if rule.sharded_params:
+        return _unit_buffers(rule, workload, layers, ids, dp)
+    local = {g: k for k, g in enumerate(ids)}
+    order = [local[g] for g in workload.grad_ready_order if g in local]
+    seen = set(order)
+    order += [k for k in range(len(ids)) if k not in seen]  # a tied copy not in this stage's order
+    key = ("memory buckets", stage, rule, tuple(ids))
+    if key not in workload.memo:  # the same for every ZeRO stage and layout sharing this workload
+        workload.memo[key] = gradient_buckets(rule, grads, order, layers, ids)
+    buckets = workload.memo[key]
+    out = []
+    if rule.bucket_copies:
+        out.append(MemoryItem(category="buffers", name="DDP bucket copies",
+                              size_bytes=sum(b.size_bytes for b in buckets),
+                              note=f"{len(buckets)} buckets; none with gradient_as_bucket_view"))
+    if rule.reduce_buffers:
+        assert rule.bucket_numel is not None
+        size = rule.reduce_buffers * rule.bucket_numel * dtype_bytes(params[ids[0]].dtype)  # the model's dtype
+        out.append(MemoryItem(category="buffers", name="DeepSpeed reduce buffers", size_bytes=size,
+                              note=f"{rule.reduce_buffers} x reduce_bucket_size {rule.bucket_numel:,} elements"
+                              + (" (overlap_comm)" if rule.reduce_buffers > 1 else "")))
+    if rule.flatten_copy:
+        out.append(MemoryItem(category="buffers", name="DeepSpeed flattened bucket",
+                              size_bytes=max(b.size_bytes for b in buckets),
+                              note="largest bucket, flattened for its all-reduce"))
+    if rule.implementation == "deepspeed" and rule.stage == 1:
+        out.append(MemoryItem(category="buffers", name="ZeRO-1 gradient partition", size_bytes=-(-_bytes(grads) // dp),
+                              note=f"this rank's gradients copied out of the reduced buckets (1/{dp})"))
+    return out
+
+
+def _unit_buffers(rule: ZeroRule, workload: Workload, layers: Sequence[Layer], ids: list[int],
+                  dp: int) -> list[MemoryItem]:
+    params = workload.parameters
+    units = param_units(rule, layers, params)
+    out = []
+    gbytes = [param_bytes(params, u.param_ids) for u in units.units]
+    if rule.stage == 3:
+        kept = sum(b for u, b in zip(units.units, gbytes, strict=True) if not u.gather_bwd)
+        root = param_bytes(params, units.root.param_ids) if units.root else 0
+        window = max((gbytes[k] + sum(gbytes[k + 1:k + 1 + u.prefetch_fwd]) for k, u in enumerate(units.units)
+                      if u.gather_bwd), default=0)
+        ahead = f"{rule.prefetch_units} prefetched" if rule.unit_rule == "block" else \
+            f"stage3_prefetch_bucket_size {rule.prefetch_numel:,} elements"
+        kept_note = " + root unit" if rule.unit_rule == "block" else \
+            f" + {sum(not u.gather_bwd for u in units.units)} modules kept (stage3_max_reuse_distance)"
+        out.append(MemoryItem(category="buffers", name="ZeRO-3 gathered parameters", size_bytes=kept + root + window,
+                              note=f"largest unit + {ahead}{kept_note}"))
+    reduce_bytes = 4 if rule.reduce_in_fp32 else 2
+    largest = max((sum(params[g].numel for g in u.param_ids) for u in units.units), default=0)
+    own = max((param_bytes(params, u.param_ids) for u in units.units), default=0)
+    if rule.unit_rule == "block":
+        out.append(MemoryItem(category="buffers", name="ZeRO-3 unsharded gradients" if rule.stage == 3 else
+                              "FSDP unsharded gradients", size_bytes=own + largest * reduce_bytes,
+                              note="unit computing + unit reduce-scattering, largest unit"))
+        if units.root is not None and units.units:
+            first = units.units[0].positions[0]
+            held = [g for i in units.root.positions if i > first for g in layers[i].param_indices]
+            if held:  # e.g. an untied output layer: its gradients wait for the root's reduce-scatter
+                out.append(MemoryItem(category="buffers", name="FSDP root gradients",
+                                      size_bytes=param_bytes(params, held),
+                                      note="root parameters after the blocks, held until the root's reduce-scatter"))
+        return out
+    assert rule.bucket_numel is not None
+    out.append(MemoryItem(category="buffers", name="ZeRO-3 unsharded gradients", size_bytes=own,
+                          note="largest module's gradients before they enter the reduce buffer"))
+    out.append(MemoryItem(category="buffers", name="DeepSpeed reduce buffers",
+                          size_bytes=rule.bucket_numel * dtype_bytes(params[ids[0]].dtype),
+                          note=f"reduce_bucket_size {rule.bucket_numel:,} elements"))
+    if units.persistent_ids:
+        persistent = param_bytes(params, units.persistent_ids)
+        out.append(MemoryItem(category="buffers", name="ZeRO-3 persistent parameters",
+                              size_bytes=persistent - -(-persistent // dp),
+                              note=f"{len(units.persistent_ids)} tensors under stage3_param_persistence_threshold "
+                              f"{rule.persistence_threshold_numel:,}, never partitioned"))
+    return out
+
+
+def _bytes(specs: Sequence[ParamLike]) -> int:
+    return sum(p.numel * dtype_bytes(p.dtype) for p in specs)

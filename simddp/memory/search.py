@@ -17,7 +17,9 @@ class _Frozen(BaseModel):
 
 
 #: Activation recompute, least first: each step trades compute for memory.
-RECOMPUTE_ORDER = ("none", "selective", "full")
+RECOMPUTE_ORDER = ("none", "selective", "selective-op", "full")
+#: Those the layout search tries (Megatron's three; torchtitan's op-level policy is ranked, not searched).
+SEARCHED_RECOMPUTE = ("none", "selective", "full")
 
 
 class LayoutFit(_Frozen):
@@ -28,7 +30,7 @@ class LayoutFit(_Frozen):
     pp: int
     dp: int
     sequence_parallel: bool = Field(description="Megatron sequence parallelism (with tp > 1).")
-    recompute: str = Field(description="Activation recompute: none, selective or full.")
+    recompute: str = Field(description="Activation recompute: none, selective, selective-op or full.")
     total_bytes: int
     capacity_bytes: int
     fits: bool
@@ -166,7 +168,7 @@ def smallest_layout_that_fits(scenario: Scenario, num_gpus: int | None = None) -
         raise ScenarioError(f"num_gpus({n}) is neither a multiple nor a divisor of gpus_per_node({per_node})")
     gpus_per_node = cluster_update.get("gpus_per_node", per_node)
     par, tr = scenario.parallelism, scenario.training
-    recomputes = RECOMPUTE_ORDER if scenario.model.transformer is not None else (tr.recompute,)
+    recomputes = SEARCHED_RECOMPUTE if scenario.model.transformer is not None else (tr.recompute,)
 
     def evaluate(zero: int, tp: int, pp: int, sp: bool, recompute: str) -> LayoutFit | None:
         parallelism = {"dp": None, "tp": tp, "pp": pp, "zero_stage": zero, "sequence_parallel": sp,
@@ -180,7 +182,8 @@ def smallest_layout_that_fits(scenario: Scenario, num_gpus: int | None = None) -
         return LayoutFit(zero_stage=zero, tp=tp, pp=pp, dp=variant.dp, sequence_parallel=sp, recompute=recompute,
                          total_bytes=m.total_bytes, capacity_bytes=m.capacity_bytes, fits=m.fits)
 
-    # ZeRO-2/3 with pipeline parallelism is not offered: DeepSpeed refuses it and simddp does not time it.
+    # ZeRO-2/3 with pipeline parallelism is not offered: DeepSpeed refuses it, and torch's FSDP keeps a
+    # pipeline stage's parameters and gradients unsharded across micro-batches.
     layouts = [(z, tp, pp, sp, rc) for tp in _divisors(gpus_per_node) for pp in _divisors(n // tp) for z in range(4)
                for sp in ((False, True) if tp > 1 else (False,)) for rc in recomputes if not (z >= 2 and pp > 1)]
     results = [r for r in (evaluate(*lay) for lay in layouts) if r is not None]

@@ -153,6 +153,8 @@ MODEL_PRESETS: dict[str, Preset] = {
                lambda: _llama(32, 4096, 32, 8, 14336, 128256)),
         Preset("llama3-70b", "Llama 3 70B (GQA, 128K vocab)", "Dubey et al. 2024, Table 3; HF config",
                lambda: _llama(80, 8192, 64, 8, 28672, 128256)),
+        Preset("llama3-405b", "Llama 3 405B (GQA, 128K vocab)", "Dubey et al. 2024, Table 3; HF config",
+               lambda: _llama(126, 16384, 128, 8, 53248, 128256)),
         Preset("gpt3-175b", "GPT-3 175B", "Brown et al. 2020, Table 2.1", gpt3_175b),
         Preset("resnet50", "ResNet-50 at 224x224, per-layer parameters and FLOP", "He et al. 2016; torchvision",
                resnet50),

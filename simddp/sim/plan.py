@@ -11,15 +11,16 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from simddp.bucketing import BucketSpec, bucket_assignment
-from simddp.collectives import CollectiveCost, Op, collective_cost
+from simddp.bucketing import BucketSpec, ParamLike
+from simddp.collectives import CollectiveCost, collective_cost
 from simddp.compute import LayerTiming, layer_timing, optimizer_step_s
 from simddp.config import Scenario
 from simddp.sim.layers import LayerPlan, pass_alone
 from simddp.sim.pipeline import PipeOp, schedule
 from simddp.topology import CommGroup, dp_group, group, pp_boundary_group, tp_group
 from simddp.units import dtype_bytes
-from simddp.workload import Collective, Layer, Param, Workload, build_workload, fsdp_unit_layers, grad_reduce_spec
+from simddp.workload import Collective, Layer, Param, Workload, build_workload, grad_reduce_spec
+from simddp.zero import ParamUnit, ZeroRule, gradient_buckets, param_bytes, param_units, zero_rule
 
 
 @dataclass(frozen=True)
@@ -32,15 +33,17 @@ class RankGradients:
     buckets: list[BucketSpec]
 
 
-def rank_gradients(scenario: Scenario, workload: Workload, index: int = 0) -> RankGradients:
-    """Parameters and DDP buckets of pipeline rank ``index`` (its tp shard), as the simulator uses them."""
-    ddp = scenario.ddp
+def rank_gradients(scenario: Scenario, workload: Workload, index: int = 0,
+                   rule: ZeroRule | None = None) -> RankGradients:
+    """Parameters and gradient buckets of pipeline rank ``index`` (its tp shard), as the simulator uses them:
+    the buckets of the data-parallel implementation's rule (:func:`simddp.zero.gradient_buckets`)."""
+    rule = rule or zero_rule(scenario)
     layers = workload.rank_layers(index, scenario.parallelism.pp)
     global_ids = sorted({i for layer in layers for i in layer.param_indices})
     local = {g: k for k, g in enumerate(global_ids)}
-    params = [grad_reduce_spec(workload.parameters[g], ddp.reduce_in_fp32) for g in global_ids]
+    params = [grad_reduce_spec(workload.parameters[g], rule.reduce_in_fp32) for g in global_ids]
     ready_order = [local[g] for g in workload.grad_ready_order if g in local]
-    buckets = bucket_assignment(params, ready_order, ddp.bucket_cap_mb) if params else []
+    buckets = gradient_buckets(rule, params, ready_order, layers, global_ids) if params else []
     return RankGradients(global_ids, params, ready_order, buckets)
 
 
@@ -57,14 +60,27 @@ class BucketPlan:
 
 @dataclass(frozen=True)
 class FsdpUnitPlan:
-    """An FSDP unit (one block, or the root): layer positions, parameter all-gather, gradient reduce-scatter."""
+    """A unit whose parameters are gathered together (an FSDP unit or the root, a DeepSpeed ZeRO-3 module).
+
+    ``layers``: its layer positions. ``gather``: the all-gather of its parameters, run before its forward and,
+    when ``gather_bwd``, again before its backward (FSDP FULL_SHARD; not SHARD_GRAD_OP, not a DeepSpeed module
+    kept within its reuse distance, not the root). ``prefetch_fwd``/``prefetch_bwd``: how many of the next units
+    in that pass's order have their gather issued when this one starts computing (FSDP: 1; DeepSpeed: as many
+    as its prefetch bucket covers). ``reduce``: the gradient reduce-scatter issued after its backward in every
+    micro-batch (None: a DeepSpeed bucket still filling); ``reduce_blocks``: the compute stream waits for it
+    (reduction not overlapped). ``grad_bytes``: the reduce-scatter's size.
+    """
 
     index: int
     name: str
     layers: tuple[int, ...]
     gather: CollectiveCost
-    reduce: CollectiveCost
+    reduce: CollectiveCost | None
     grad_bytes: int
+    gather_bwd: bool = True
+    prefetch_fwd: int = 1
+    prefetch_bwd: int = 1
+    reduce_blocks: bool = False
 
 
 @dataclass
@@ -79,10 +95,11 @@ class RankPlan:
     buckets: list[BucketPlan]
     rounds: int  # micro-batches whose gradients are reduced (1: no_sync accumulation)
     opt_s: float
-    gather_after_step: CollectiveCost | None  # ZeRO-1/2 parameter all-gather of the whole shard
+    gather_after_step: CollectiveCost | None  # parameter sync after the step: shard all-gather, or broadcasts
     embedding_sync: CollectiveCost | None  # tied embedding gradient all-reduce, first and last stage
     fsdp_units: list[FsdpUnitPlan] = field(default_factory=list)
     fsdp_root: FsdpUnitPlan | None = None
+    overlap: bool = True  # bucket reduction starts as buckets fill during backward (else after the compute)
     fwd_alone_s: dict[int, float] = field(default_factory=dict)  # virtual stage -> forward, idle GPU
     bwd_alone_s: dict[int, float] = field(default_factory=dict)
     fwd_busy_s: dict[int, float] = field(default_factory=dict)  # compute stream busy during it (kernels, slowed)
@@ -117,6 +134,7 @@ class StepPlan:
     p2p_gather: CollectiveCost | None  # the receiver's all-gather of the slices (scatter/gather), if any
     overlap: str  # parallelism.tp_comm_overlap
     interference: float
+    rule: ZeroRule | None = None  # the data-parallel implementation's rule the plan was built from
     cache: dict[str, Any] = field(default_factory=dict)  # derived values computed once per plan
 
 
@@ -170,22 +188,28 @@ def boundary_group(scenario: Scenario, virtual_stage: int) -> CommGroup:
 
 
 def build_plan(scenario: Scenario, workload: Workload | None = None) -> StepPlan:
-    """Everything the simulation of ``scenario``'s step needs (costs computed once)."""
+    """Everything the simulation of ``scenario``'s step needs (costs computed once).
+
+    Which collective each bucket or unit runs, how many micro-batches reduce, whether reduction overlaps
+    backward and how parameters come back all follow the data-parallel implementation's rule
+    (:func:`simddp.zero.zero_rule`), the same rule the memory model sizes its buffers by.
+    """
     workload = workload or build_workload(scenario)
     par, tr, ddp, cluster = scenario.parallelism, scenario.training, scenario.ddp, scenario.cluster
+    rule = zero_rule(scenario)
     m = scenario.num_micro_batches
     dp = dp_group(scenario)
-    mode = "fsdp" if (par.zero_stage == 3 and par.pp == 1) else ("pipeline" if par.pp > 1 else "dp")
-    op: Op = "reduce-scatter" if par.zero_stage >= 1 else "all-reduce"
+    mode = "fsdp" if (rule.sharded_params and par.pp == 1) else ("pipeline" if par.pp > 1 else "dp")
+    op = rule.reduce_op
     algorithm = ddp.algorithm if op == "all-reduce" else "auto"
     shard = scenario.dp if par.zero_stage >= 1 else 1
-    # ZeRO-2 keeps only its gradient shard, so it reduce-scatters every micro-batch (DeepSpeed); DDP and
-    # ZeRO-1 accumulate locally (no_sync) and communicate on the last micro-batch only.
-    rounds = m if (par.zero_stage == 2 and par.pp == 1) else 1
+    # ZeRO-2 (DeepSpeed) keeps only its gradient shard, so it reduces every micro-batch; DDP, ZeRO-1 and
+    # Megatron accumulate locally (no_sync) and communicate on the last micro-batch only.
+    rounds = m if (rule.every_micro_batch and mode == "dp") else 1
     ranks = []
     for r in range(par.pp):
         layers = workload.rank_layers(r, par.pp)
-        grads = rank_gradients(scenario, workload, r)
+        grads = rank_gradients(scenario, workload, r, rule)
         local = {g: k for k, g in enumerate(grads.global_ids)}
         bucket_of_param = {p: b.index for b in grads.buckets for p in b.param_indices}
         bucket_of_layer = [[bucket_of_param[local[g]] for g in la.param_indices] for la in layers]
@@ -193,7 +217,7 @@ def build_plan(scenario: Scenario, workload: Workload | None = None) -> StepPlan
         buckets = []
         for b in grads.buckets:
             gather = None
-            if par.zero_stage in (1, 2) and ddp.overlap_param_gather:
+            if rule.overlap_param_gather:
                 gather = collective_cost("all-gather", sum(working[i].numel * dtype_bytes(working[i].dtype)
                                                            for i in b.param_indices), dp)
             buckets.append(BucketPlan(b.index, b.size_bytes, len(b.param_indices),
@@ -201,10 +225,10 @@ def build_plan(scenario: Scenario, workload: Workload | None = None) -> StepPlan
         stage_workload = replace(workload, parameters=tuple(grads.params))
         opt_s = optimizer_step_s(stage_workload, cluster.gpu, tr, shard=shard) if grads.params else 0.0
         gather_after = None
-        if par.zero_stage >= 1 and grads.params and mode != "fsdp" and not ddp.overlap_param_gather:
-            gather_after = collective_cost("all-gather", sum(p.numel * dtype_bytes(p.dtype) for p in working), dp)
+        if grads.params and mode != "fsdp" and not rule.overlap_param_gather:
+            gather_after = _param_sync(rule, working, dp)
         rank = RankPlan(r, layers, layer_plans(scenario, layers), grads, bucket_of_layer, buckets, rounds,
-                        opt_s, gather_after, _embedding_sync(scenario, workload, r))
+                        opt_s, gather_after, _embedding_sync(scenario, workload, r, rule), overlap=rule.overlap)
         for vs in sorted({la.stage for la in layers}):
             idx = [i for i, la in enumerate(layers) if la.stage == vs]
             stage_plans = [rank.plans[i] for i in idx]
@@ -217,7 +241,7 @@ def build_plan(scenario: Scenario, workload: Workload | None = None) -> StepPlan
             rank.bwd_work_s[vs] = sum(p.timing.bwd_s for p in stage_plans)
             rank.bwd_recompute_s[vs] = sum(p.timing.recompute_s for p in stage_plans)
         if mode == "fsdp":
-            rank.fsdp_units, rank.fsdp_root = _fsdp_plans(scenario, workload, rank, dp)
+            rank.fsdp_units, rank.fsdp_root = _fsdp_plans(workload, rank, dp, rule)
         ranks.append(rank)
     ops = [schedule(par.pipeline_schedule, par.pp, m, r, par.virtual_stages) for r in range(par.pp)] \
         if mode == "pipeline" else [[] for _ in range(par.pp)]
@@ -229,39 +253,55 @@ def build_plan(scenario: Scenario, workload: Workload | None = None) -> StepPlan
         if workload.boundary_gather_bytes:
             gather = collective_cost("all-gather", workload.boundary_gather_bytes, tp_group(scenario))
     return StepPlan(scenario, workload, ranks, m, mode, ops, p2p, gather, par.tp_comm_overlap,
-                    cluster.comm_compute_interference)
+                    cluster.comm_compute_interference, rule)
 
 
-def _embedding_sync(scenario: Scenario, workload: Workload, rank: int) -> CollectiveCost | None:
+def _param_sync(rule: ZeroRule, working: Sequence[ParamLike], dp: CommGroup) -> CollectiveCost | None:
+    """The parameter sync after the optimizer step: an all-gather of the updated shards (DeepSpeed, Megatron,
+    FSDP with pipelines), or torch ZeroRedundancyOptimizer's broadcast of every parameter from its owner
+    (``_sync_params`` with ``parameters_as_bucket_view=False``), one after another on the DP communicator."""
+    if rule.param_sync == "all-gather":
+        return collective_cost("all-gather", sum(p.numel * dtype_bytes(p.dtype) for p in working), dp)
+    if rule.param_sync == "broadcast":
+        costs: dict[int, CollectiveCost] = {}
+        for p in working:
+            size = p.numel * dtype_bytes(p.dtype)
+            if size not in costs:
+                costs[size] = collective_cost("broadcast", size, dp)
+        return serial_cost([costs[p.numel * dtype_bytes(p.dtype)] for p in working])
+    return None
+
+
+def serial_cost(costs: Sequence[CollectiveCost]) -> CollectiveCost:
+    """Collectives of one communicator run back to back, as one cost: their hops and transfers add."""
+    first = costs[0]
+    return CollectiveCost(first.op, sum(c.size_bytes for c in costs), first.num_ranks, first.algorithm,
+                          first.protocol, sum(c.time_s for c in costs), sum(c.latency_s for c in costs), first.tier)
+
+
+def _embedding_sync(scenario: Scenario, workload: Workload, rank: int, rule: ZeroRule) -> CollectiveCost | None:
     """Megatron all-reduces the tied word-embedding gradient between the first and the last stage."""
     tf, pp = scenario.model.transformer, scenario.parallelism.pp
     if tf is None or not tf.tied_embeddings or pp == 1 or rank not in (0, pp - 1):
         return None
     word = workload.parameters[0]
-    spec = grad_reduce_spec(word, scenario.ddp.reduce_in_fp32)
+    spec = grad_reduce_spec(word, rule.reduce_in_fp32)
     pair = group(scenario.cluster, 2, stride=scenario.parallelism.tp * scenario.dp * (pp - 1))
     return collective_cost("all-reduce", spec.numel * dtype_bytes(spec.dtype), pair)
 
 
-def _fsdp_plans(scenario: Scenario, workload: Workload, rank: RankPlan,
-                dp: CommGroup) -> tuple[list[FsdpUnitPlan], FsdpUnitPlan | None]:
+def _fsdp_plans(workload: Workload, rank: RankPlan, dp: CommGroup,
+                rule: ZeroRule) -> tuple[list[FsdpUnitPlan], FsdpUnitPlan | None]:
     """Per-unit all-gather (parameters in their own dtype) and reduce-scatter (gradients in the reduction
-    dtype) of the FSDP units of :func:`simddp.workload.fsdp_unit_layers`."""
-    units, root = fsdp_unit_layers(rank.layers)
-    local = {g: k for k, g in enumerate(rank.grads.global_ids)}
+    dtype) of the units of :func:`simddp.zero.param_units`, the rule the memory model sizes them by."""
+    units = param_units(rule, rank.layers, workload.parameters)
 
-    def plan(index: int, name: str, positions: Sequence[int]) -> FsdpUnitPlan:
-        gids = sorted({g for i in positions for g in rank.layers[i].param_indices})
-        param_bytes = sum(workload.parameters[g].numel * dtype_bytes(workload.parameters[g].dtype) for g in gids)
-        grad_bytes = sum(rank.grads.params[local[g]].numel * dtype_bytes(rank.grads.params[local[g]].dtype)
-                         for g in gids)
-        return FsdpUnitPlan(index, name, tuple(positions), collective_cost("all-gather", param_bytes, dp),
-                            collective_cost("reduce-scatter", grad_bytes, dp), grad_bytes)
+    def plan(u: ParamUnit) -> FsdpUnitPlan:
+        grads = [grad_reduce_spec(workload.parameters[g], rule.reduce_in_fp32) for g in u.reduce_ids]
+        grad_bytes = sum(p.numel * dtype_bytes(p.dtype) for p in grads)
+        reduce = collective_cost("reduce-scatter", grad_bytes, dp) if u.reduce_ids else None
+        return FsdpUnitPlan(u.index, u.name, u.positions,
+                            collective_cost("all-gather", param_bytes(workload.parameters, u.param_ids), dp),
+                            reduce, grad_bytes, u.gather_bwd, u.prefetch_fwd, u.prefetch_bwd, not rule.overlap)
 
-    plans = []
-    for k, positions in enumerate(units):
-        first = rank.layers[positions[0]]
-        name = f"block {first.block}" if first.block is not None else first.name
-        plans.append(plan(k, name, positions))
-    root_plan = plan(len(plans), "root", root) if root else None
-    return plans, root_plan
+    return [plan(u) for u in units.units], (plan(units.root) if units.root else None)

@@ -2,13 +2,16 @@
 
 Model (PyTorch DDP, Li et al., VLDB 2020, "PyTorch Distributed"): backward runs layer by layer in
 reverse; a parameter's gradient is ready when its layer's weight-grad finishes; a bucket is reduced once
-all its gradients are ready, buckets in index order on one NCCL stream, overlapping the rest of backward;
-the optimizer steps after the last reduction. With gradient accumulation only the last micro-step
-communicates (``no_sync`` on the others). ZeRO-1/2 reduce-scatter the buckets instead and all-gather the
-updated parameters after a sharded optimizer step (Rajbhandari et al., SC'20), or bucket by bucket while
-the next forward runs (``ddp.overlap_param_gather``, Megatron's distributed optimizer). ZeRO-3/FSDP
-gathers each unit's parameters before its forward and again before its backward, one unit ahead, and
-reduce-scatters its gradients after its backward, on two NCCL streams (Zhao et al., VLDB 2023).
+all its gradients are ready, buckets in index order on one NCCL stream, overlapping the rest of backward
+(or after it, when the rank plan says the reduction does not overlap); the optimizer steps after the last
+reduction. With gradient accumulation only the last micro-step communicates (``no_sync`` on the others),
+unless the plan reduces every micro-batch (DeepSpeed ZeRO-2). ZeRO-1/2 sync the updated parameters after a
+sharded optimizer step (an all-gather, or ZeroRedundancyOptimizer's broadcasts; Rajbhandari et al., SC'20),
+or bucket by bucket while the next forward runs (Megatron's ``--overlap-param-gather``). Units whose
+parameters are sharded (FSDP, DeepSpeed ZeRO-3) are gathered before their forward and, unless kept, again
+before their backward, as many units ahead as the plan says, and their gradients reduce-scattered after
+their backward, on two NCCL streams (Zhao et al., VLDB 2023). Which of these a step runs is the data-parallel
+implementation's rule (:mod:`simddp.zero`), turned into plan data by :mod:`simddp.sim.plan`.
 
 Tensor parallelism (Megatron-LM) adds the collectives of :mod:`simddp.sim.layers` inside each layer.
 Pipeline parallelism runs the schedules of :mod:`simddp.sim.pipeline`, one process per pipeline rank,
@@ -37,9 +40,10 @@ from simddp.memory import memory_breakdown
 from simddp.results import BREAKDOWN_PARTS, Bounds, BucketTiming, Span, StepPart, StepResult, Trace
 from simddp.sim.layers import LayerPlan, Recorder, backward, forward, pass_alone_s
 from simddp.sim.pipeline import PipeOp, dependency, last_backward, makespan
-from simddp.sim.plan import RankPlan, StepPlan, build_plan
+from simddp.sim.plan import FsdpUnitPlan, RankPlan, StepPlan, build_plan
 from simddp.sim.resources import Gpu
 from simddp.workload import Workload
+from simddp.zero import zero_rule
 
 DP_STREAM = "dp"
 ProcessGen = Generator[simpy.Event, Any, Any]
@@ -48,22 +52,21 @@ ProcessGen = Generator[simpy.Event, Any, Any]
 def not_modelled(scenario: Scenario) -> list[str]:
     """What this scenario asks for that the step time does not include, said plainly."""
     par, notes = scenario.parallelism, []
-    if par.zero_stage == 3 and par.pp > 1:
+    rule = zero_rule(scenario)
+    if rule.unsharded_across_micro_batches:
         notes.append(
-            "zero_stage=3 with pp > 1: timed as ZeRO-2 (gradient reduce-scatter, parameter all-gather after "
-            "the step); per-layer parameter all-gathers are only timed without pipeline parallelism"
+            f"{rule.name} with pp > 1: each unit's reduce-scatter is timed after the last micro-batch and its "
+            "all-gather after the optimizer step, not overlapped with the first forward"
         )
-    if par.zero_stage >= 1 and scenario.ddp.algorithm != "auto":
+    if rule.reduce_op != "all-reduce" and scenario.ddp.algorithm != "auto":
         notes.append(
-            f"ddp.algorithm={scenario.ddp.algorithm} applies to all-reduce; ZeRO's reduce-scatter and "
+            f"ddp.algorithm={scenario.ddp.algorithm} applies to all-reduce; {rule.name}'s reduce-scatter and "
             "all-gather use NCCL's own choice"
         )
     if par.tp > 1 and scenario.model.transformer is None:
         notes.append(f"tp={par.tp}: tensor-parallel collectives are only timed for transformer models")
     if par.pp > 1 and scenario.model.transformer is None:
         notes.append(f"pp={par.pp}: activation send/recv between stages is not timed for parameter-list models")
-    if scenario.ddp.overlap_param_gather and par.zero_stage not in (1, 2):
-        notes.append("ddp.overlap_param_gather applies to ZeRO-1/2 only")
     return notes
 
 
@@ -242,7 +245,6 @@ def _finish(st: _Rank, compute: simpy.Process, comm: simpy.Event) -> ProcessGen:
 def _run_dp(env: simpy.Environment, plan: StepPlan, st: _Rank) -> None:
     """pp = 1, DDP or ZeRO-1/2: silent micro-batches in one piece, the communicating ones layer by layer."""
     p, m = st.plan, plan.num_micro_batches
-    ddp = plan.scenario.ddp
     positions = list(range(len(p.layers)))
     gathers = _param_gathers(st) if any(b.gather for b in p.buckets) else None
     bucket_sets = [set(bs) for bs in p.bucket_of_layer]
@@ -273,7 +275,7 @@ def _run_dp(env: simpy.Environment, plan: StepPlan, st: _Rank) -> None:
             yield from _layer_backward(st, positions, k - silent)
 
     proc = env.process(compute())
-    comm = env.process(_dp_comm(st, p.rounds, None if ddp.overlap else proc))
+    comm = env.process(_dp_comm(st, p.rounds, None if p.overlap else proc))
     env.process(_finish(st, proc, comm))
 
 
@@ -283,15 +285,18 @@ def _run_fsdp(env: simpy.Environment, plan: StepPlan, st: _Rank) -> None:
     units, root = p.fsdp_units, p.fsdp_root
     reduces: list[simpy.Process] = []
 
-    def gather(unit: Any, phase: str) -> simpy.Process:
+    def gather(unit: FsdpUnitPlan, phase: str) -> simpy.Process:
         def run() -> ProcessGen:
             start, end = yield from gpu.collective(unit.gather, "fsdp all-gather")
             st.dp_comm_s += end - start
             st.rec.add(f"all-gather {unit.name} ({phase})", "comm", start, end, size_bytes=unit.gather.size_bytes)
         return env.process(run())
 
-    def reduce(unit: Any, record: bool) -> simpy.Process:
+    def reduce(unit: FsdpUnitPlan, record: bool) -> simpy.Process:
+        assert unit.reduce is not None
+
         def run() -> ProcessGen:
+            assert unit.reduce is not None
             ready = env.now
             start, end = yield from gpu.collective(unit.reduce, "fsdp reduce-scatter")
             st.dp_comm_s += end - start
@@ -315,27 +320,46 @@ def _run_fsdp(env: simpy.Environment, plan: StepPlan, st: _Rank) -> None:
         for j in range(m):
             last = j == m - 1
             root_ready = gather(root, "fwd") if root else None
-            ahead = gather(units[0], "fwd") if units else None
+            fwd: dict[int, simpy.Process] = {}
+            bwd: dict[int, simpy.Process] = {}
+
+            def issue_fwd(k: int, fwd: dict[int, simpy.Process] = fwd) -> None:
+                if k < len(units) and k not in fwd:
+                    fwd[k] = gather(units[k], "fwd")
+
+            def issue_bwd(k: int, bwd: dict[int, simpy.Process] = bwd) -> None:  # a kept unit needs none
+                if k >= 0 and k not in bwd and units[k].gather_bwd:
+                    bwd[k] = gather(units[k], "bwd")
+
+            issue_fwd(0)
             if root_ready is not None:
                 yield from waited(root_ready)
             yield from _layer_forward(st, head, lambda i: None)
             for k, unit in enumerate(units):
-                assert ahead is not None
-                yield from waited(ahead)
-                ahead = gather(units[k + 1], "fwd") if k + 1 < len(units) else None
+                issue_fwd(k)
+                yield from waited(fwd[k])
+                for ahead in range(k + 1, k + 1 + unit.prefetch_fwd):  # prefetch: the next units' gathers
+                    issue_fwd(ahead)
                 yield from _layer_forward(st, list(unit.layers), lambda i: None)
             yield from _layer_forward(st, tail, lambda i: None)
             yield from _layer_backward(st, tail, None)
-            ahead = gather(units[-1], "bwd") if units else None
+            issue_bwd(len(units) - 1)
             for k in range(len(units) - 1, -1, -1):
-                assert ahead is not None
-                yield from waited(ahead)
-                ahead = gather(units[k - 1], "bwd") if k > 0 else None
+                issue_bwd(k)
+                if k in bwd:
+                    yield from waited(bwd[k])
+                for ahead in range(k - 1, k - 1 - units[k].prefetch_bwd, -1):
+                    issue_bwd(ahead)
                 yield from _layer_backward(st, list(units[k].layers), None)
-                reduces.append(reduce(units[k], last))
+                if units[k].reduce is not None:
+                    reduces.append(reduce(units[k], last))
+                    if units[k].reduce_blocks:  # reduction not overlapped: compute waits for it
+                        yield from waited(reduces[-1])
             yield from _layer_backward(st, head, None)
-            if root is not None:
+            if root is not None and root.reduce is not None:
                 reduces.append(reduce(root, last))
+                if root.reduce_blocks:
+                    yield from waited(reduces[-1])
 
     proc = env.process(compute())
 
@@ -406,7 +430,7 @@ def _run_pipeline(env: simpy.Environment, plan: StepPlan, states: list[_Rank]) -
 
     for st, ops in zip(states, plan.ops, strict=True):
         proc = env.process(rank(st, ops))
-        comm = env.process(_dp_comm(st, 1, None if plan.scenario.ddp.overlap else proc))
+        comm = env.process(_dp_comm(st, 1, None if st.plan.overlap else proc))
         env.process(_finish(st, proc, comm))
 
 
@@ -502,6 +526,8 @@ def _result(plan: StepPlan, states: list[Any], spans: list[Span] | None) -> Step
     buckets = []
     if plan.mode == "fsdp":
         for u in rp.fsdp_units + ([rp.fsdp_root] if rp.fsdp_root else []):
+            if u.reduce is None:
+                continue
             ready = st.ready_at.get((0, u.index), 0.0)
             start, end = st.reduced.get((0, u.index), (ready, ready))
             buckets.append(BucketTiming(index=u.index, size_bytes=u.grad_bytes, num_params=0, ready_s=ready,
@@ -563,10 +589,9 @@ def _bounds(plan: StepPlan, states: list[Any], host: float) -> Bounds:
         tail_serial += rp.embedding_sync.time_s if rp.embedding_sync else 0.0
         if plan.mode == "fsdp":
             units = rp.fsdp_units + ([rp.fsdp_root] if rp.fsdp_root else [])
-            per_micro = sum(2 * u.gather.time_s + u.reduce.time_s for u in units)
-            if rp.fsdp_root:
-                per_micro -= rp.fsdp_root.gather.time_s  # the root is gathered once per micro-batch
-            dp_serial = m * per_micro
+            # Every unit is gathered for forward and, unless kept gathered (the root among them), for backward.
+            dp_serial = m * sum(u.gather.time_s * (2 if u.gather_bwd else 1)
+                                + (u.reduce.time_s if u.reduce is not None else 0.0) for u in units)
         serial = m * (rp.kernel_s + rp.tp_comm_s)
         kernels = m * rp.kernel_s
         if plan.mode == "pipeline":
@@ -608,7 +633,6 @@ def _pipeline_ends(plan: StepPlan, serial: bool) -> list[float]:
         return cache[serial]
     par = plan.scenario.parallelism
     num_vs = par.pp * par.virtual_stages
-    overlap = plan.scenario.ddp.overlap
     i = plan.interference
     first_release = [min(last_backward(ops).values(), default=len(ops)) for ops in plan.ops]
     costs: list[dict[tuple[str, int], tuple[float, float]]] = []
@@ -627,7 +651,7 @@ def _pipeline_ends(plan: StepPlan, serial: bool) -> list[float]:
     for r, rp in enumerate(plan.ranks):
         reduce = sum(b.reduce.time_s for b in rp.buckets)
         after = sum(costs[r][(op.kind, op.virtual_stage)][1] for op in plan.ops[r][first_release[r]:])
-        delay.append((1 + 2 * i) * (reduce + after) if overlap else 0.0)
+        delay.append((1 + 2 * i) * (reduce + after) if rp.overlap else 0.0)
     front: list[set[tuple[str, int, int]]] = [
         {(ops[k].kind, ops[k].micro_batch, ops[k].virtual_stage)} if k < len(ops) else set()
         for ops, k in zip(plan.ops, first_release, strict=True)

@@ -10,7 +10,7 @@ from conftest import ALPHA_S, BUSBW, comm_measurements, compute_measurements, ru
 
 import simddp
 from simddp.cli import main
-from simddp.config import ScenarioError, load_scenario, scenario_from_dict
+from simddp.config import ScenarioError
 from simddp.fit import fit_profile
 from simddp.profile import (
     PROFILE_VERSION,
@@ -25,6 +25,7 @@ from simddp.profile import (
     write_json,
 )
 from simddp.report import extrapolate, predict, validate, write_html
+from simddp.scenario_io import load_scenario, scenario_from_dict
 
 
 # ------------------------------------------------------------------------------------ bad files

@@ -18,8 +18,9 @@ from robustness_probe import time_bound
 
 import simddp
 from simddp import cli, safeio
-from simddp.config import Scenario, ScenarioError, deep_merge, scenario_from_dict, set_value
+from simddp.config import Scenario, ScenarioError, deep_merge, set_value
 from simddp.sanity import check_step_result
+from simddp.scenario_io import scenario_from_dict
 
 TIME_BOUND_S = 30
 BASE: dict[str, Any] = {"cluster": {"preset": "dgx-a100-80gb", "num_nodes": 2}, "model": {"preset": "gpt2"},

@@ -1,0 +1,65 @@
+"""Scenarios from files and dicts: presets, ``--set`` overrides and calibration profiles, then validation.
+
+This layer sits above :mod:`simddp.config` and :mod:`simddp.profile`: a scenario that names
+``calibration: profile.json`` takes its cluster, model and training keys from the profile
+(:func:`simddp.profile.scenario_defaults_from_profile`), the user's own keys overriding them, and only then
+is validated by :func:`simddp.config.validate_scenario`. The config models never import the profile module,
+so the two cannot import each other.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from simddp.config import Scenario, ScenarioError, deep_merge, read_mapping, set_path, validate_scenario
+
+
+def apply_calibration(data: dict[str, Any]) -> dict[str, Any]:
+    """Fill model, layer times and links from a calibration profile named by ``calibration``.
+
+    The profile's keys are defaults that the user's own keys override, so
+    ``{"calibration": "profile.json", "parallelism": {"dp": 2}}`` is a complete scenario.
+    """
+    path = data.get("calibration")
+    if path is None or path == "":
+        return data
+    if not isinstance(path, str | Path):
+        raise ScenarioError(f"calibration: expected the path of a profile, got {type(path).__name__}")
+    from simddp.profile import scenario_defaults_from_profile
+
+    return deep_merge(scenario_defaults_from_profile(path), data)
+
+
+def scenario_from_dict(data: dict[str, Any]) -> Scenario:
+    """Validate a scenario dict (a calibration profile it names filled in first); raises
+    :class:`~simddp.config.ScenarioError` with a one-line message."""
+    if not isinstance(data, dict):
+        raise ScenarioError(f"a scenario must be a mapping, got {type(data).__name__}")
+    return validate_scenario(apply_calibration(data))
+
+
+def load_scenario(path: str | Path, overrides: list[str] | None = None) -> Scenario:
+    """Load and validate a scenario file, applying ``key.path=value`` overrides first."""
+    data = read_mapping(path)
+    if data.get("calibration") and isinstance(data["calibration"], str):
+        cal = Path(data["calibration"])
+        if not cal.is_absolute():
+            data["calibration"] = str((Path(path).parent / cal).resolve())
+    for item in overrides or []:
+        if "=" not in item:
+            raise ScenarioError(f"--set {item!r}: expected key.path=value")
+        key, value = item.split("=", 1)
+        data = set_path(data, key.strip(), value)
+    return scenario_from_dict(_mark_modified(data, overrides or []))
+
+
+def _mark_modified(data: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
+    """A named scenario changed by ``--set`` says so in its name (an unnamed one derives its name anyway)."""
+    keys = [item.split("=", 1)[0].strip() for item in overrides]
+    if not data.get("name") or not keys or "name" in keys:
+        return data
+    return {**data, "name": f"{data['name']} (modified: {', '.join(o.strip() for o in overrides)})"}
+
+
+__all__ = ["apply_calibration", "load_scenario", "scenario_from_dict"]

@@ -1,0 +1,447 @@
+"""Data-parallel implementations: which collectives each ZeRO stage runs, when, and what buffers it keeps.
+
+A ZeRO stage says what is sharded (Rajbhandari et al., SC'20); how the gradients and parameters travel,
+and which buffers that takes, depends on who implements it. ``ddp.implementation`` names it, and one rule
+per implementation (:func:`zero_rule`) gives both the step simulator's plan (:mod:`simddp.sim.plan`) and the
+memory model's buffers (:mod:`simddp.memory.buffers`), so the two cannot disagree.
+
+torch (PyTorch)
+    0: ``DistributedDataParallel``: bucketed all-reduce during backward (buckets of ``bucket_cap_mb``, 25 MiB
+    after a 1 MiB first one, :mod:`simddp.bucketing`), gradient accumulation under ``no_sync``; DDP keeps a
+    flat copy of every bucket unless ``gradient_as_bucket_view`` (Li et al., VLDB'20).
+    1: ``ZeroRedundancyOptimizer`` on DDP: DDP's all-reduce and bucket copies, a sharded optimizer step, then
+    ``_sync_params`` broadcasts every parameter from the rank that owns it (``parameters_as_bucket_view=False``,
+    the default; torch/distributed/optim/zero_redundancy_optimizer.py).
+    2: FSDP ``SHARD_GRAD_OP`` and 3: FSDP ``FULL_SHARD`` (Zhao et al., VLDB'23): one flat parameter per unit
+    (a transformer block; the rest is the root), all-gathered before the unit's forward and, with
+    ``FULL_SHARD``, again before its backward, ``memory.fsdp_prefetch_layers`` units ahead; its gradients
+    reduce-scattered after its backward, every micro-batch. The root is not resharded after forward. With
+    pipeline parallelism (``torch.distributed.pipelining``, as torchtitan runs it) FSDP neither reshards
+    parameters between micro-batches nor reduces gradients before the last one: each unit's reduce-scatter
+    follows the last backward, its all-gather precedes the next step's first forward, and the whole stage's
+    parameters and gradients are unsharded meanwhile.
+deepspeed (deepspeed/runtime/zero/config.py, stage_1_and_2.py, stage3.py, partitioned_param_coordinator.py)
+    1 and 2: gradients copied into a contiguous buffer of ``reduce_bucket_size`` elements (5e8; two buffers with
+    ``overlap_comm``), each full buffer flattened and all-reduced (``use_multi_rank_bucket_allreduce``, the
+    default: ``allreduce_and_scatter``), the owner keeping its slice; stage 1 reduces once, at the gradient
+    accumulation boundary, stage 2 in every micro-batch; ``overlap_comm`` is false for both by default, so the
+    reduction does not run beside backward; after the step each rank's updated partition is all-gathered.
+    3: parameters gathered per module (small ones, under ``stage3_param_persistence_threshold`` = 1e5
+    elements, are never partitioned), ``stage3_prefetch_bucket_size`` (5e7) elements ahead, and kept
+    gathered while the parameters met before their next use stay under ``stage3_max_reuse_distance`` (1e9);
+    gradients reduce-scattered in ``reduce_bucket_size`` buckets, overlapped (``overlap_comm`` defaults to true
+    for stage 3). DeepSpeed's pipeline engine refuses stages 2 and 3. Stage 0 is the engine's own data
+    parallelism: ``buffered_allreduce_fallback`` after backward, in 5e8-element flattened buffers.
+megatron (Megatron-LM / Megatron-Core ``DistributedDataParallel``, ``DistributedOptimizer``)
+    0 and 1: gradients accumulate in one contiguous buffer, fp32 for bf16 training (Megatron-LM forces
+    ``accumulate_allreduce_grads_in_fp32`` with ``--bf16``); buckets of max(4e7, 1e6 x dp) elements with
+    ``--overlap-grad-reduce``, one bucket without it (its default: false); stage 0 all-reduces them, stage 1
+    (``--use-distributed-optimizer``) reduce-scatters them and all-gathers the updated parameters after the step,
+    or bucket by bucket during the next forward with ``--overlap-param-gather`` (default false). Buckets are
+    views of the buffer: no copies. Megatron has no ZeRO-2/3 here (Megatron-FSDP is not modelled).
+
+Defaults are what a user of the named framework gets; every one is a ``ddp`` key left null.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from typing import Literal
+
+from simddp.bucketing import BucketSpec, ParamLike, bucket_assignment
+from simddp.config import (
+    SUPPORTED_ZERO_STAGES,
+    DDPConfig,
+    Implementation,
+    Scenario,
+    default_overlap,
+    default_reduce_in_fp32,
+)
+from simddp.units import MiB, dtype_bytes
+from simddp.workload import Layer, Param, fsdp_unit_layers, grad_reduce_spec
+
+ReduceOp = Literal["all-reduce", "reduce-scatter"]
+BucketRule = Literal["torch", "deepspeed", "megatron", "units"]
+
+#: DeepSpeed ``reduce_bucket_size`` and ``allgather_bucket_size`` defaults, elements (zero/config.py).
+DEEPSPEED_REDUCE_BUCKET_NUMEL = 500_000_000
+#: DeepSpeed engine ``MEMORY_OPT_ALLREDUCE_SIZE``: the non-ZeRO all-reduce buffer, elements (runtime/engine.py).
+DEEPSPEED_ALLREDUCE_BUCKET_NUMEL = 500_000_000
+#: ``stage3_prefetch_bucket_size`` default, elements.
+DEEPSPEED_PREFETCH_NUMEL = 50_000_000
+#: ``stage3_max_reuse_distance`` default, elements.
+DEEPSPEED_MAX_REUSE_DISTANCE_NUMEL = 1_000_000_000
+#: ``stage3_param_persistence_threshold`` default, elements.
+DEEPSPEED_PERSISTENCE_THRESHOLD_NUMEL = 100_000
+#: Megatron-Core's default bucket: max(4e7, 1e6 x dp) elements (distributed_data_parallel.py).
+MEGATRON_MIN_BUCKET_NUMEL = 40_000_000
+MEGATRON_BUCKET_NUMEL_PER_DP_RANK = 1_000_000
+
+_NAMES = {
+    ("torch", 0): "torch DDP",
+    ("torch", 1): "torch ZeroRedundancyOptimizer on DDP",
+    ("torch", 2): "torch FSDP SHARD_GRAD_OP",
+    ("torch", 3): "torch FSDP FULL_SHARD",
+    ("deepspeed", 0): "DeepSpeed data parallel (no ZeRO)",
+    ("deepspeed", 1): "DeepSpeed ZeRO-1",
+    ("deepspeed", 2): "DeepSpeed ZeRO-2",
+    ("deepspeed", 3): "DeepSpeed ZeRO-3",
+    ("megatron", 0): "Megatron DDP",
+    ("megatron", 1): "Megatron distributed optimizer",
+}
+
+
+@dataclass(frozen=True)
+class ZeroRule:
+    """How one implementation runs one ZeRO stage: the data both the simulator and the memory model read."""
+
+    implementation: Implementation
+    stage: int
+    name: str
+    #: Parameters are gathered unit by unit around their compute (FSDP, DeepSpeed ZeRO-3; pp = 1 only).
+    sharded_params: bool
+    #: Collective of each gradient bucket (bucket mode); units always reduce-scatter.
+    reduce_op: ReduceOp
+    #: Gradients are reduced in fp32 (Megatron's fp32 main grads).
+    reduce_in_fp32: bool
+    #: Gradient reduction runs beside backward (else it starts when backward has finished).
+    overlap: bool
+    #: Gradients are reduced in every micro-batch (else once, after the last: accumulation, ``no_sync``).
+    every_micro_batch: bool
+    #: After the optimizer step: nothing, an all-gather of each rank's shard, or per-parameter broadcasts.
+    param_sync: Literal["none", "all-gather", "broadcast"]
+    #: Megatron --overlap-param-gather: each bucket's all-gather runs before its layers' next forward.
+    overlap_param_gather: bool
+    #: How gradient buckets are formed (bucket mode; "units": one bucket per FSDP unit, FSDP with pp > 1).
+    bucket_rule: BucketRule
+    #: DDP's flat bucket copies of the gradients (torch, without ``gradient_as_bucket_view``).
+    bucket_copies: bool
+    #: DeepSpeed contiguous-gradient (ipg) buffers of ``bucket_numel`` elements each.
+    reduce_buffers: int
+    #: DeepSpeed flattens each bucket's slices into a new tensor for its all-reduce.
+    flatten_copy: bool
+    #: Element count of a DeepSpeed bucket, or of a Megatron bucket (None: one bucket).
+    bucket_numel: int | None
+    #: torch DDP's ``bucket_cap_mb`` (None: torch's 25 MiB after 1 MiB).
+    bucket_cap_mb: float | None
+    #: FSDP unit grouping: transformer blocks plus a root (torch), or modules (DeepSpeed ZeRO-3).
+    unit_rule: Literal["block", "module"]
+    #: Units are gathered again for backward (FSDP FULL_SHARD, DeepSpeed ZeRO-3; not SHARD_GRAD_OP).
+    reshard_after_forward: bool
+    #: FSDP units gathered ahead of the one computing (torch).
+    prefetch_units: int
+    #: DeepSpeed ZeRO-3: elements gathered ahead, kept-gathered reuse distance, persistence threshold.
+    prefetch_numel: int
+    reuse_distance_numel: int
+    persistence_threshold_numel: int
+    #: FSDP with pipeline parallelism: parameters and gradients stay unsharded across micro-batches.
+    unsharded_across_micro_batches: bool
+
+    @property
+    def gradient_dtype_bytes(self) -> int:
+        return 4 if self.reduce_in_fp32 else 2
+
+
+def zero_rule(scenario: Scenario) -> ZeroRule:
+    """The rule of ``scenario``'s implementation and ZeRO stage, its ``ddp`` keys and defaults applied."""
+    ddp, par, tr = scenario.ddp, scenario.parallelism, scenario.training
+    impl, stage, pp, dp = ddp.implementation, par.zero_stage, par.pp, scenario.dp
+    overlap = ddp.overlap if ddp.overlap is not None else default_overlap(impl, stage)
+    fp32 = ddp.reduce_in_fp32 if ddp.reduce_in_fp32 is not None else default_reduce_in_fp32(impl, tr.precision)
+    grad_bytes = 4 if fp32 else dtype_bytes(_param_dtype(tr.precision))
+    base = ZeroRule(
+        implementation=impl, stage=stage, name=_NAMES[(impl, stage)], sharded_params=False, reduce_op="all-reduce",
+        reduce_in_fp32=fp32, overlap=overlap, every_micro_batch=False, param_sync="none", overlap_param_gather=False,
+        bucket_rule="torch", bucket_copies=False, reduce_buffers=0, flatten_copy=False, bucket_numel=None,
+        bucket_cap_mb=None, unit_rule="block", reshard_after_forward=True,
+        prefetch_units=scenario.memory.fsdp_prefetch_layers,
+        prefetch_numel=_or(ddp.stage3_prefetch_numel, DEEPSPEED_PREFETCH_NUMEL),
+        reuse_distance_numel=_or(ddp.stage3_max_reuse_distance_numel, DEEPSPEED_MAX_REUSE_DISTANCE_NUMEL),
+        persistence_threshold_numel=_or(ddp.stage3_persistence_threshold_numel, DEEPSPEED_PERSISTENCE_THRESHOLD_NUMEL),
+        unsharded_across_micro_batches=False,
+    )
+    if impl == "torch":
+        if stage <= 1:  # DDP, with ZeroRedundancyOptimizer's broadcasts after the step for stage 1
+            return replace(base, bucket_copies=not ddp.gradient_as_bucket_view, bucket_cap_mb=ddp.bucket_cap_mb,
+                           param_sync="broadcast" if stage == 1 else "none")
+        fsdp = replace(base, reduce_op="reduce-scatter", bucket_rule="units", reshard_after_forward=stage == 3)
+        if pp > 1:  # torch.distributed.pipelining: reduce after the last micro-batch, gather before the first
+            return replace(fsdp, overlap=False, param_sync="all-gather", unsharded_across_micro_batches=True)
+        return replace(fsdp, sharded_params=True, every_micro_batch=True)
+    if impl == "deepspeed":
+        if stage == 0:  # the engine's buffered_allreduce_fallback, after backward
+            return replace(base, overlap=False, flatten_copy=True, bucket_rule="deepspeed",
+                           bucket_numel=_numel(ddp, grad_bytes, DEEPSPEED_ALLREDUCE_BUCKET_NUMEL))
+        reduce_numel = _numel(ddp, grad_bytes, DEEPSPEED_REDUCE_BUCKET_NUMEL)
+        if stage == 3:
+            return replace(base, sharded_params=True, reduce_op="reduce-scatter", every_micro_batch=True,
+                           bucket_rule="deepspeed", unit_rule="module", reduce_buffers=1, bucket_numel=reduce_numel)
+        return replace(base, every_micro_batch=stage == 2, param_sync="all-gather", bucket_rule="deepspeed",
+                       reduce_buffers=2 if overlap else 1, flatten_copy=True, bucket_numel=reduce_numel)
+    megatron_numel: int | None = None
+    if overlap:  # Megatron sets bucket_size to None (one bucket) without --overlap-grad-reduce
+        megatron_numel = _numel(ddp, grad_bytes,
+                                max(MEGATRON_MIN_BUCKET_NUMEL, MEGATRON_BUCKET_NUMEL_PER_DP_RANK * dp))
+    return replace(base, reduce_op="reduce-scatter" if stage == 1 else "all-reduce",
+                   param_sync="all-gather" if stage == 1 else "none", overlap_param_gather=ddp.overlap_param_gather,
+                   bucket_rule="megatron", bucket_numel=megatron_numel)
+
+
+def _or(value: int | None, default: int) -> int:
+    return default if value is None else value
+
+
+def _numel(ddp: DDPConfig, grad_bytes: int, default: int) -> int:
+    """A bucket in elements: ``bucket_cap_mb`` converted at the gradient's width, or the framework's default."""
+    if ddp.bucket_cap_mb is None:
+        return default
+    return max(1, int(ddp.bucket_cap_mb * MiB) // grad_bytes)
+
+
+def _param_dtype(precision: str) -> str:
+    return "float32" if precision == "fp32" else ("float16" if precision == "fp16-mixed" else "bfloat16")
+
+
+# -------------------------------------------------------------------------------------- buckets
+def gradient_buckets(rule: ZeroRule, grads: Sequence[ParamLike], ready_order: Sequence[int],
+                     layers: Sequence[Layer] = (), global_ids: Sequence[int] = ()) -> list[BucketSpec]:
+    """The gradient buckets of ``rule`` over ``grads`` (as reduction sees them), in reduction order.
+
+    ``ready_order`` lists local indices in gradient-ready order. ``layers`` and ``global_ids`` (the global
+    index of each local parameter) are needed by the FSDP-with-pipeline rule, whose buckets are its units.
+    """
+    if not grads:
+        return []
+    if rule.bucket_rule == "torch":
+        return bucket_assignment(grads, ready_order, rule.bucket_cap_mb)
+    if rule.bucket_rule == "megatron":
+        total = sum(p.numel * dtype_bytes(p.dtype) for p in grads)
+        cap = total if rule.bucket_numel is None else rule.bucket_numel * rule.gradient_dtype_bytes
+        return bucket_assignment(grads, ready_order, max(cap, 1) / MiB)
+    if rule.bucket_rule == "deepspeed":
+        assert rule.bucket_numel is not None
+        # Stage 0 and stage 1 without overlap_comm walk the parameters in definition order after backward;
+        # the hooks of stage 2 (and of overlap_comm) meet them in gradient-ready order.
+        order = ready_order if (rule.stage >= 2 or rule.overlap) else range(len(grads))
+        return deepspeed_buckets(grads, order, rule.bucket_numel)
+    local = {g: k for k, g in enumerate(global_ids)}
+    units, root = fsdp_unit_layers(tuple(layers))
+    out: list[BucketSpec] = []
+    seen: set[int] = set()
+    for positions in [*reversed(units), root]:  # reduce-scattered in backward order, the root last
+        ids = [local[g] for i in positions for g in layers[i].param_indices if g in local and local[g] not in seen]
+        seen.update(ids)
+        if ids:
+            out.append(_bucket(len(out), ids, grads, sum(grads[k].numel * dtype_bytes(grads[k].dtype) for k in ids)))
+    rest = [k for k in range(len(grads)) if k not in seen]  # a tied copy that no layer of this stage owns
+    if rest:
+        out.append(_bucket(len(out), rest, grads, sum(grads[k].numel * dtype_bytes(grads[k].dtype) for k in rest)))
+    return out
+
+
+def _bucket(index: int, ids: list[int], grads: Sequence[ParamLike], cap: int) -> BucketSpec:
+    size = sum(grads[k].numel * dtype_bytes(grads[k].dtype) for k in ids)
+    return BucketSpec(index, ids, size, grads[ids[0]].dtype, cap)
+
+
+def deepspeed_buckets(grads: Sequence[ParamLike], order: Sequence[int], bucket_numel: int) -> list[BucketSpec]:
+    """DeepSpeed's ipg buckets: parameters in ``order`` are appended until the next one would take the bucket
+    past ``bucket_numel`` elements, which reduces the bucket first (``reduce_independent_p_g_buckets_and_
+    remove_grads``); a parameter larger than the bucket is reduced alone."""
+    out: list[BucketSpec] = []
+    ids: list[int] = []
+    numel = 0
+    for k in order:
+        if ids and numel + grads[k].numel > bucket_numel:
+            out.append(_bucket(len(out), ids, grads, bucket_numel * dtype_bytes(grads[ids[0]].dtype)))
+            ids, numel = [], 0
+        ids.append(k)
+        numel += grads[k].numel
+    if ids:
+        out.append(_bucket(len(out), ids, grads, bucket_numel * dtype_bytes(grads[ids[0]].dtype)))
+    return out
+
+
+# ---------------------------------------------------------------------------------------- units
+@dataclass(frozen=True)
+class ParamUnit:
+    """A unit whose parameters are gathered together: an FSDP flat parameter, or a DeepSpeed module.
+
+    ``positions`` are the unit's layers (positions in the rank's forward-ordered layers); ``param_ids`` the
+    global indices of the parameters it gathers (DeepSpeed's persistent ones excluded); ``gather_bwd`` whether
+    it is gathered again for backward; ``prefetch_fwd``/``prefetch_bwd`` how many of the following units (in
+    that pass's order) are being gathered while it computes; ``reduce_ids`` the global indices of the
+    gradients reduce-scattered right after its backward (one FSDP unit, or a DeepSpeed bucket that this
+    unit's backward completes; empty while a DeepSpeed bucket is still filling).
+    """
+
+    index: int
+    name: str
+    positions: tuple[int, ...]
+    param_ids: tuple[int, ...]
+    gather_bwd: bool
+    prefetch_fwd: int
+    prefetch_bwd: int
+    reduce_ids: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class ParamUnits:
+    """The units of one pipeline rank, their root (FSDP: gathered once per micro-batch, kept) and the
+    parameters never partitioned (DeepSpeed's persistent ones)."""
+
+    units: list[ParamUnit]
+    root: ParamUnit | None
+    persistent_ids: tuple[int, ...]
+
+
+def param_units(rule: ZeroRule, layers: Sequence[Layer], params: Sequence[ParamLike]) -> ParamUnits:
+    """The gather units of ``rule`` over a rank's ``layers``; ``params`` are the workload's (global)."""
+    if rule.unit_rule == "module":
+        return _module_units(rule, layers, params)
+    units_pos, root_pos = fsdp_unit_layers(tuple(layers))
+    owner: set[int] = set()
+    units: list[ParamUnit] = []
+    for positions in units_pos:
+        ids = tuple(dict.fromkeys(g for i in positions for g in layers[i].param_indices if g not in owner))
+        owner.update(ids)
+        first = layers[positions[0]]
+        name = f"block {first.block}" if first.block is not None else first.name
+        units.append(ParamUnit(len(units), name, tuple(positions), ids, rule.reshard_after_forward,
+                               rule.prefetch_units, rule.prefetch_units, ids))
+    root = None
+    if root_pos:
+        ids = tuple(dict.fromkeys(g for i in root_pos for g in layers[i].param_indices if g not in owner))
+        root = ParamUnit(len(units), "root", tuple(root_pos), ids, False, 0, 0, ids)
+    return ParamUnits(units, root, ())
+
+
+def _module_units(rule: ZeroRule, layers: Sequence[Layer], params: Sequence[ParamLike]) -> ParamUnits:
+    """DeepSpeed ZeRO-3: a unit per layer that owns a partitioned parameter; layers without one (and those
+    whose parameters all persist) join the unit before them (the first one, before any)."""
+    persistent = tuple(sorted({g for la in layers for g in la.param_indices
+                               if params[g].numel < rule.persistence_threshold_numel}))
+    pset = set(persistent)
+    groups: list[_Group] = []
+    pending: list[int] = []
+    seen: set[int] = set()
+    for pos, la in enumerate(layers):
+        ids = [g for g in la.param_indices if g not in seen]
+        seen.update(ids)
+        gathered = [g for g in ids if g not in pset]
+        if gathered:
+            groups.append(_Group([*pending, pos], pos, gathered, [g for g in ids if g in pset]))
+            pending = []
+        elif groups:
+            groups[-1].positions.append(pos)
+            groups[-1].persistent.extend(ids)
+        else:
+            pending.append(pos)
+    if not groups:  # every parameter persists: one unit that gathers nothing and reduces them all
+        groups.append(_Group(pending, 0, [], [g for la in layers for g in la.param_indices]))
+    else:
+        groups[-1].positions.extend(pending)
+    numel = [sum(params[g].numel for g in grp.gathered) for grp in groups]
+    # DeepSpeed counts every parameter of the modules it walks toward the reuse distance, persistent included.
+    traced = [n + sum(params[g].numel for g in grp.persistent) for n, grp in zip(numel, groups, strict=True)]
+    n = len(groups)
+    after = [sum(traced[k + 1:]) for k in range(n)]
+    # A module's parameters stay gathered after its forward if, before their use in backward, DeepSpeed
+    # meets fewer than max_reuse_distance elements: the rest of the forward and the backward down to it.
+    kept = [2 * after[k] < rule.reuse_distance_numel for k in range(n)]
+    fwd = [_window(numel[k + 1:], rule.prefetch_numel) for k in range(n)]
+    bwd_numel = [0 if kept[j] else numel[j] for j in range(n)]
+    bwd = [_window(bwd_numel[:k][::-1], rule.prefetch_numel) for k in range(n)]
+    reduce_at = _bucket_ends(groups, params, rule)
+    units = [ParamUnit(k, layers[grp.named].name, tuple(sorted(grp.positions)), tuple(grp.gathered), not kept[k],
+                       fwd[k], bwd[k], reduce_at.get(k, ())) for k, grp in enumerate(groups)]
+    return ParamUnits(units, None, persistent)
+
+
+@dataclass
+class _Group:
+    positions: list[int]
+    named: int
+    gathered: list[int]
+    persistent: list[int]
+
+
+def _window(following: Sequence[int], prefetch_numel: int) -> int:
+    """How many of the ``following`` units (element counts; 0 = nothing to gather) DeepSpeed's prefetcher has
+    in flight: units until ``prefetch_numel`` elements are being fetched, at least one."""
+    if prefetch_numel <= 0:
+        return 0
+    total, count = 0, 0
+    for numel in following:
+        count += 1
+        total += numel
+        if total >= prefetch_numel:
+            break
+    return count
+
+
+def _bucket_ends(groups: list[_Group], params: Sequence[ParamLike], rule: ZeroRule) -> dict[int, tuple[int, ...]]:
+    """DeepSpeed ZeRO-3 gradient buckets, filled in backward order: unit index -> the gradients whose
+    reduce-scatter starts after that unit's backward (a bucket is reduced when the next gradient would take
+    it past ``bucket_numel`` elements, so during the backward of the unit that gradient belongs to; the
+    last, partial bucket at the end of backward). Persistent parameters' gradients are reduced too."""
+    assert rule.bucket_numel is not None
+    out: dict[int, tuple[int, ...]] = {}
+    ids: list[int] = []
+    numel = 0
+    for k in range(len(groups) - 1, -1, -1):
+        for g in [*reversed(groups[k].gathered), *reversed(groups[k].persistent)]:
+            if ids and numel + params[g].numel > rule.bucket_numel:
+                out[k] = out.get(k, ()) + tuple(ids)
+                ids, numel = [], 0
+            ids.append(g)
+            numel += params[g].numel
+    if ids:
+        out[0] = out.get(0, ()) + tuple(ids)
+    return out
+
+
+# -------------------------------------------------------------------------------------- helpers
+def reduce_specs(rule: ZeroRule, params: Sequence[Param]) -> list[Param]:
+    """The parameters as gradient reduction sees them (fp32 with ``reduce_in_fp32``)."""
+    return [grad_reduce_spec(p, rule.reduce_in_fp32) for p in params]
+
+
+def param_bytes(params: Sequence[ParamLike], ids: Sequence[int]) -> int:
+    return sum(params[g].numel * dtype_bytes(params[g].dtype) for g in ids)
+
+
+def describe(rule: ZeroRule) -> str:
+    """One line: the implementation, what it reduces and when."""
+    when = "beside backward" if rule.overlap else "after backward"
+    every = "every micro-batch" if rule.every_micro_batch else "once per step"
+    if rule.sharded_params:
+        return f"{rule.name}: per-unit all-gather and reduce-scatter, {every}"
+    sync = {"none": "", "all-gather": ", all-gather after the step", "broadcast": ", broadcasts after the step"}
+    return f"{rule.name}: bucketed {rule.reduce_op} {when}, {every}{sync[rule.param_sync]}"
+
+
+__all__ = [
+    "DEEPSPEED_ALLREDUCE_BUCKET_NUMEL",
+    "DEEPSPEED_MAX_REUSE_DISTANCE_NUMEL",
+    "DEEPSPEED_PERSISTENCE_THRESHOLD_NUMEL",
+    "DEEPSPEED_PREFETCH_NUMEL",
+    "DEEPSPEED_REDUCE_BUCKET_NUMEL",
+    "MEGATRON_BUCKET_NUMEL_PER_DP_RANK",
+    "MEGATRON_MIN_BUCKET_NUMEL",
+    "SUPPORTED_ZERO_STAGES",
+    "Implementation",
+    "ParamUnit",
+    "ParamUnits",
+    "ZeroRule",
+    "deepspeed_buckets",
+    "default_overlap",
+    "default_reduce_in_fp32",
+    "describe",
+    "gradient_buckets",
+    "param_bytes",
+    "param_units",
+    "reduce_specs",
+    "zero_rule",
+]
