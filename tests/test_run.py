@@ -13,8 +13,8 @@ from simddp.cli import main
 from simddp.collectives import collective_cost
 from simddp.config import ScenarioError, deep_merge, scenario_from_dict
 from simddp.run import (
-    RUN_JSON_KEYS,
     PARAM_SYNC_CHUNK_BYTES,
+    RUN_JSON_KEYS,
     checkpoint_bytes,
     checkpoint_times,
     daly_interval,
@@ -114,7 +114,7 @@ def test_variability_feeds_the_run() -> None:
 
 
 def test_run_needs_tokens_and_finite_progress() -> None:
-    with pytest.raises(ScenarioError, match="run.tokens"):
+    with pytest.raises(ScenarioError, match=r"run\.tokens"):
         simulate_run(scenario_from_dict(base_scenario()))
     with pytest.raises(ScenarioError, match="the run never finishes"):
         simulate_run(scenario(run={"mtbf_hours": 1e-6}))

@@ -158,7 +158,7 @@ def test_padding_loses_tokens_and_tails() -> None:
 
 # -------------------------------------------------------------------------------------- inputs, CLI
 def test_bad_variability_inputs_name_the_field() -> None:
-    with pytest.raises(ScenarioError, match="variability.jitter_cv"):
+    with pytest.raises(ScenarioError, match=r"variability\.jitter_cv"):
         scenario({"jitter_cv": -1})
     with pytest.raises(ScenarioError, match=r"variability.num_stragglers\(99\) exceeds the 16 GPUs"):
         scenario({"num_stragglers": 99})
