@@ -617,6 +617,9 @@ def cmd_calibrate_fit(args: argparse.Namespace) -> int:
           f"optimizer {units.fmt_time(profile.training['optimizer_time_s'])}, host "
           f"{units.fmt_time(profile.cluster['host_overhead_s'])} (step noise {profile.compute_rel_sigma:.1%})")
     print(f"Interference {profile.interference.value:.3f} ({profile.interference.note})")
+    if profile.jitter is not None:
+        print(f"Jitter     CV {profile.jitter.cv:.1%} of a rank's step ({profile.jitter.note}): "
+              "variability.jitter_cv, for simddp tails and run")
     for note in profile.notes:
         if note.startswith(("fitted from partial", "parameter dtypes", "overlap", "mixed")):
             print(f"note: {note}")
