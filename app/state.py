@@ -284,3 +284,76 @@ def extrapolate_profile(profile_name: str, profile: bytes, world_sizes: tuple[in
     from simddp.report import extrapolate
 
     return extrapolate(load_profile(profile_name, profile), world_sizes, gpus_per_node=gpus_per_node, z=z)
+
+
+# ------------------------------------------------------------------------------------ tails, run, knobs
+@st.cache_data(max_entries=64, show_spinner="Drawing the Monte Carlo steps...")
+def _tails(scenario_json: str, steps: int) -> Any:
+    from simddp.variability import simulate_tails
+
+    return simulate_tails(simddp.scenario_from_dict(json.loads(scenario_json)), steps)
+
+
+def tails(data: dict[str, Any], steps: int = 200) -> Any:
+    """simddp.variability.simulate_tails of a scenario dict (a VariabilityResult), or None after an inline error."""
+    if validate(data) is None:
+        return None
+    try:
+        return _tails(to_json(data), steps)
+    except (simddp.ScenarioError, ValueError) as err:
+        st.error(f"Cannot draw these steps: {safeio.one_line(err)}", icon=":material/error:")
+        return None
+
+
+@st.cache_data(max_entries=32, show_spinner="Drawing the steps at every number of nodes...")
+def _tails_vs_ranks(scenario_json: str, nodes: tuple[int, ...], steps: int) -> Any:
+    from simddp.variability import tails_vs_ranks
+
+    return tails_vs_ranks(simddp.scenario_from_dict(json.loads(scenario_json)), list(nodes), steps)
+
+
+def tails_vs_ranks(data: dict[str, Any], nodes: tuple[int, ...], steps: int = 200) -> Any:
+    """p50/p99 at several node counts (weak scaling), or None after an inline error."""
+    if validate(data, show=False) is None:
+        return None
+    try:
+        return _tails_vs_ranks(to_json(data), tuple(nodes), steps)
+    except (simddp.ScenarioError, ValueError) as err:
+        st.error(f"Cannot sweep the node counts: {safeio.one_line(err)}", icon=":material/error:")
+        return None
+
+
+@st.cache_data(max_entries=64, show_spinner="Simulating the run...")
+def _run(scenario_json: str) -> Any:
+    from simddp.run import simulate_run
+
+    return simulate_run(simddp.scenario_from_dict(json.loads(scenario_json)))
+
+
+def run(data: dict[str, Any]) -> Any:
+    """simddp.run.simulate_run of a scenario dict (a RunResult), or None after an inline error."""
+    if validate(data) is None:
+        return None
+    try:
+        return _run(to_json(data))
+    except (simddp.ScenarioError, ValueError) as err:
+        st.error(f"Cannot plan this run: {safeio.one_line(err)}", icon=":material/error:")
+        return None
+
+
+@st.cache_data(max_entries=32, show_spinner="Simulating every knob...")
+def _knobs(scenario_json: str) -> Any:
+    from simddp.knobs import knob_table
+
+    return knob_table(simddp.scenario_from_dict(json.loads(scenario_json)))
+
+
+def knobs(data: dict[str, Any]) -> Any:
+    """simddp.knobs.knob_table of a scenario dict (a KnobTable), or None after an inline error."""
+    if validate(data) is None:
+        return None
+    try:
+        return _knobs(to_json(data))
+    except (simddp.ScenarioError, ValueError) as err:
+        st.error(f"Cannot simulate the knobs: {safeio.one_line(err)}", icon=":material/error:")
+        return None
