@@ -139,6 +139,7 @@ def _verdict_lines(memory: Any) -> list[str]:
 
 
 def cmd_simulate(args: argparse.Namespace) -> int:
+    from simddp.results import BREAKDOWN_PARTS
     from simddp.sanity import check_step_result
     from simddp.sim import simulate_step
     from simddp.verdict import MemoryVerdict, verdict_json
@@ -173,12 +174,18 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         f"  step time              {f(ms):>12}",
         f"  compute (fwd+bwd)      {f(result.compute_time_s):>12}",
         f"  optimizer              {f(result.optimizer_time_s):>12}",
-        f"  data-parallel comm     {f(result.comm_time_s):>12}   {len(result.buckets)} "
-        f"{'FSDP units' if scenario.parallelism.zero_stage == 3 and result.pp == 1 else 'buckets'}, "
-        f"{', '.join(algos) or '-'}",
+        f"  data-parallel comm     {f(result.comm_time_s):>12}   " + (
+            "DataParallel: scatter, replicate, gather, reduce to GPU 0"
+            if scenario.ddp.implementation == "dataparallel" else
+            f"{len(result.buckets)} "
+            f"{'FSDP units' if scenario.parallelism.zero_stage == 3 and result.pp == 1 else 'buckets'}, "
+            f"{', '.join(algos) or '-'}"),
     ]
     if result.tp > 1:
         lines.append(f"  tensor-parallel comm   {f(result.tp_comm_time_s):>12}   blocking, inside the layers")
+    for key, label in (("ddp_host", "framework host time"), ("grad_clip", "gradient clipping")):
+        if result.part(key) > 0:
+            lines.append(f"  {label:<22} {f(result.part(key)):>12}   {BREAKDOWN_PARTS[key][1]}")
     if result.pp > 1:
         lines.append(f"  pipeline bubble        {f(result.pipeline_bubble_time_s):>12}   "
                      f"{scenario.parallelism.pipeline_schedule}, {result.reported_rank}")
@@ -245,21 +252,28 @@ def cmd_tails(args: argparse.Namespace) -> int:
     return 0
 
 
-def _run_overrides(args: argparse.Namespace) -> list[str]:
-    """`simddp run` flags as run.* scenario keys (validated with the scenario, errors naming the key)."""
+def _run_config(args: argparse.Namespace, scenario: Scenario) -> Any:
+    """The scenario's run section with the `simddp run` flags applied (validated: errors name run.KEY)."""
+    from pydantic import ValidationError
+
+    from simddp.config import RunConfig
+
     flags = {"tokens": args.tokens, "gpu_hour_cost_usd": args.gpu_hour_cost, "mtbf_hours": args.mtbf_hours,
              "mtbf_scope": args.mtbf_per, "storage_write_bytes_per_s": args.checkpoint_bandwidth,
              "checkpoint_saving": args.checkpoint_saving, "checkpoint_interval_s": args.checkpoint_interval,
              "restart_overhead_s": args.restart_overhead, "achieved_tflops_per_gpu": args.tflops_per_gpu}
-    return [f"run.{key}={value!r}" if isinstance(value, str) else f"run.{key}={value}"
-            for key, value in flags.items() if value is not None]
+    data = {**scenario.run.model_dump(), **{k: v for k, v in flags.items() if v is not None}}
+    try:
+        return RunConfig.model_validate(data)
+    except ValidationError as err:
+        raise ScenarioError("run." + format_validation_error(err)) from None
 
 
 def cmd_run(args: argparse.Namespace) -> int:
     from simddp.run import simulate_run
 
-    args.set = [*args.set, *_run_overrides(args)]
     scenario = _load(args)
+    scenario = scenario.model_copy(update={"run": _run_config(args, scenario)})
     result = simulate_run(scenario)
     if args.json:
         print(safeio.json_text(result.to_json_dict(), indent=2))

@@ -58,7 +58,7 @@ SYNC_POINTS = {
     "tp": "tensor-parallel collectives",
     "pp": "pipeline boundaries",
     "dp": "data-parallel gradient reduction",
-    "optimizer": "optimizer step (ZeRO's parameter all-gather, or the end of a pipelined step)",
+    "optimizer": "optimizer step",
 }
 
 

@@ -22,9 +22,12 @@ base = state.current_scenario()
 if base is None:
     st.stop()
 var = base.variability
+#: Without variation in the scenario the page starts from 5% jitter (a starting point to explore: a calibration
+#: measures your own), so that its first screen is a distribution; the scenario is unchanged until "Keep".
+start_cv = var.jitter_cv if var.active else 0.05
 
 c = st.columns(4)
-cv = c[0].slider("Jitter CV (%)", 0.0, 30.0, value=float(min(30.0, 100 * var.jitter_cv)), step=0.5, key="var_cv",
+cv = c[0].slider("Jitter CV (%)", 0.0, 30.0, value=float(min(30.0, 100 * start_cv)), step=0.5, key="var_cv",
                  help=field_help(VariabilityConfig, "jitter_cv"))
 stragglers = c[1].number_input("Stragglers", min_value=0, max_value=base.cluster.num_gpus,
                                value=int(var.num_stragglers), step=1, key="var_stragglers",
