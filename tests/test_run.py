@@ -143,3 +143,14 @@ def test_run_command_errors_are_one_line(capsys: pytest.CaptureFixture[str]) -> 
     assert "--checkpoint-bandwidth" in capsys.readouterr().err
     assert main(["run", "--tokens", "1e9", "--set", "run.checkpoint_saving=half"]) == 2
     assert "run.checkpoint_saving" in capsys.readouterr().err
+
+
+def test_python_api() -> None:
+    import simddp
+
+    r = simddp.training_run(base_scenario(), tokens=1e9)
+    assert r.tokens == 1e9 and r.goodput > 0.9
+    with pytest.raises(ScenarioError, match=r"run\.tokens"):
+        simddp.training_run(base_scenario(), tokens=-1)
+    t = simddp.tails(base_scenario(variability={"jitter_cv": 0.05}), steps=20, seed=1)
+    assert t.num_steps == 20 and t.seed == 1
