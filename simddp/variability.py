@@ -164,12 +164,18 @@ def packed_rows(rng: np.random.Generator, var: VariabilityConfig, seq_len: int,
         mean: float = var.mean_seq_len or max(1, seq_len // 4)
     else:
         mean = (seq_len + 1) / 2
+    # Short documents in long rows: fewer rows, so that the stream stays within MAX_POOL_DOCS documents.
+    rows = max(16, min(rows, int(MAX_POOL_DOCS * mean / (1.5 * seq_len))))
     num_docs = min(MAX_POOL_DOCS, int(1.5 * rows * seq_len / mean) + 64)
     total = rows * seq_len
     ends = np.cumsum(document_lengths(rng, var, seq_len, num_docs))
-    while ends[-1] < total:  # rare: a short draw; extend the stream
+    for _ in range(64):  # a short draw (rare): extend the stream
+        if ends[-1] >= total:
+            break
         more = np.cumsum(document_lengths(rng, var, seq_len, num_docs)) + ends[-1]
         ends = np.concatenate([ends, more])
+    total = min(total, int(ends[-1]) // seq_len * seq_len)
+    rows = total // seq_len
     cuts = np.union1d(ends[ends < total], np.arange(1, rows) * seq_len)
     bounds = np.concatenate([[0], cuts, [total]])
     seg = np.diff(bounds).astype(float)
