@@ -287,6 +287,17 @@ def extrapolate_profile(profile_name: str, profile: bytes, world_sizes: tuple[in
 
 
 # ------------------------------------------------------------------------------------ tails, run, knobs
+def _guarded(cached: Any, data: dict[str, Any], what: str, *args: Any, show: bool = True) -> Any:
+    """``cached(scenario JSON, *args)`` for a valid scenario; None after an inline one-line error otherwise."""
+    if validate(data, show=show) is None:
+        return None
+    try:
+        return cached(to_json(data), *args)
+    except (simddp.ScenarioError, ValueError) as err:
+        st.error(f"{what}: {safeio.one_line(err)}", icon=":material/error:")
+        return None
+
+
 @st.cache_data(max_entries=64, show_spinner="Drawing the Monte Carlo steps...")
 def _tails(scenario_json: str, steps: int) -> Any:
     from simddp.variability import simulate_tails
@@ -296,13 +307,7 @@ def _tails(scenario_json: str, steps: int) -> Any:
 
 def tails(data: dict[str, Any], steps: int = 200) -> Any:
     """simddp.variability.simulate_tails of a scenario dict (a VariabilityResult), or None after an inline error."""
-    if validate(data) is None:
-        return None
-    try:
-        return _tails(to_json(data), steps)
-    except (simddp.ScenarioError, ValueError) as err:
-        st.error(f"Cannot draw these steps: {safeio.one_line(err)}", icon=":material/error:")
-        return None
+    return _guarded(_tails, data, "Cannot draw these steps", steps)
 
 
 @st.cache_data(max_entries=32, show_spinner="Drawing the steps at every number of nodes...")
@@ -314,13 +319,7 @@ def _tails_vs_ranks(scenario_json: str, nodes: tuple[int, ...], steps: int) -> A
 
 def tails_vs_ranks(data: dict[str, Any], nodes: tuple[int, ...], steps: int = 200) -> Any:
     """p50/p99 at several node counts (weak scaling), or None after an inline error."""
-    if validate(data, show=False) is None:
-        return None
-    try:
-        return _tails_vs_ranks(to_json(data), tuple(nodes), steps)
-    except (simddp.ScenarioError, ValueError) as err:
-        st.error(f"Cannot sweep the node counts: {safeio.one_line(err)}", icon=":material/error:")
-        return None
+    return _guarded(_tails_vs_ranks, data, "Cannot sweep the node counts", tuple(nodes), steps, show=False)
 
 
 @st.cache_data(max_entries=64, show_spinner="Simulating the run...")
@@ -332,13 +331,7 @@ def _run(scenario_json: str) -> Any:
 
 def run(data: dict[str, Any]) -> Any:
     """simddp.run.simulate_run of a scenario dict (a RunResult), or None after an inline error."""
-    if validate(data) is None:
-        return None
-    try:
-        return _run(to_json(data))
-    except (simddp.ScenarioError, ValueError) as err:
-        st.error(f"Cannot plan this run: {safeio.one_line(err)}", icon=":material/error:")
-        return None
+    return _guarded(_run, data, "Cannot plan this run")
 
 
 @st.cache_data(max_entries=32, show_spinner="Simulating every knob...")
@@ -350,10 +343,4 @@ def _knobs(scenario_json: str) -> Any:
 
 def knobs(data: dict[str, Any]) -> Any:
     """simddp.knobs.knob_table of a scenario dict (a KnobTable), or None after an inline error."""
-    if validate(data) is None:
-        return None
-    try:
-        return _knobs(to_json(data))
-    except (simddp.ScenarioError, ValueError) as err:
-        st.error(f"Cannot simulate the knobs: {safeio.one_line(err)}", icon=":material/error:")
-        return None
+    return _guarded(_knobs, data, "Cannot simulate the knobs")
