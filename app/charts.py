@@ -545,3 +545,104 @@ def extrapolation(predictions: Sequence[Any], measured_ranks: int | None = None)
     fig.update_xaxes(type="log", tickvals=xs, ticktext=[str(x) for x in xs], title_text="data-parallel ranks")
     fig.update_layout(title="Extrapolation from the calibration", yaxis_title="ms", height=400, **_LAYOUT)
     return fig
+
+
+# ---------------------------------------------------------------------------------------- variability
+def step_histogram(result: Any) -> go.Figure:
+    """Monte Carlo step times (ms) with the simulated step, p50 and p99 marked."""
+    ms = [t / MS for t in result.step_times_s]
+    fig = go.Figure(go.Histogram(x=ms, nbinsx=40, marker_color=COLORS["compute"], name="steps"))
+    for x, text, color in ((result.p50_s / MS, "p50", "#54A24B"), (result.p99_s / MS, "p99", "#E45756"),
+                           (result.deterministic_step_s / MS, "simulated", "grey")):
+        fig.add_vline(x=x, line={"dash": "dash", "color": color, "width": 2})
+        fig.add_annotation(x=x, y=1, yref="paper", text=f"{text} {x:.4g} ms", showarrow=False, xanchor="left",
+                           yanchor="top", font={"size": 11, "color": color})
+    fig.update_layout(title=f"Step time over {result.num_steps} Monte Carlo steps, {result.num_ranks:,} ranks",
+                      xaxis_title="step time (ms)", yaxis_title="steps", height=380, bargap=0.05, **_LAYOUT)
+    return fig
+
+
+def tails_vs_ranks(points: Sequence[Any]) -> go.Figure:
+    """p99, p50 and the simulated step against the number of GPUs (weak scaling, log2 x)."""
+    gpus = [p.num_gpus for p in points]
+    fig = go.Figure()
+    fig.add_scatter(x=gpus, y=[p.p99_s / MS for p in points], name="p99", mode="lines+markers",
+                    line_color=COLORS["exposed"])
+    fig.add_scatter(x=gpus, y=[p.p50_s / MS for p in points], name="p50", mode="lines+markers",
+                    line_color=COLORS["other"])
+    fig.add_scatter(x=gpus, y=[p.deterministic_step_s / MS for p in points], name="simulated (no variation)",
+                    mode="lines+markers", line={"color": "grey", "dash": "dot"})
+    fig.update_xaxes(type="log", tickvals=gpus, ticktext=[str(g) for g in gpus], title_text="GPUs")
+    fig.update_yaxes(title_text="step time (ms)", rangemode="tozero")
+    fig.update_layout(title="p99 step time against the number of GPUs", height=380, **_LAYOUT)
+    return fig
+
+
+def sync_point_table(result: Any) -> Any:
+    import pandas as pd
+
+    return pd.DataFrame([{"synchronisation point": w.label, "wait per step (ms)": w.wait_s / MS,
+                          "share of the tail (%)": 100 * w.share} for w in result.sync_points])
+
+
+# ------------------------------------------------------------------------------------------------ run
+def goodput_curve(result: Any) -> go.Figure:
+    """Goodput against the checkpoint interval (log x), the chosen interval marked."""
+    xs = [p.checkpoint_interval_s / units.MINUTE for p in result.curve]
+    fig = go.Figure(go.Scatter(x=xs, y=[100 * p.goodput for p in result.curve], mode="lines",
+                               line_color=COLORS["compute"], name="goodput"))
+    chosen = result.checkpoint_interval_s / units.MINUTE
+    fig.add_scatter(x=[chosen], y=[100 * result.goodput], mode="markers", marker={"size": 11, "color": "#E45756"},
+                    name="chosen interval")
+    _mark_x(fig, chosen, f"{chosen:.3g} min")
+    fig.update_xaxes(type="log", title_text="checkpoint interval (minutes of training)")
+    fig.update_yaxes(title_text="goodput (%)")
+    fig.update_layout(title="Goodput against the checkpoint interval", height=380, **_LAYOUT)
+    return fig
+
+
+def run_table(result: Any) -> Any:
+    import pandas as pd
+
+    rows = [
+        ("training, no failures (days)", result.training_days),
+        ("wall clock (days)", result.days),
+        ("GPU-hours", result.gpu_hours),
+        ("cost (USD)", result.cost),
+        ("expected failures", result.expected_failures),
+        ("job MTBF (hours)", result.mtbf_s / units.HOUR),
+        ("checkpoint size (TB)", result.checkpoint_bytes / units.TB),
+        ("checkpoint, rank 0 alone (s)", result.checkpoint_time_rank0_s),
+        ("checkpoint, sharded (s)", result.checkpoint_time_sharded_s),
+        ("checkpoint interval (min)", result.checkpoint_interval_s / units.MINUTE),
+        ("Young's interval (min)", result.young_interval_s / units.MINUTE),
+        ("restart per failure (min)", result.restart_s / units.MINUTE),
+        ("start-up broadcast (s)", result.startup_s),
+        ("tokens/s", result.tokens_per_s),
+        ("TFLOP/s per GPU", result.achieved_flop_per_s_per_gpu / units.TFLOP),
+        ("goodput (%)", 100 * result.goodput),
+    ]
+    return pd.DataFrame({"figure": [r[0] for r in rows], "value": [r[1] for r in rows]})
+
+
+# ---------------------------------------------------------------------------------------------- knobs
+def knob_chart(table: Any) -> go.Figure:
+    """Step time change of each DDP knob (% of its baseline)."""
+    rows = [r for r in table.rows if r.step_time_s is not None and r.baseline_s]
+    fig = go.Figure(go.Bar(
+        x=[100 * (r.delta_s or 0.0) / r.baseline_s for r in rows], y=[f"{r.knob} = {r.setting}" for r in rows],
+        orientation="h", marker_color=[COLORS["exposed"] if (r.delta_s or 0) > 0 else COLORS["other"] for r in rows],
+        text=[f"{100 * (r.delta_s or 0.0) / r.baseline_s:+.2f}%" for r in rows], textposition="auto"))
+    fig.update_layout(title="Step time change of each DDP knob", xaxis_title="% of the step without it",
+                      height=120 + 45 * len(rows), **_LAYOUT)
+    return fig
+
+
+def knob_frame(table: Any) -> Any:
+    import pandas as pd
+
+    return pd.DataFrame([{"knob": r.knob, "setting": r.setting,
+                          "step (ms)": None if r.step_time_s is None else r.step_time_s / MS,
+                          "baseline (ms)": None if r.baseline_s is None else r.baseline_s / MS,
+                          "change (ms)": None if r.delta_s is None else r.delta_s / MS,
+                          "where": r.moved, "note": r.note} for r in table.rows])

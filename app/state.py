@@ -284,3 +284,63 @@ def extrapolate_profile(profile_name: str, profile: bytes, world_sizes: tuple[in
     from simddp.report import extrapolate
 
     return extrapolate(load_profile(profile_name, profile), world_sizes, gpus_per_node=gpus_per_node, z=z)
+
+
+# ------------------------------------------------------------------------------------ tails, run, knobs
+def _guarded(cached: Any, data: dict[str, Any], what: str, *args: Any, show: bool = True) -> Any:
+    """``cached(scenario JSON, *args)`` for a valid scenario; None after an inline one-line error otherwise."""
+    if validate(data, show=show) is None:
+        return None
+    try:
+        return cached(to_json(data), *args)
+    except (simddp.ScenarioError, ValueError) as err:
+        st.error(f"{what}: {safeio.one_line(err)}", icon=":material/error:")
+        return None
+
+
+@st.cache_data(max_entries=64, show_spinner="Drawing the Monte Carlo steps...")
+def _tails(scenario_json: str, steps: int) -> Any:
+    from simddp.variability import simulate_tails
+
+    return simulate_tails(simddp.scenario_from_dict(json.loads(scenario_json)), steps)
+
+
+def tails(data: dict[str, Any], steps: int = 200) -> Any:
+    """simddp.variability.simulate_tails of a scenario dict (a VariabilityResult), or None after an inline error."""
+    return _guarded(_tails, data, "Cannot draw these steps", steps)
+
+
+@st.cache_data(max_entries=32, show_spinner="Drawing the steps at every number of nodes...")
+def _tails_vs_ranks(scenario_json: str, nodes: tuple[int, ...], steps: int) -> Any:
+    from simddp.variability import tails_vs_ranks
+
+    return tails_vs_ranks(simddp.scenario_from_dict(json.loads(scenario_json)), list(nodes), steps)
+
+
+def tails_vs_ranks(data: dict[str, Any], nodes: tuple[int, ...], steps: int = 200) -> Any:
+    """p50/p99 at several node counts (weak scaling), or None after an inline error."""
+    return _guarded(_tails_vs_ranks, data, "Cannot sweep the node counts", tuple(nodes), steps, show=False)
+
+
+@st.cache_data(max_entries=64, show_spinner="Simulating the run...")
+def _run(scenario_json: str) -> Any:
+    from simddp.run import simulate_run
+
+    return simulate_run(simddp.scenario_from_dict(json.loads(scenario_json)))
+
+
+def run(data: dict[str, Any]) -> Any:
+    """simddp.run.simulate_run of a scenario dict (a RunResult), or None after an inline error."""
+    return _guarded(_run, data, "Cannot plan this run")
+
+
+@st.cache_data(max_entries=32, show_spinner="Simulating every knob...")
+def _knobs(scenario_json: str) -> Any:
+    from simddp.knobs import knob_table
+
+    return knob_table(simddp.scenario_from_dict(json.loads(scenario_json)))
+
+
+def knobs(data: dict[str, Any]) -> Any:
+    """simddp.knobs.knob_table of a scenario dict (a KnobTable), or None after an inline error."""
+    return _guarded(_knobs, data, "Cannot simulate the knobs")

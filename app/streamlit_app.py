@@ -35,6 +35,9 @@ page = st.navigation(
         st.Page(PAGES / "scaling.py", title="Scaling", icon=":material/trending_up:"),
         st.Page(PAGES / "memory.py", title="Memory", icon=":material/memory:"),
         st.Page(PAGES / "whatif.py", title="What-if", icon=":material/science:"),
+        st.Page(PAGES / "variability.py", title="Variability", icon=":material/ssid_chart:"),
+        st.Page(PAGES / "run.py", title="Run", icon=":material/calendar_month:"),
+        st.Page(PAGES / "knobs.py", title="DDP knobs", icon=":material/toggle_on:"),
         st.Page(PAGES / "calibration.py", title="Calibration", icon=":material/straighten:"),
         st.Page(PAGES / "compare.py", title="Compare", icon=":material/compare_arrows:"),
     ]

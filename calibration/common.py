@@ -172,6 +172,21 @@ def trainable_parameters(model: torch.nn.Module) -> list[tuple[str, str, torch.n
     return [(n, owner.get(id(p), ""), p) for n, p in model.named_parameters() if p.requires_grad]
 
 
+def count_autograd_nodes(model: torch.nn.Module, inputs: Sequence[Any]) -> int:
+    """Nodes of one forward's autograd graph, reached from the loss as DDP's unused-parameter search walks
+    it (``Reducer::prepare_for_backward``: every ``grad_fn`` and ``next_functions``, AccumulateGrad included)."""
+    loss = scalar_loss(model(*inputs))
+    seen: set[Any] = set()
+    stack = [loss.grad_fn]
+    while stack:
+        node = stack.pop()
+        if node is None or node in seen:
+            continue
+        seen.add(node)
+        stack.extend(next_node for next_node, _ in node.next_functions)
+    return max(1, len(seen))
+
+
 def dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).removeprefix("torch.")
 
@@ -531,6 +546,7 @@ __all__ = [
     "add_common_args",
     "build_model",
     "check_out",
+    "count_autograd_nodes",
     "device_name",
     "dtype_name",
     "finished",

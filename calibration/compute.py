@@ -35,6 +35,7 @@ import os
 import statistics
 import sys
 import tempfile
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -62,6 +63,7 @@ from simddp_calibration.common import (
     add_common_args,
     build_model,
     check_out,
+    count_autograd_nodes,
     dtype_name,
     finished,
     make_optimizer,
@@ -224,11 +226,13 @@ def measure_peak(device: torch.device, ranks_per_node: int, d: Dist) -> PeakRate
 
 
 def ddp_overhead_s(model: torch.nn.Module, inputs: Sequence[Any], optimizer: str, iterations: int,
-                   d: Dist) -> list[float] | None:
+                   d: Dist) -> tuple[list[float], list[float]] | None:
     """Per-iteration slowest rank's (DDP step on a one-rank gloo group) - (plain step), interleaved; CPU only.
 
     A one-rank all-reduce moves no data, so the difference is the Reducer's own work: copying gradients
     into buckets and back, its hooks and its bookkeeping. Needs gloo (no second GPU is needed on CPU).
+    Also returns DDP's search for unused parameters: a forward with ``find_unused_parameters`` minus one
+    without, paired, each rank's own (averaged over ranks: the search is host work of one rank).
     """
     if d.device.type != "cpu" or not dist.is_gloo_available():
         return None
@@ -261,10 +265,33 @@ def ddp_overhead_s(model: torch.nn.Module, inputs: Sequence[Any], optimizer: str
             t_ddp = timer.elapsed_s(m[0], m[-1])
             slowest = d.max_over_ranks([t_plain, t_ddp])  # as for the clean steps: the slowest rank's
             diffs.append(slowest[1] - slowest[0])
+        searches = graph_search_s(wrapped, DDP(copy.deepcopy(model), process_group=pg, find_unused_parameters=True),
+                                  inputs, iterations, d)
         del wrapped
         if not d.active:
             dist.destroy_process_group()
-    return diffs
+    return diffs, searches
+
+
+def graph_search_s(plain: torch.nn.Module, searching: torch.nn.Module, inputs: Sequence[Any], iterations: int,
+                   d: Dist) -> list[float]:
+    """(DDP forward with find_unused_parameters) - (DDP forward without), paired and in alternating order."""
+    for _ in range(3):
+        for m in (plain, searching):
+            scalar_loss(m(*inputs)).backward()
+    local = []
+    for i in range(iterations):
+        fwd = {}
+        for key, m in (("plain", plain), ("search", searching)) if i % 2 else (("search", searching),
+                                                                                ("plain", plain)):
+            d.sync()
+            t0 = time.perf_counter()
+            out = m(*inputs)
+            d.sync()
+            fwd[key] = time.perf_counter() - t0
+            scalar_loss(out).backward()  # DDP expects the backward of the forward it prepared
+        local.append(fwd["search"] - fwd["plain"])
+    return d.mean_over_ranks(local)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -318,6 +345,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             forward=result.get("forward", empty), backward=result.get("backward", empty),
             optimizer_step=result.get("optimizer", empty), host=result.get("host", empty),
             step=result.get("step", empty), ddp_overhead=result.get("ddp_overhead"), peak=result.get("peak"),
+            rank_step_times_s=result.get("rank_steps", []), num_autograd_nodes=result.get("nodes"),
+            graph_search=result.get("graph_search"),
         )
 
     collector = Collector(d, out, snapshot, args.timeout, model_file(args.model))
@@ -330,17 +359,21 @@ def main(argv: Sequence[str] | None = None) -> int:
             one_step(model, inputs, opt, timer)
         # Clean iterations: totals without Python hooks.
         clean: list[list[float]] = []
+        mine: list[float] = []
         for i in range(repeats):
             d.barrier()
             t0, t1, t2, t3, t4 = one_step(model, inputs, opt, timer)
             fwd, bwd, opt_s = timer.elapsed_s(t1, t2), timer.elapsed_s(t2, t3), timer.elapsed_s(t3, t4)
             step = timer.elapsed_s(t0, t4)
+            mine.append(step)
             # The slowest rank gates every all-reduce of a DDP step: keep its iteration.
             clean.append(d.row_of_slowest_rank([fwd, bwd, opt_s, step - fwd - bwd - opt_s, step]))
             collector.beat(f"clean iteration {i + 1}")
         cols = list(zip(*clean, strict=True))
         for key, col in zip(("forward", "backward", "optimizer", "host", "step"), cols, strict=True):
             result[key] = timing_stats(col)
+        result["rank_steps"] = d.all_gather_object(mine)  # each rank's own steps: the jitter fit's data
+        result["nodes"] = count_autograd_nodes(model, inputs)
         collector.save_partial()
         progress(f"step {result['step'].median_s * 1e3:.2f} ms: forward {result['forward'].median_s * 1e3:.2f}, "
                  f"backward {result['backward'].median_s * 1e3:.2f}, optimizer "
@@ -351,10 +384,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         progress(f"per-layer times of {len(result['layers'])} layers")
 
         if not args.no_ddp_overhead:
-            diffs = ddp_overhead_s(model, inputs, args.optimizer, repeats, d)
-            if diffs is not None:
+            measured = ddp_overhead_s(model, inputs, args.optimizer, repeats, d)
+            if measured is not None:
+                diffs, searches = measured
                 result["ddp_overhead"] = timing_stats(diffs)
-                progress(f"DDP overhead without communication {result['ddp_overhead'].median_s * 1e3:.2f} ms")
+                result["graph_search"] = timing_stats(searches)
+                progress(f"DDP overhead without communication {result['ddp_overhead'].median_s * 1e3:.2f} ms; "
+                         f"its unused-parameter search {result['graph_search'].median_s * 1e6:.0f} us")
             else:
                 progress("DDP overhead: not measured on this device")
         collector.beat("peak rates")

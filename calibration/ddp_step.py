@@ -7,6 +7,10 @@ parameters). A step is what ``simddp_calibration.compute`` times: zero_grad, for
 rank's. The caps are measured in rounds, a few steps of each cap per round, so that a slow spell of a
 shared machine hits every cap alike; the median over all steps of a cap is its measured time.
 
+With ``--knobs``, the same steps are also measured with torch's unused-parameter options, at the first cap:
+plain, ``find_unused_parameters``, ``static_graph`` and both, interleaved round by round (validation of
+simddp's model of them; the per-node cost of the graph search is what the compute collector fits).
+
 These numbers are never used to fit anything: ``simddp calibrate validate`` compares them with the
 simulator's prediction from the profile.
 """
@@ -23,7 +27,7 @@ from typing import Any
 import torch
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from simddp.profile import MEASUREMENT_VERSION, DDPCase, DDPMeasurements, timing_stats
+from simddp.profile import MEASUREMENT_VERSION, DDPCase, DDPKnobCase, DDPMeasurements, timing_stats
 from simddp_calibration.common import (
     Collector,
     CollectorError,
@@ -32,6 +36,7 @@ from simddp_calibration.common import (
     add_common_args,
     build_model,
     check_out,
+    count_autograd_nodes,
     finished,
     make_optimizer,
     model_file,
@@ -78,6 +83,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--optimizer", choices=("sgd", "adam", "adamw"), default="sgd")
     p.add_argument("--rounds", type=int, default=None, help="rounds over the caps (default 8)")
     p.add_argument("--gradient-as-bucket-view", action="store_true", help="pass gradient_as_bucket_view=True")
+    p.add_argument("--knobs", action="store_true",
+                   help="also measure find_unused_parameters and static_graph at the first cap")
     add_common_args(p, default_timeout_s=600.0)
     return p
 
@@ -104,13 +111,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     out: Path = args.out
     times: dict[int, list[float]] = {k: [] for k in range(len(caps))}
     sizes: dict[int, list[int]] = {k: [] for k in range(len(caps))}
+    knob_times: dict[tuple[bool, bool], list[float]] = {k: [] for k in KNOBS} if args.knobs else {}
+    nodes = count_autograd_nodes(base, inputs) if args.knobs else None
 
     def snapshot(error: str | None, complete: bool) -> DDPMeasurements:
         cases = [DDPCase(bucket_cap_mb=cap, num_buckets=len(sizes[k]), bucket_sizes_bytes=sizes[k],
                          stats=timing_stats(times[k])) for k, cap in enumerate(caps) if times[k]]
+        knobs = [DDPKnobCase(find_unused_parameters=fu, static_graph=sg, bucket_cap_mb=caps[0],
+                             stats=timing_stats(ts)) for (fu, sg), ts in knob_times.items() if ts]
         return DDPMeasurements(kind="simddp-ddp", version=MEASUREMENT_VERSION, complete=complete, error=error,
                                run=finished(info), model=args.model, optimizer=args.optimizer,
-                               micro_batch_size=_batch(inputs), cases=cases)
+                               micro_batch_size=_batch(inputs), cases=cases, knob_cases=knobs,
+                               num_autograd_nodes=nodes)
 
     collector = Collector(d, out, snapshot, args.timeout, model_file(args.model))
     progress = Progress(d.is_main, total=rounds)
@@ -146,6 +158,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 f"{'default' if c is None else f'{c:g}'}: {sorted(times[k])[len(times[k]) // 2] * 1e3:.1f}"
                 for k, c in enumerate(caps))
             progress(f"round {r + 1}: median step (ms) by cap {medians}")
+        if args.knobs:
+            measure_knobs(base, inputs, caps[0], args, d, rounds, per_round, warmup, knob_times, collector, progress)
         d.barrier()
         collector.finish()
         progress.note(f"simddp_calibration.ddp_step: wrote {out}")
@@ -153,6 +167,44 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     except Exception as err:  # any failure: keep what was measured, say why in one line
         return collector.fail(one_line(err))
+
+
+#: (find_unused_parameters, static_graph) settings measured with --knobs; plain first.
+KNOBS = ((False, False), (True, False), (False, True), (True, True))
+
+
+def measure_knobs(base: torch.nn.Module, inputs: Sequence[Any], cap: float | None, args: argparse.Namespace,
+                  d: Dist, rounds: int, per_round: int, warmup: int, times: dict[tuple[bool, bool], list[float]],
+                  collector: Collector, progress: Progress) -> None:
+    """DDP steps under each unused-parameter setting, interleaved by round (the order alternates, so that a
+    slow spell of the machine hits every setting alike)."""
+    import warnings
+
+    models, optims = {}, {}
+    with warnings.catch_warnings():  # torch warns that static_graph is experimental
+        warnings.simplefilter("ignore")
+        for fu, sg in KNOBS:
+            models[(fu, sg)] = DDP(copy.deepcopy(base), bucket_cap_mb=cap, find_unused_parameters=fu,
+                                   static_graph=sg, gradient_as_bucket_view=args.gradient_as_bucket_view)
+            optims[(fu, sg)] = make_optimizer(args.optimizer, list(models[(fu, sg)].parameters()))
+            for _ in range(warmup):
+                step(models[(fu, sg)], inputs, optims[(fu, sg)])
+    order = list(KNOBS)
+    for r in range(rounds):
+        for key in order if r % 2 else order[::-1]:
+            local = []
+            for _ in range(per_round):
+                d.barrier()
+                t0 = time.perf_counter()
+                step(models[key], inputs, optims[key])
+                d.sync()
+                local.append(time.perf_counter() - t0)
+            times[key].extend(d.max_over_ranks(local))
+        collector.beat(f"knobs round {r + 1}")
+        collector.save_partial()
+    medians = ", ".join(f"{'unused' if fu else 'plain'}{'+static' if sg else ''} "
+                        f"{sorted(ts)[len(ts) // 2] * 1e3:.2f}" for (fu, sg), ts in times.items())
+    progress.note(f"simddp_calibration.ddp_step: knobs measured, median step (ms): {medians}")
 
 
 def step(model: torch.nn.Module, inputs: Sequence[Any], opt: torch.optim.Optimizer) -> None:

@@ -29,6 +29,14 @@ exposed communication
 busbw / algbw
     nccl-tests' bus and algorithm bandwidths: algbw = size / time; busbw = algbw x 2(n-1)/n for
     all-reduce, comparable across world sizes.
+jitter / straggler / tail
+    Step-to-step variation of a rank's compute (lognormal, a coefficient of variation), a rank that is
+    persistently slower, and the slow steps they cause because every collective waits for its slowest
+    member (:mod:`simddp.variability`, ``simddp tails``).
+MTBF / goodput
+    Mean time between job-interrupting failures (per GPU or node; the job's is that over the count), and
+    the share of a run's wall clock spent training rather than checkpointing, restarting or redoing lost
+    work (:mod:`simddp.run`, ``simddp run``).
 
 Units inside are bytes, seconds, FLOP, bytes/s and FLOP/s (see :mod:`simddp.units`).
 """
@@ -67,6 +75,30 @@ def simulate(scenario: Scenario | dict[str, Any] | str | Path, trace: bool = Tru
     return simulate_step(as_scenario(scenario), trace=trace, exact=exact)
 
 
+def tails(scenario: Scenario | dict[str, Any] | str | Path, steps: int = 200, seed: int | None = None) -> Any:
+    """Monte Carlo step times under the scenario's ``variability`` (a :class:`simddp.variability.VariabilityResult`)."""
+    from simddp.variability import simulate_tails
+
+    return simulate_tails(as_scenario(scenario), steps, seed)
+
+
+def training_run(scenario: Scenario | dict[str, Any] | str | Path, tokens: float | None = None) -> Any:
+    """The whole training run of the scenario (a :class:`simddp.run.RunResult`); ``tokens`` overrides run.tokens."""
+    from pydantic import ValidationError
+
+    from simddp.config import RunConfig, format_validation_error
+    from simddp.run import simulate_run
+
+    sc = as_scenario(scenario)
+    if tokens is not None:
+        try:
+            run_config = RunConfig.model_validate({**sc.run.model_dump(), "tokens": tokens})
+        except ValidationError as err:
+            raise ScenarioError("run." + format_validation_error(err)) from None
+        sc = sc.model_copy(update={"run": run_config})
+    return simulate_run(sc)
+
+
 __all__ = [
     "Bounds",
     "Bucket",
@@ -86,4 +118,6 @@ __all__ = [
     "scenario_from_dict",
     "simulate",
     "smallest_layout_that_fits",
+    "tails",
+    "training_run",
 ]

@@ -73,6 +73,7 @@ __all__ = [
     "bucket_size_limits",
     "buckets_to_json",
     "ddp_buckets",
+    "ddp_initial_buckets",
 ]
 
 #: ``_DEFAULT_BUCKET_CAP_MB`` in ``torch/nn/parallel/distributed.py`` (MiB).
@@ -248,3 +249,20 @@ def _unordered_map_order(
         same_slot = [pos for pos, other in enumerate(order) if slot_of[other] == slot_of[dtype]]
         order.insert(same_slot[0] if same_slot else 0, dtype)
     return order
+
+
+def ddp_initial_buckets(params: Sequence[ParamLike], bucket_cap_mb: float | None = None) -> list[Bucket]:
+    """The buckets DDP builds at construction, which it keeps when it never rebuilds them.
+
+    ``DistributedDataParallel._ddp_init_helper`` assigns buckets over the parameters in definition order
+    (``_compute_bucket_assignment_by_size`` with no ready order, so the buckets are sorted by their smallest
+    parameter index), then hands the Reducer the *reversed* list, "to approximate the order in which their
+    gradients are produced". With ``find_unused_parameters=True`` and no ``static_graph`` the Reducer never
+    rebuilds (``Reducer::should_rebuild_buckets``), so these are the buckets of every step: the small first
+    bucket (1 MiB with the default cap) holds the first-defined parameters and is reduced last. (Without
+    find_unused_parameters, the first iteration uses one bucket and every later one the rebuilt buckets of
+    :func:`ddp_buckets`.)
+    """
+    built = ddp_buckets(params, list(range(len(params))), bucket_cap_mb)
+    ordered = sorted(built, key=lambda b: min(b.param_indices))
+    return [b.model_copy(update={"index": i}) for i, b in enumerate(reversed(ordered))]

@@ -1,4 +1,4 @@
-"""The ``simddp`` command: simulate, buckets, collective, presets, memory, calibrate, app.
+"""The ``simddp`` command: simulate, tails, run, knobs, buckets, collective, presets, memory, calibrate, app.
 
 Every user error (bad scenario, preset, flag, file) prints one line ``simddp: error: ...`` and exits 2,
 with no traceback. A result that fails its sanity checks (:mod:`simddp.sanity`) is a bug: one line
@@ -91,6 +91,22 @@ def positive_float(text: str) -> float:
     return float(_checked_number(text, float, 0.0, inclusive=False))
 
 
+def non_negative_float(text: str) -> float:
+    """argparse type: a finite number >= 0."""
+    return float(_checked_number(text, float, 0.0, inclusive=True))
+
+
+def rate(text: str) -> float:
+    """argparse type: bytes/s, a number or with a unit (25GB/s, 400Gbit/s)."""
+    try:
+        value = units.parse_rate(text)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(f"{safeio.short_repr(text)}: {err}") from None
+    if not (math.isfinite(value) and value > 0):
+        raise argparse.ArgumentTypeError(f"{safeio.short_repr(text)} must be a bandwidth > 0")
+    return value
+
+
 #: Widest uncertainty band, in standard errors (``--z``): beyond it the band says nothing.
 MAX_Z = 10.0
 
@@ -129,6 +145,7 @@ def _verdict_lines(memory: Any) -> list[str]:
 
 
 def cmd_simulate(args: argparse.Namespace) -> int:
+    from simddp.results import BREAKDOWN_PARTS
     from simddp.sanity import check_step_result
     from simddp.sim import simulate_step
     from simddp.verdict import MemoryVerdict, verdict_json
@@ -163,12 +180,16 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         f"  step time              {f(ms):>12}",
         f"  compute (fwd+bwd)      {f(result.compute_time_s):>12}",
         f"  optimizer              {f(result.optimizer_time_s):>12}",
-        f"  data-parallel comm     {f(result.comm_time_s):>12}   {len(result.buckets)} "
-        f"{_reduction_units(scenario, result.pp)}, "
-        f"{', '.join(algos) or '-'}",
+        f"  data-parallel comm     {f(result.comm_time_s):>12}   " + (
+            "DataParallel: scatter, replicate, gather, reduce to GPU 0"
+            if scenario.ddp.wrapper == "dataparallel" else
+            f"{len(result.buckets)} {_reduction_units(scenario, result.pp)}, {', '.join(algos) or '-'}"),
     ]
     if result.tp > 1:
         lines.append(f"  tensor-parallel comm   {f(result.tp_comm_time_s):>12}   blocking, inside the layers")
+    for key, label in (("ddp_host", "framework host time"), ("grad_clip", "gradient clipping")):
+        if result.part(key) > 0:
+            lines.append(f"  {label:<22} {f(result.part(key)):>12}   {BREAKDOWN_PARTS[key][1]}")
     if result.pp > 1:
         lines.append(f"  pipeline bubble        {f(result.pipeline_bubble_time_s):>12}   "
                      f"{scenario.parallelism.pipeline_schedule}, {result.reported_rank}")
@@ -206,6 +227,123 @@ def _reduction_units(scenario: Scenario, pp: int) -> str:
     if not rule.sharded_params or pp > 1:
         return "buckets"
     return "FSDP units" if rule.unit_rule == "block" else "ZeRO-3 reduce buckets"
+
+
+def cmd_tails(args: argparse.Namespace) -> int:
+    from simddp.variability import simulate_tails
+
+    scenario = _load(args)
+    result = simulate_tails(scenario, args.steps, args.seed)
+    if args.json:
+        print(safeio.json_text(result.to_json_dict(), indent=2))
+        return 0
+    f, var = units.fmt_time, result.variability
+    docs = var.seq_len_distribution if var.seq_len_distribution == "fixed" else (
+        f"{var.seq_len_distribution} ({var.sequence_handling})")
+    lines = [
+        f"Tails      {result.scenario}: {result.num_ranks:,} ranks (dp={result.dp} tp={result.tp} pp={result.pp}), "
+        f"{result.num_steps:,} Monte Carlo steps, seed {result.seed}",
+        f"Variation  jitter CV {var.jitter_cv:.1%}, {var.num_stragglers} straggler(s) x{var.straggler_slowdown:g}, "
+        f"documents {docs}",
+        "",
+        f"  simulated step          {f(result.deterministic_step_s):>12}   no variation",
+        f"  mean step               {f(result.mean_s):>12}",
+        f"  p50 / p90 / p99         {f(result.p50_s):>12} / {f(result.p90_s)} / {f(result.p99_s)}",
+        f"  balanced step           {f(result.balanced_step_s):>12}   every rank at the mean: nobody waits",
+        f"  lost to the tail        {result.tail_loss_fraction:>12.1%}   of throughput (1 - balanced / mean)",
+        f"  padding                 {result.padding_fraction:>12.1%}   of the tokens computed",
+        f"  tokens/s                {result.tokens_per_s:>12,.0f}   real tokens",
+    ]
+    if result.stragglers:
+        shown = ", ".join(str(r) for r in result.stragglers[:8]) + (", ..." if len(result.stragglers) > 8 else "")
+        lines.append(f"  stragglers              ranks {shown}")
+    lines += ["", "Waiting per step, by synchronisation point:"]
+    for w in result.sync_points:
+        lines.append(f"  {w.label:<58}{f(w.wait_s):>12}   {w.share:6.1%}")
+    print("\n".join(lines))
+    return 0
+
+
+def _run_config(args: argparse.Namespace, scenario: Scenario) -> Any:
+    """The scenario's run section with the `simddp run` flags applied (validated: errors name run.KEY)."""
+    from pydantic import ValidationError
+
+    from simddp.config import RunConfig
+
+    flags = {"tokens": args.tokens, "gpu_hour_cost_usd": args.gpu_hour_cost, "mtbf_hours": args.mtbf_hours,
+             "mtbf_scope": args.mtbf_per, "storage_write_bytes_per_s": args.checkpoint_bandwidth,
+             "checkpoint_saving": args.checkpoint_saving, "checkpoint_interval_s": args.checkpoint_interval,
+             "restart_overhead_s": args.restart_overhead, "achieved_tflops_per_gpu": args.tflops_per_gpu}
+    data = {**scenario.run.model_dump(), **{k: v for k, v in flags.items() if v is not None}}
+    try:
+        return RunConfig.model_validate(data)
+    except ValidationError as err:
+        raise ScenarioError("run." + format_validation_error(err)) from None
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from simddp.run import simulate_run
+
+    scenario = _load(args)
+    scenario = scenario.model_copy(update={"run": _run_config(args, scenario)})
+    result = simulate_run(scenario)
+    if args.json:
+        print(safeio.json_text(result.to_json_dict(), indent=2))
+        return 0
+    f, run = units.fmt_duration, scenario.run
+    per = f"{run.mtbf_hours:,.0f} h per {run.mtbf_scope}"
+    scope = result.num_gpus if run.mtbf_scope == "gpu" else result.num_nodes
+    lines = [
+        f"Run        {result.scenario}: {result.tokens:.3g} tokens on {result.num_gpus:,} GPUs "
+        f"({result.num_nodes:,} nodes)",
+        f"Throughput {result.tokens_per_s:,.0f} tokens/s, step {f(result.step_time_s)}, "
+        f"{result.achieved_flop_per_s_per_gpu / units.TFLOP:.1f} TFLOP/s per GPU ({result.throughput_source})",
+        "",
+        f"  training, no failures   {result.training_days:>12.2f} days   {result.num_steps:,.0f} steps",
+        f"  wall clock              {result.days:>12.2f} days",
+        f"  GPU-hours               {result.gpu_hours:>12,.0f}",
+        f"  cost                    {'$' + format(result.cost, ',.0f'):>12}   at ${result.gpu_hour_cost_usd:g} per "
+        "GPU-hour",
+        f"  expected failures       {result.expected_failures:>12.1f}   job MTBF {result.mtbf_s / units.HOUR:.3g} h "
+        f"({per} / {scope:,})",
+        f"  checkpoint              {f(result.checkpoint_time_s):>12}   {result.checkpoint_bytes / units.TB:.3g} TB, "
+        f"{result.checkpoint_saving} (rank 0 alone: {f(result.checkpoint_time_rank0_s)}, sharded: "
+        f"{f(result.checkpoint_time_sharded_s)})",
+        f"  checkpoint interval     {f(result.checkpoint_interval_s):>12}   Young's sqrt(2 delta M): "
+        f"{f(result.young_interval_s)}",
+        f"  restart                 {f(result.restart_s):>12}   per failure, reading the checkpoint included",
+        f"  start-up broadcast      {f(result.startup_s):>12}   DDP's parameter broadcast from rank 0, once",
+        f"  goodput                 {result.goodput:>12.1%}   training time / wall clock",
+    ]
+    for note in result.notes:
+        lines.append(f"  note: {note}")
+    print("\n".join(lines))
+    return 0
+
+
+def cmd_knobs(args: argparse.Namespace) -> int:
+    from simddp.knobs import knob_table
+
+    scenario = _load(args)
+    table = knob_table(scenario)
+    if args.json:
+        print(safeio.json_text(table.to_json_dict(), indent=2))
+        return 0
+    f = units.fmt_time
+    lines = [f"Knobs      {table.scenario}: simulated step {f(table.baseline_s)}", "",
+             f"  {'knob':<44}{'setting':<26}{'step':>12}{'change':>12}  where"]
+    for r in table.rows:
+        if r.step_time_s is None:
+            lines.append(f"  {r.knob:<44}{r.setting:<26}{'-':>12}{'-':>12}  {r.note}")
+            continue
+        change = f"{(r.delta_s or 0.0) / (r.baseline_s or 1.0):+.2%}"
+        lines.append(f"  {r.knob:<44}{r.setting:<26}{f(r.step_time_s):>12}{change:>12}  {r.moved or 'no change'}")
+        if r.note:
+            lines.append(f"  {'':<44}{'':<26}{'':>12}{'':>12}  {r.note}")
+    lines += ["", f"  start-up parameter broadcast (once per run, counted by `simddp run`): "
+              f"{f(table.startup_broadcast_s)}"]
+    print("\n".join(lines))
+    return 0
 
 
 def cmd_buckets(args: argparse.Namespace) -> int:
@@ -506,6 +644,9 @@ def cmd_calibrate_fit(args: argparse.Namespace) -> int:
           f"optimizer {units.fmt_time(profile.training['optimizer_time_s'])}, host "
           f"{units.fmt_time(profile.cluster['host_overhead_s'])} (step noise {profile.compute_rel_sigma:.1%})")
     print(f"Interference {profile.interference.value:.3f} ({profile.interference.note})")
+    if profile.jitter is not None:
+        print(f"Jitter     CV {profile.jitter.cv:.1%} of a rank's step ({profile.jitter.note}): "
+              "variability.jitter_cv, for simddp tails and run")
     for note in profile.notes:
         if note.startswith(("fitted from partial", "parameter dtypes", "overlap", "mixed")):
             print(f"note: {note}")
@@ -682,6 +823,39 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--exact", action="store_true",
                    help="always run the full event simulation (the reference), not the fast engine")
     p.set_defaults(func=cmd_simulate)
+
+    p = sub.add_parser("tails", help="step-time tails: jitter, stragglers, sequence lengths (Monte Carlo)")
+    scenario_args(p)
+    p.add_argument("--steps", type=positive_int, default=200, help="Monte Carlo steps (default 200)")
+    p.add_argument("--seed", type=non_negative_int, help="seed of the draws (default: variability.seed)")
+    p.set_defaults(func=cmd_tails)
+
+    p = sub.add_parser("run", help="the whole training run: days, GPU-hours, cost, failures, checkpoints, goodput")
+    scenario_args(p)
+    p.add_argument("--tokens", type=positive_float, help="tokens to train on, e.g. 300e9 (run.tokens)")
+    p.add_argument("--gpu-hour-cost", type=non_negative_float, metavar="USD",
+                   help="price of one GPU-hour, USD (run.gpu_hour_cost_usd; default 12.29)")
+    p.add_argument("--mtbf-hours", type=positive_float, metavar="H",
+                   help="hours between job-interrupting failures per GPU (or per node with --mtbf-per node); "
+                   "default 50,700 (Llama 3)")
+    p.add_argument("--mtbf-per", choices=("gpu", "node"), help="what --mtbf-hours is per (default gpu)")
+    p.add_argument("--checkpoint-bandwidth", type=rate, metavar="B",
+                   help="aggregate storage write bandwidth: bytes/s or 273GB/s (run.storage_write_bytes_per_s)")
+    p.add_argument("--checkpoint-saving", choices=("rank0", "sharded"),
+                   help="rank0: one process writes the whole state (default); sharded: every rank its part")
+    p.add_argument("--checkpoint-interval", type=positive_float, metavar="S",
+                   help="training seconds between checkpoints (default: Daly's optimum)")
+    p.add_argument("--restart-overhead", type=non_negative_float, metavar="S",
+                   help="seconds from a failure to computing again, besides reading the checkpoint (default 600)")
+    p.add_argument("--tflops-per-gpu", type=positive_float, metavar="X",
+                   help="use this measured throughput (model TFLOP/s per GPU, recompute counted, as Narayanan et "
+                   "al.) instead of the simulated step")
+    p.set_defaults(func=cmd_run)
+
+    p = sub.add_parser("knobs", help="what each DDP knob costs here: find_unused_parameters, static_graph, "
+                       "gradient clipping, gloo, DataParallel")
+    scenario_args(p)
+    p.set_defaults(func=cmd_knobs)
 
     p = sub.add_parser("buckets", help="DDP gradient buckets, exactly as torch builds them")
     scenario_args(p)

@@ -116,7 +116,8 @@ class CollectiveCost:
 
     ``time_s`` = ``latency_s`` (hops, fixed) + the transfer, which occupies the link ``tier`` that bounds it
     ("intra": NVLink/PCIe; "inter": the GPU's share of the NICs); the simulator shares that part of a link
-    between collectives in flight at the same time.
+    between collectives in flight at the same time. ``sm_interference``: whether compute slows while it runs
+    (NCCL kernels occupy SMs; a collective staged through host memory does not).
     """
 
     op: str
@@ -127,6 +128,7 @@ class CollectiveCost:
     time_s: float
     latency_s: float = 0.0
     tier: str = "intra"
+    sm_interference: bool = True  # NCCL's kernels take SMs; gloo's host-staged work (simddp.gloo) does not
 
     @property
     def transfer_s(self) -> float:

@@ -236,6 +236,31 @@ class CollectiveFit(_Frozen):
         return self
 
 
+class GlooTransport(_Frozen):
+    """torch.distributed's gloo backend moving GPU tensors: each collective copies the tensor to pinned host
+    memory, runs gloo's ring over TCP on the CPU and copies the result back (``ProcessGroupGloo``'s CUDA
+    work: ``AsyncAllreduceCUDAWork``); no NVLink, no GPUDirect, no SMs. Per ring step a fixed cost, then the
+    bytes at one TCP stream's rate (capped by the group's share of the NICs across nodes)."""
+
+    latency_s: float = Field(
+        default=177e-6, ge=0,
+        description="Cost of one ring step (a TCP message and gloo's CPU work), s. Default fit: a 1 KiB "
+        "all-reduce of 2 processes on 2 hosts over TCP took 0.354 ms = 2 ring steps (pytorch/gloo#158); held "
+        "out: 151 us per step on loopback in docs/calibration.md's CPU acceptance fit.",
+    )
+    bandwidth_bytes_per_s: BytesPerS = Field(
+        default=1.07e9, gt=0,
+        description="Bytes/s one gloo ring reaches per rank (a TCP stream driven by one CPU thread). Default "
+        "fit: allreduce_ring_chunked of 20 MB between 2 hosts on 40 GbE, 1.07 GB/s (pytorch/gloo#248); held "
+        "out: 1.3 GB/s bus bandwidth on loopback in docs/calibration.md's CPU acceptance fit.",
+    )
+    host_copy_bandwidth_bytes_per_s: BytesPerS = Field(
+        default=25.6e9, gt=0,
+        description="GPU <-> pinned host memory copy rate, bytes/s (each direction); default PCIe Gen4 x16 at "
+        "0.8 of 32 GB/s, the factor SimAI's calbusbw.h uses for A100 PCIe.",
+    )
+
+
 class Cluster(_Frozen):
     """Nodes of identical GPUs joined by an intra-node fabric and an inter-node network."""
 
@@ -258,6 +283,24 @@ class Cluster(_Frozen):
     )
     collective_fits: list[CollectiveFit] = Field(
         default_factory=list, description="Measured collective fits (calibration); they replace the link model."
+    )
+    gloo: GlooTransport = Field(
+        default_factory=GlooTransport,
+        description="The gloo backend's transport for GPU tensors (ddp.backend: gloo): host staging, TCP ring.",
+    )
+    host_op_dispatch_s: float = Field(
+        default=8.3e-6, ge=0,
+        description="Host time to issue one operator in eager PyTorch while holding Python's GIL, s. Only "
+        "DataParallel pays it N times over (its replicas' threads take turns). Default: 8.3 us per "
+        "torch.nn.functional.linear call with autograd recording, measured with torch 2.13 on the 2-core "
+        "development machine, where two threads issuing ops ran 1.94x longer than one (serialised by the GIL).",
+    )
+    autograd_node_traversal_s: float = Field(
+        default=0.79e-6, ge=0,
+        description="Host time per autograd-graph node of DDP's search for unused parameters after each forward "
+        "(ddp.find_unused_parameters), s. Default fit: the forward of calibration/models/small_transformer.py:tiny "
+        "(116 nodes) under DDP with and without find_unused_parameters, 68-97 us apart (torch 2.13, CPU, this "
+        "repository's development machine; docs/ddp_knobs.md).",
     )
 
     @model_validator(mode="before")
@@ -363,6 +406,17 @@ class ModelConfig(_Frozen):
     layers: list[LayerSpec] | None = Field(
         default=None, description="Modules in forward order (parameter-list models); null = one per parameter."
     )
+    unused_parameters: list[int] | None = Field(
+        default=None,
+        description="Parameter-list models: indices of parameters the forward does not use (they get no gradient); "
+        "DDP needs find_unused_parameters or static_graph for them. null = every parameter is used.",
+    )
+    num_autograd_nodes: int | None = Field(
+        default=None,
+        gt=0,
+        description="Nodes of one forward's autograd graph (the calibration counts them); null = one per forward "
+        "kernel plus one AccumulateGrad per parameter.",
+    )
     compute_efficiency: float | None = Field(
         default=None,
         gt=0,
@@ -386,12 +440,18 @@ class ModelConfig(_Frozen):
     @model_validator(mode="after")
     def _check_indices(self) -> ModelConfig:
         if self.parameters is None:
-            if self.grad_ready_order is not None or self.layers is not None:
-                raise ValueError("grad_ready_order and layers need an explicit parameters list")
+            if self.grad_ready_order is not None or self.layers is not None or self.unused_parameters:
+                raise ValueError("grad_ready_order, layers and unused_parameters need an explicit parameters list")
             return self
         n = len(self.parameters)
         if n == 0:
             raise ValueError("parameters is empty")
+        if self.unused_parameters:
+            bad = sorted({i for i in self.unused_parameters if not 0 <= i < n})
+            if bad:
+                raise ValueError(f"unused_parameters {bad[:10]} are outside 0..{n - 1}")
+            if len(set(self.unused_parameters)) == n:
+                raise ValueError(f"unused_parameters lists all {n} parameters: backward would produce no gradient")
         if self.grad_ready_order is not None and sorted(self.grad_ready_order) != list(range(n)):
             raise ValueError(f"grad_ready_order must be a permutation of 0..{n - 1} ({n} parameters)")
         if self.layers is not None:
@@ -496,6 +556,13 @@ class Training(_Frozen):
         description="Measured optimizer step over all of a GPU's parameters, s (calibration); "
         "null = memory-bound estimate from optimizer bytes.",
     )
+    grad_clip_norm: float | None = Field(
+        default=None,
+        gt=0,
+        description="Clip gradients to this global norm before the optimizer (torch.nn.utils.clip_grad_norm_, "
+        "Megatron --clip-grad): a pass over the gradients for the norm, a scalar all-reduce over every group "
+        "that shards them (tp, pp, and dp under ZeRO), and a pass that scales them; null = no clipping.",
+    )
 
 
 #: ZeRO stages each data-parallel implementation provides (see :mod:`simddp.zero`).
@@ -570,6 +637,32 @@ class DDPConfig(_Frozen):
         description="DeepSpeed ZeRO-3 stage3_param_persistence_threshold: parameters with fewer elements are "
         "never partitioned; null = 1e5.",
     )
+    find_unused_parameters: bool = Field(
+        default=False,
+        description="torch DDP find_unused_parameters: after every forward that syncs, DDP walks the autograd graph "
+        "from the outputs (host time per node, cluster.autograd_node_traversal_s) and marks the parameters it did "
+        "not reach ready at the first gradient hook; after backward it all-reduces a map of used parameters; its "
+        "buckets are never rebuilt in gradient-ready order (they stay in reverse definition order).",
+    )
+    static_graph: bool = Field(
+        default=False,
+        description="torch DDP static_graph: the graph is recorded in the first iteration, so later steps skip "
+        "the unused-parameter search and its all-reduce, and buckets are rebuilt in ready order; unused parameters "
+        "are still handled.",
+    )
+    wrapper: Literal["ddp", "dataparallel"] = Field(
+        default="ddp",
+        description="torch's data-parallel module (implementation torch, zero_stage 0): ddp "
+        "(DistributedDataParallel: one process per GPU, overlapped bucketed all-reduce) or "
+        "dataparallel (torch.nn.DataParallel: one process drives every GPU of one node: inputs scattered and the "
+        "model replicated from GPU 0 every forward, outputs gathered to GPU 0, gradients reduced to GPU 0 after "
+        "backward, the optimizer on GPU 0, forward launches serialised by the GIL).",
+    )
+    backend: Literal["nccl", "gloo"] = Field(
+        default="nccl",
+        description="Process-group backend of the gradient all-reduce: nccl, or gloo, which stages GPU tensors "
+        "through host memory and runs its ring over TCP on the CPU (cluster.gloo).",
+    )
 
 
 class MemoryConfig(_Frozen):
@@ -601,6 +694,101 @@ class MemoryConfig(_Frozen):
     )
 
 
+class VariabilityConfig(_Frozen):
+    """Step-to-step and rank-to-rank variation of compute (``simddp tails``; :mod:`simddp.variability`).
+
+    Each rank's compute in a step is the simulated one times a lognormal jitter of mean 1 (drawn per rank and
+    step), times ``straggler_slowdown`` on ``num_stragglers`` ranks (the same ranks every step), times the cost
+    of the sequences it drew. The defaults describe the deterministic step of ``simddp simulate``.
+    """
+
+    jitter_cv: float = Field(
+        default=0.0, ge=0, le=2,
+        description="Coefficient of variation (std / mean) of a rank's compute time per step, lognormal with mean "
+        "1; `simddp calibrate fit` estimates it from a rank's measured step times.",
+    )
+    num_stragglers: int = Field(default=0, ge=0, description="Ranks that are persistently slower (a slow GPU).")
+    straggler_slowdown: float = Field(
+        default=1.0, ge=1, le=100, description="How much slower a straggler computes (1.5 = takes 1.5x as long)."
+    )
+    seq_len_distribution: Literal["fixed", "uniform", "lognormal"] = Field(
+        default="fixed",
+        description="Lengths of the documents the data loader yields: fixed (every sample is training.seq_len "
+        "tokens), uniform (1..seq_len), or lognormal (mean mean_seq_len, CV seq_len_cv), cut at seq_len.",
+    )
+    mean_seq_len: int | None = Field(
+        default=None, gt=0,
+        description="Mean document length of the lognormal distribution, tokens; null = seq_len / 4."
+    )
+    seq_len_cv: float = Field(default=1.0, gt=0, le=10, description="CV of the lognormal document lengths.")
+    sequence_handling: Literal["padding", "packing"] = Field(
+        default="padding",
+        description="padding: each micro-batch is padded to its longest document (the step costs max length); "
+        "packing: documents fill rows of seq_len tokens with a document mask (dense layers cost a full row, "
+        "attention the sum of squared document lengths).",
+    )
+    seed: int = Field(default=0, ge=0, description="Seed of the numpy Generator (the same seed, the same draws).")
+
+    @property
+    def active(self) -> bool:
+        """Whether any source of variation is switched on."""
+        return (self.jitter_cv > 0 or (self.num_stragglers > 0 and self.straggler_slowdown > 1)
+                or self.seq_len_distribution != "fixed")
+
+
+class RunConfig(_Frozen):
+    """The whole training run (``simddp run``; :mod:`simddp.run`): tokens, price, failures and checkpoints."""
+
+    tokens: float | None = Field(default=None, gt=0, description="Tokens to train on; null = pass --tokens.")
+    gpu_hour_cost_usd: float = Field(
+        default=12.29, ge=0,
+        description="Price of one GPU-hour, USD. Default: AWS p5.48xlarge (8x H100) on-demand list price $98.32/h "
+        "/ 8 (The Next Platform, 2023-07-27); reserved and smaller clouds charge a fraction of it.",
+    )
+    mtbf_hours: float = Field(
+        default=50_700, gt=0,
+        description="Mean time between failures that interrupt the job, per GPU (or per node, mtbf_scope), hours. "
+        "Default: Llama 3 405B pre-training, 419 unexpected interruptions in 54 days on 16,384 H100s "
+        "(Grattafiori et al. 2024, sec. 3.3.4): 54 x 24 x 16,384 / 419 GPU-hours.",
+    )
+    mtbf_scope: Literal["gpu", "node"] = Field(default="gpu", description="Whether mtbf_hours is per GPU or per node.")
+    checkpoint_saving: Literal["rank0", "sharded"] = Field(
+        default="rank0",
+        description="rank0: one process gathers and writes the whole training state (torch's DDP tutorial); "
+        "sharded: every rank writes its own part at once (torch.distributed.checkpoint, Megatron distributed).",
+    )
+    storage_write_bytes_per_s: BytesPerS = Field(
+        default=273e9, gt=0,
+        description="Aggregate write bandwidth of the checkpoint storage, bytes/s. Default: Megatron-LM's 1T "
+        "checkpoint saves on Selene, 273 GB/s (Narayanan et al., SC'21, sec. 5.10).",
+    )
+    node_write_bytes_per_s: BytesPerS = Field(
+        default=50e9, gt=0,
+        description="Write bandwidth of one node to storage, bytes/s (one writer reaches at most this). Default: "
+        "the DGX A100's two 200 Gb/s storage NICs.",
+    )
+    storage_read_bytes_per_s: BytesPerS = Field(
+        default=1e12, gt=0,
+        description="Aggregate read bandwidth when a restarted job loads the checkpoint, bytes/s. Default: the 1 TB/s "
+        "peak read of Megatron-LM's initial load on Selene (Narayanan et al., SC'21, sec. 5.10).",
+    )
+    restart_overhead_s: float = Field(
+        default=600.0, ge=0,
+        description="From a failure to the restarted job computing again, besides loading the checkpoint: noticing "
+        "it (a hung collective waits out torch's 10-minute NCCL timeout; a crash is seen at once), rescheduling, "
+        "process groups and NCCL set-up, s. Default 600 s: the NCCL timeout, an assumption to replace by your own.",
+    )
+    checkpoint_interval_s: float | None = Field(
+        default=None, gt=0,
+        description="Training time between checkpoints, s; null = the interval that maximises goodput (Daly 2006).",
+    )
+    achieved_tflops_per_gpu: float | None = Field(
+        default=None, gt=0,
+        description="Feed a measured throughput instead of simulating the step: model FLOP/s per GPU counting "
+        "recomputation (Narayanan et al., eq. 3), in TFLOP/s; null = the simulated step.",
+    )
+
+
 class Scenario(_Frozen):
     """One question: this model, on this cluster, with this layout and these options."""
 
@@ -615,6 +803,10 @@ class Scenario(_Frozen):
     training: Training = Field(default_factory=Training, description="Training step shape.")
     ddp: DDPConfig = Field(default_factory=DDPConfig, description="DDP options.")
     memory: MemoryConfig = Field(default_factory=MemoryConfig, description="Memory-model overheads.")
+    variability: VariabilityConfig = Field(
+        default_factory=VariabilityConfig, description="Jitter, stragglers and sequence lengths (simddp tails)."
+    )
+    run: RunConfig = Field(default_factory=RunConfig, description="The whole training run (simddp run).")
     calibration: str | None = Field(default=None, description="Path to a calibration profile (JSON).")
     _name_derived: bool = PrivateAttr(default=False)
 
@@ -702,6 +894,39 @@ class Scenario(_Frozen):
                     f"'megatron', zero_stage 1 and overlap true (got implementation {impl!r}, zero_stage({zero}), "
                     f"overlap({overlap}))"
                 )
+        return self
+
+    @model_validator(mode="after")
+    def _check_ddp_options(self) -> Scenario:
+        ddp, par, cluster = self.ddp, self.parallelism, self.cluster
+        if ddp.wrapper == "dataparallel":
+            if cluster.num_nodes != 1:
+                raise ValueError(f"ddp.wrapper dataparallel drives the GPUs of one node from one process "
+                                 f"(got cluster.num_nodes({cluster.num_nodes}))")
+            if par.tp != 1 or par.pp != 1 or par.zero_stage != 0:
+                raise ValueError(f"ddp.wrapper dataparallel replicates the whole model: it needs tp(1), "
+                                 f"pp(1) and zero_stage(0) (got tp({par.tp}), pp({par.pp}), "
+                                 f"zero_stage({par.zero_stage}))")
+        if (ddp.wrapper == "dataparallel" or ddp.backend == "gloo") and ddp.implementation != "torch":
+            knob = "ddp.wrapper dataparallel" if ddp.wrapper == "dataparallel" else "ddp.backend gloo"
+            raise ValueError(f"{knob} is torch's: it needs ddp.implementation 'torch' "
+                             f"(got {ddp.implementation!r})")
+        if ddp.backend == "gloo" and (par.tp != 1 or par.pp != 1 or par.zero_stage != 0):
+            raise ValueError(f"ddp.backend gloo is modelled for DDP's all-reduce only: it needs tp(1), pp(1) and "
+                             f"zero_stage(0) (got tp({par.tp}), pp({par.pp}), zero_stage({par.zero_stage}))")
+        unused = self.model.unused_parameters
+        if unused and not (ddp.find_unused_parameters or ddp.static_graph) and par.zero_stage == 0 \
+                and ddp.wrapper == "ddp" and ddp.implementation == "torch":
+            raise ValueError(f"model.unused_parameters lists {len(set(unused))} parameter(s) that get no gradient: "
+                             "torch DDP stops with 'Expected to have finished reduction in the prior iteration' "
+                             "unless ddp.find_unused_parameters or ddp.static_graph is true")
+        var = self.variability
+        if var.num_stragglers > cluster.num_gpus:
+            raise ValueError(f"variability.num_stragglers({var.num_stragglers}) exceeds the "
+                             f"{cluster.num_gpus} GPUs")
+        if var.mean_seq_len is not None and var.mean_seq_len > self.training.seq_len:
+            raise ValueError(f"variability.mean_seq_len({var.mean_seq_len}) exceeds "
+                             f"training.seq_len({self.training.seq_len})")
         return self
 
     @property

@@ -48,6 +48,7 @@ from simddp.profile import (
     ComputeMeasurements,
     FitReport,
     InterferenceFit,
+    JitterFit,
     layer_specs,
     parameter_specs,
 )
@@ -288,6 +289,34 @@ def _check_compute(compute: ComputeMeasurements, source: str) -> None:
         raise ScenarioError(f"{source}: optimizer_step median {compute.optimizer_step.median_s} s is negative")
 
 
+#: Fewest step times a jitter fit needs.
+MIN_JITTER_SAMPLES = 8
+
+
+def fit_jitter(compute: ComputeMeasurements) -> JitterFit | None:
+    """The lognormal jitter of a rank's step from each rank's own step times (``rank_step_times_s``).
+
+    Each time is divided by its rank's median (so a rank that is steadily slower is not jitter), the logs are
+    pooled, and their spread is taken robustly: sigma = IQR / 1.349 (a normal's IQR), which ignores the few
+    far-out steps a shared machine adds. The lognormal of mean 1 with that sigma has CV sqrt(e^(sigma^2) - 1).
+    None when the file has no per-rank times (an older collector) or too few.
+    """
+    logs = []
+    for times in compute.rank_step_times_s:
+        x = np.asarray([t for t in times if t > 0], dtype=float)
+        if len(x):
+            logs.append(np.log(x / np.median(x)))
+    pooled = np.concatenate(logs) if logs else np.array([])
+    if len(pooled) < MIN_JITTER_SAMPLES:
+        return None
+    q1, q3 = np.percentile(pooled, [25, 75])
+    sigma = float((q3 - q1) / 1.349)
+    cv = float(np.sqrt(np.expm1(sigma * sigma)))
+    return JitterFit(cv=cv, sigma_log=sigma, num_samples=len(pooled),
+                     note=f"{len(pooled)} step times of {len(logs)} rank(s), each over its rank's median; "
+                     "sigma of the logs from their IQR / 1.349")
+
+
 def fit_profile(comm: CommMeasurements, compute: ComputeMeasurements, sources: dict[str, str] | None = None,
                 allow_partial: bool = False, allow_mixed: bool = False) -> CalibrationProfile:
     """The calibration profile of a comm.json and a compute.json (see the module's "Consistency")."""
@@ -360,7 +389,12 @@ def fit_profile(comm: CommMeasurements, compute: ComputeMeasurements, sources: d
     intra, inter = _link_placeholders(used, run.num_nodes)
     ddp_overhead = compute.ddp_overhead.median_s if compute.ddp_overhead is not None else 0.0
     host_overhead = max(0.0, compute.host.median_s) + max(0.0, ddp_overhead)
+    search = compute.graph_search
+    cluster_extra: dict[str, object] = {}
+    if search is not None and compute.num_autograd_nodes and search.median_s > 0:
+        cluster_extra["autograd_node_traversal_s"] = search.median_s / compute.num_autograd_nodes
     cluster = {
+        **cluster_extra,
         "num_nodes": run.num_nodes,
         "gpus_per_node": run.ranks_per_node,
         "gpu": gpu,
@@ -377,6 +411,8 @@ def fit_profile(comm: CommMeasurements, compute: ComputeMeasurements, sources: d
         "grad_ready_order": list(compute.grad_ready_order),
         "layers": [la.model_dump(exclude_none=True) for la in layer_specs(compute.layers)],
     }
+    if compute.num_autograd_nodes is not None:
+        model["num_autograd_nodes"] = compute.num_autograd_nodes
     training = {
         "precision": precision,
         "optimizer": _optimizer_name(compute.optimizer),
@@ -395,6 +431,9 @@ def fit_profile(comm: CommMeasurements, compute: ComputeMeasurements, sources: d
         f"{ddp_overhead * 1e3:.3f} ms",
         f"interference: {interference.note}",
     ]
+    if search is not None and cluster_extra:
+        notes.append(f"autograd_node_traversal_s = DDP's unused-parameter search {search.median_s * 1e6:.1f} us "
+                     f"/ {compute.num_autograd_nodes} graph nodes")
     if not interference.overlap:
         notes.append("overlap off: compute loses most of each collective's time beside it, so the profile sets "
                      "ddp.overlap false (compute and communication take turns)")
@@ -427,6 +466,7 @@ def _profile(comm: CommMeasurements, compute: ComputeMeasurements, sources: dict
         model=model,
         training=training,
         ddp={} if interference.overlap else {"overlap": False},
+        jitter=fit_jitter(compute),
         notes=notes,
     )
 
@@ -438,6 +478,7 @@ __all__ = [
     "Segment",
     "fit_collectives",
     "fit_interference",
+    "fit_jitter",
     "fit_piecewise",
     "fit_profile",
     "interference_settings",

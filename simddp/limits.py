@@ -24,6 +24,11 @@ MAX_PARAMETERS = 2**18
 MAX_LAYER_PASSES = 2**17
 #: Largest message ``simddp collective --bytes`` takes: 1 EiB, far beyond any real collective.
 MAX_MESSAGE_BYTES = 2**60
+#: Most Monte Carlo steps of `simddp tails`.
+MAX_TAIL_STEPS = 100_000
+#: Most random draws of one array of `simddp tails` (steps x ranks, or steps x replicas x samples): 64 MiB of
+#: float64 each.
+MAX_TAIL_DRAWS = 2**23
 
 
 def num_model_layers(scenario: Scenario) -> int:
@@ -79,13 +84,31 @@ def check_simulation_size(scenario: Scenario) -> None:
             )
 
 
+def check_tails_size(scenario: Scenario, num_steps: int) -> None:
+    """Refuse a Monte Carlo whose arrays would not fit in memory."""
+    if not 1 <= num_steps <= MAX_TAIL_STEPS:
+        raise ScenarioError(f"steps({num_steps:,}) must be 1..{MAX_TAIL_STEPS:,} (simddp.limits.MAX_TAIL_STEPS)")
+    ranks = scenario.cluster.num_gpus
+    samples = scenario.dp * scenario.num_micro_batches * scenario.training.micro_batch_size
+    draws = num_steps * max(ranks, samples)
+    if draws > MAX_TAIL_DRAWS:
+        raise ScenarioError(
+            f"steps({num_steps:,}) x {max(ranks, samples):,} {'ranks' if ranks >= samples else 'samples per step'} "
+            f"= {draws:,} draws is over the limit of {MAX_TAIL_DRAWS:,} (simddp.limits.MAX_TAIL_DRAWS); use "
+            "fewer steps"
+        )
+
+
 __all__ = [
     "MAX_GPUS",
     "MAX_LAYERS",
     "MAX_LAYER_PASSES",
     "MAX_MESSAGE_BYTES",
     "MAX_PARAMETERS",
+    "MAX_TAIL_DRAWS",
+    "MAX_TAIL_STEPS",
     "check_scenario_size",
     "check_simulation_size",
+    "check_tails_size",
     "num_model_layers",
 ]

@@ -235,6 +235,18 @@ class ComputeMeasurements(_MeasurementFile):
         "hooks with no communication.",
     )
     peak: PeakRates | None = Field(default=None, description="Measured device rates.")
+    rank_step_times_s: list[list[float]] = Field(
+        default_factory=list,
+        description="Each rank's own whole-step time per clean iteration, by rank (the jitter fit's data).",
+    )
+    num_autograd_nodes: int | None = Field(
+        default=None, gt=0, description="Nodes of one forward's autograd graph (what DDP's unused search visits)."
+    )
+    graph_search: TimingStats | None = Field(
+        default=None,
+        description="A DDP forward with find_unused_parameters minus one without (one-rank group, paired, each "
+        "rank's own, averaged over ranks): DDP's search of the autograd graph, s.",
+    )
 
 
 class DDPCase(_Frozen):
@@ -246,6 +258,17 @@ class DDPCase(_Frozen):
     stats: TimingStats = Field(description="Slowest rank's step time per measured step.")
 
 
+class DDPKnobCase(_Frozen):
+    """Real DDP steps with one setting of torch's unused-parameter options (``--knobs``)."""
+
+    find_unused_parameters: bool = Field(description="DDP's find_unused_parameters.")
+    static_graph: bool = Field(description="DDP's static_graph.")
+    bucket_cap_mb: float | None = Field(description="bucket_cap_mb of these steps (null = torch's default).")
+    stats: TimingStats = Field(description="Slowest rank's step time per measured step, in the order measured "
+                               "(steps of every setting are interleaved round by round, so index k of two settings "
+                               "were measured close together).")
+
+
 class DDPMeasurements(_MeasurementFile):
     """``ddp.json``: real DDP steps from ``torchrun -m simddp_calibration.ddp_step`` (validation only)."""
 
@@ -254,6 +277,8 @@ class DDPMeasurements(_MeasurementFile):
     optimizer: Literal["sgd", "adam", "adamw"] = Field(description="Optimizer stepped.")
     micro_batch_size: int = Field(gt=0, description="Samples per forward per rank.")
     cases: list[DDPCase] = Field(description="One entry per bucket cap.")
+    knob_cases: list[DDPKnobCase] = Field(default_factory=list, description="Steps per unused-parameter setting.")
+    num_autograd_nodes: int | None = Field(default=None, gt=0, description="Nodes of one forward's autograd graph.")
 
 
 # --------------------------------------------------------------------------------------- profile
@@ -287,6 +312,15 @@ class InterferenceFit(_Frozen):
     note: str = Field(default="", description="How it was derived, and any clipping.")
 
 
+class JitterFit(_Frozen):
+    """The lognormal jitter of one rank's step, fitted from each rank's own step times."""
+
+    cv: float = Field(ge=0, description="variability.jitter_cv: coefficient of variation of a rank's step.")
+    sigma_log: float = Field(ge=0, description="Robust standard deviation of log(step / the rank's median).")
+    num_samples: int = Field(ge=0, description="Step times pooled over ranks.")
+    note: str = Field(default="", description="How it was derived.")
+
+
 class CalibrationProfile(_Frozen):
     """``profile.json``: everything a scenario needs from a calibration, and how good the fits are.
 
@@ -309,6 +343,7 @@ class CalibrationProfile(_Frozen):
     model: dict[str, Any] = Field(description="Scenario `model` keys: parameters, grad_ready_order, layers.")
     training: dict[str, Any] = Field(description="Scenario `training` keys.")
     ddp: dict[str, Any] = Field(default_factory=dict, description="Scenario `ddp` keys (overlap, if measured off).")
+    jitter: JitterFit | None = Field(default=None, description="Step-time jitter of one rank (simddp tails).")
     notes: list[str] = Field(default_factory=list, description="What is measured and what is assumed.")
 
     @model_validator(mode="before")
@@ -332,6 +367,7 @@ class CalibrationProfile(_Frozen):
             "model": json.loads(json.dumps(self.model)),
             "training": dict(self.training),
             **({"ddp": dict(self.ddp)} if self.ddp else {}),
+            **({"variability": {"jitter_cv": self.jitter.cv}} if self.jitter is not None else {}),
         }
 
 
@@ -485,8 +521,14 @@ def merge_measurements(items: Sequence[_Measurements]) -> _Measurements:
         pooled = {key: _pool([getattr(m, key) for m in comp_items])
                   for key in ("forward", "backward", "optimizer_step", "host", "step")}
         overheads = [m.ddp_overhead for m in comp_items if m.ddp_overhead is not None]
+        ranks = max((len(m.rank_step_times_s) for m in comp_items), default=0)
+        rank_steps = [[t for m in comp_items if r < len(m.rank_step_times_s) for t in m.rank_step_times_s[r]]
+                      for r in range(ranks)]
+        searches = [m.graph_search for m in comp_items if m.graph_search is not None]
         return first.model_copy(update={**common, **pooled, "layers": layers,  # type: ignore[return-value]
-                                        "ddp_overhead": _pool(overheads) if overheads else None})
+                                        "ddp_overhead": _pool(overheads) if overheads else None,
+                                        "rank_step_times_s": rank_steps,
+                                        "graph_search": _pool(searches) if searches else None})
     ddp_items = [m for m in items if isinstance(m, DDPMeasurements)]
     by_cap: dict[float | None, list[DDPCase]] = {}
     for m in ddp_items:
@@ -496,7 +538,12 @@ def merge_measurements(items: Sequence[_Measurements]) -> _Measurements:
             by_cap.setdefault(c.bucket_cap_mb, []).append(c)
     ddp_cases = [max(cs, key=lambda c: c.num_buckets).model_copy(update={"stats": _pool([c.stats for c in cs])})
                  for cs in by_cap.values()]
-    return first.model_copy(update={**common, "cases": ddp_cases})  # type: ignore[return-value]
+    by_knob: dict[tuple[bool, bool, float | None], list[DDPKnobCase]] = {}
+    for m in ddp_items:
+        for k in m.knob_cases:
+            by_knob.setdefault((k.find_unused_parameters, k.static_graph, k.bucket_cap_mb), []).append(k)
+    knobs = [ks[0].model_copy(update={"stats": _pool([k.stats for k in ks])}) for ks in by_knob.values()]
+    return first.model_copy(update={**common, "cases": ddp_cases, "knob_cases": knobs})  # type: ignore[return-value]
 
 
 def read_measurements(path: str | Path) -> CommMeasurements | ComputeMeasurements | DDPMeasurements:
@@ -532,10 +579,12 @@ __all__ = [
     "CommMeasurements",
     "ComputeMeasurements",
     "DDPCase",
+    "DDPKnobCase",
     "DDPMeasurements",
     "FitReport",
     "InterferenceCase",
     "InterferenceFit",
+    "JitterFit",
     "MeasuredLayer",
     "MeasuredParameter",
     "PeakRates",

@@ -74,6 +74,21 @@ class ValidationCase(_Result):
         return (self.prediction.step_time_s - self.measured_s) / self.measured_s
 
 
+class KnobCheck(_Result):
+    """A DDP option's cost: the simulator's against the measured paired differences (``--knobs``)."""
+
+    setting: str = Field(description="What changed against plain DDP.")
+    predicted_s: float = Field(description="Simulated step with it minus without, s.")
+    measured_median_s: float = Field(description="Median of the measured paired differences, s.")
+    measured_p25_s: float = Field(description="Their 25th percentile, s.")
+    measured_p75_s: float = Field(description="Their 75th percentile, s.")
+    num_pairs: int = Field(description="Paired differences measured.")
+
+    @property
+    def within_iqr(self) -> bool:
+        return self.measured_p25_s <= self.predicted_s <= self.measured_p75_s
+
+
 class ValidationReport(_Result):
     """Predicted vs measured DDP steps, per bucket cap, and the mean absolute percentage error."""
 
@@ -88,6 +103,7 @@ class ValidationReport(_Result):
         description="The measurements are not of the profile's setup (model, micro-batch, world size, optimizer): "
         "the MAPE compares different things.",
     )
+    knobs: list[KnobCheck] = Field(default_factory=list, description="find_unused_parameters / static_graph costs.")
     notes: list[str] = Field(default_factory=list)
 
     @property
@@ -132,6 +148,13 @@ class ValidationReport(_Result):
                 f"{f'({p.low_s * 1e3:.1f}..{p.high_s * 1e3:.1f})':>17} {c.error:>+8.1%}"
             )
         lines += ["", f"MAPE {self.mape:.1%} over {len(self.cases)} bucket caps"]
+        if self.knobs:
+            lines += ["", f"{'DDP option (against plain DDP)':<46}{'predicted':>12}{'measured median':>17}"
+                      f"{'(p25..p75)':>20}  pairs"]
+            for k in self.knobs:
+                iqr = f"({k.measured_p25_s * 1e3:.2f}..{k.measured_p75_s * 1e3:.2f})"
+                lines.append(f"{k.setting:<46}{k.predicted_s * 1e3:>9.3f} ms{k.measured_median_s * 1e3:>14.3f} ms"
+                             f"{iqr:>20}  {k.num_pairs}")
         lines += [f"note: {n}" for n in self.notes]
         return "\n".join(lines)
 
@@ -298,7 +321,52 @@ def validate(profile_path: str | Path | CalibrationProfile, ddp: DDPMeasurements
         ))
     name = "profile" if isinstance(profile_path, CalibrationProfile) else str(profile_path)
     return ValidationReport(profile=name, measurements=str(ddp_path), model=ddp.model,
-                            world_size=ddp.run.world_size, z=z, cases=cases, warnings=warnings, notes=notes)
+                            world_size=ddp.run.world_size, z=z, cases=cases, warnings=warnings,
+                            knobs=knob_checks(prof, ddp), notes=notes)
+
+
+def _paired(base: Sequence[float], other: Sequence[float]) -> list[float]:
+    return [b - a for a, b in zip(base, other, strict=False)]
+
+
+def knob_checks(prof: CalibrationProfile, ddp: DDPMeasurements) -> list[KnobCheck]:
+    """Simulated costs of find_unused_parameters / static_graph against the paired measured differences."""
+    import numpy as np
+
+    from simddp.sim import simulate_step
+
+    plain = next((k for k in ddp.knob_cases if not k.find_unused_parameters and not k.static_graph), None)
+    if plain is None:
+        return []
+    n, per_node = ddp.run.world_size, ddp.run.ranks_per_node
+    base_keys: dict[str, Any] = {
+        "cluster": {"num_nodes": n // per_node, "gpus_per_node": per_node},
+        "parallelism": {"dp": n},
+        "ddp": {"bucket_cap_mb": plain.bucket_cap_mb},
+    }
+    if ddp.num_autograd_nodes is not None:
+        base_keys["model"] = {"num_autograd_nodes": ddp.num_autograd_nodes}
+
+    def scenario(options: dict[str, Any]) -> Scenario:
+        data = deep_merge(deep_merge(_scaled_profile_keys(prof, 0, 0.0), base_keys), {"ddp": options})
+        data.pop("calibration", None)
+        return scenario_from_dict(data)
+
+    def check(setting: str, predicted: float, diffs: Sequence[float]) -> KnobCheck:
+        p25, med, p75 = (float(v) for v in np.percentile(diffs, [25, 50, 75]))
+        return KnobCheck(setting=setting, predicted_s=predicted, measured_median_s=med, measured_p25_s=p25,
+                         measured_p75_s=p75, num_pairs=len(diffs))
+
+    base_step = simulate_step(scenario({}), trace=False).step_time_s
+    out = []
+    for case in ddp.knob_cases:
+        if case is plain:
+            continue
+        options = {"find_unused_parameters": case.find_unused_parameters, "static_graph": case.static_graph}
+        label = " + ".join(k for k, v in options.items() if v)
+        predicted = simulate_step(scenario(options), trace=False).step_time_s - base_step
+        out.append(check(label, predicted, _paired(plain.stats.times_s, case.stats.times_s)))
+    return out
 
 
 def write_html(report: ValidationReport, path: str | Path, extrapolation: Sequence[Prediction] = (),

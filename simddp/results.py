@@ -77,7 +77,7 @@ class StepPart(_Result):
     """One named part of the step on the reported GPU; the parts add up to the step time."""
 
     key: str = Field(description="compute, recompute, interference, tp_comm, dp_comm, pipeline_bubble, "
-                     "stage_imbalance, optimizer or host.")
+                     "stage_imbalance, ddp_host, grad_clip, optimizer or host.")
     label: str = Field(description="Human name.")
     time_s: float = Field(ge=0, description="Seconds of the step.")
     description: str = Field(description="What the part counts.")
@@ -92,6 +92,9 @@ BREAKDOWN_PARTS: dict[str, tuple[str, str]] = {
                 "parameter gathers or the embedding sync"),
     "pipeline_bubble": ("pipeline bubble", "waiting for other stages: (p-1)/v of a balanced stage's work"),
     "stage_imbalance": ("stage imbalance", "waiting beyond the bubble because stages do unequal work"),
+    "ddp_host": ("framework host time", "GPU idle while the host works: DDP's search for unused parameters "
+                 "(find_unused_parameters), DataParallel's forward launches serialised by the GIL"),
+    "grad_clip": ("gradient clipping", "the gradient norm's pass, its all-reduces and the scaling pass"),
     "optimizer": ("optimizer", "the optimizer step"),
     "host": ("host", "cluster.host_overhead_s per step"),
 }

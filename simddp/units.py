@@ -23,6 +23,9 @@ TB = 1000**4
 
 US = 1e-6
 MS = 1e-3
+MINUTE = 60.0
+HOUR = 3600.0
+DAY = 86400.0
 
 TFLOP = 1e12
 PFLOP = 1e15
@@ -66,6 +69,17 @@ def fmt_time(seconds: float) -> str:
     if seconds < 1.0:
         return f"{seconds / MS:.2f} ms"
     return f"{seconds:.3f} s"
+
+
+def fmt_duration(seconds: float) -> str:
+    """A duration: fmt_time below a minute, then minutes, hours or days."""
+    if seconds < 60:
+        return fmt_time(seconds)
+    if seconds < 2 * 3600:
+        return f"{seconds / 60:.1f} min"
+    if seconds < 2 * 86400:
+        return f"{seconds / 3600:.2f} h"
+    return f"{seconds / 86400:.2f} days"
 
 
 def fmt_bytes(num_bytes: float) -> str:

@@ -232,11 +232,13 @@ def test_bad_units_name_the_field(override: str, message: str) -> None:
     ("override", "message"),
     [
         ("ddp.bucket_cap_mbs=3", "ddp.bucket_cap_mbs: unknown key; did you mean 'bucket_cap_mb'? (valid here: "
-         "bucket_cap_mb, gradient_as_bucket_view, overlap, algorithm, overlap_param_gather, reduce_in_fp32)"),
+         "implementation, bucket_cap_mb, gradient_as_bucket_view, overlap, algorithm, overlap_param_gather, "
+         "reduce_in_fp32, stage3_prefetch_numel, stage3_max_reuse_distance_numel, "
+         "stage3_persistence_threshold_numel, find_unused_parameters, static_graph, wrapper, backend)"),
         ("cluster.inter_node.bandwidth=3", "did you mean 'nic_bandwidth_bytes_per_s'?"),
         ("parallelsm.tp=2", "parallelsm: unknown key; did you mean 'parallelism'? (valid here: name, cluster, model"),
         ("cluster.gpu.hbm=3", "cluster.gpu.hbm: unknown key; did you mean 'hbm_bytes'?"),
-        ("ddp.zzz=1", "ddp.zzz: unknown key (valid here: bucket_cap_mb,"),
+        ("ddp.zzz=1", "ddp.zzz: unknown key (valid here: implementation, bucket_cap_mb,"),
     ],
 )
 def test_unknown_key_suggests_the_closest_and_lists_valid_keys(override: str, message: str) -> None:

@@ -162,7 +162,7 @@ def test_simulation_caps_on_pipeline_and_zero3_passes() -> None:
         simddp.simulate(pipe)
     zero3 = scenario_from_dict(base_scenario(parallelism={"zero_stage": 3},
                                              training={"micro_batch_size": 1, "global_batch_size": 16 * 10**6}))
-    with pytest.raises(ScenarioError, match=r"ZeRO-3 would simulate .* layer passes"):
+    with pytest.raises(ScenarioError, match=r"FSDP FULL_SHARD would simulate .* layer passes"):
         simddp.simulate(zero3)
     simddp.memory_breakdown(zero3)  # memory needs no simulation: still answered
     ok = scenario_from_dict(base_scenario(parallelism={"pp": 2}, training={"micro_batch_size": 1,

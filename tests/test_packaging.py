@@ -51,3 +51,12 @@ def test_the_wheel_installs_only_simddp_names(tmp_path: Path) -> None:
                    "simddp_calibration/launch.py", "simddp_calibration/models/small_transformer.py",
                    "simddp/default_scenario.yaml"):
         assert needed in names, needed
+
+
+def test_calibration_extra_accepts_the_users_torch_and_dev_pins_the_cpu_build() -> None:
+    """`pip install simddp[calibration]` must not replace a cluster's CUDA torch; tests keep the pinned CPU build."""
+    import tomllib
+
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    assert extras["calibration"] == ["torch>=2.1"]
+    assert "torch==2.13.0" in extras["dev"]

@@ -178,6 +178,18 @@ def aws_p4d() -> dict[str, Any]:
     )
 
 
+def tcp_ethernet_25g() -> dict[str, Any]:
+    # A plain cluster: the PCIe A100 server above with one 25 GbE NIC and no RDMA, so NCCL falls back to its
+    # socket transport (NET/Socket) and gloo runs its TCP ring. NCCL over TCP does not reliably reach more than
+    # 60% of wire speed on 32 Gbps networks (NVIDIA/nccl#209): efficiency 0.6, a maintainer-thread figure, not
+    # fitted here. NCCL's tuner keeps its NET latency (14 us) for sockets.
+    return _node(
+        a100_gpu("A100-PCIe-80GB", 81920, 1935, power_scale=252.9 / 271.2),
+        _link("pcie", NCCL_HWLAT_PCI_S, 32, 0.63),
+        _network("ethernet", 1, 25, 0.6),
+    )
+
+
 CLUSTER_PRESETS: dict[str, Preset] = {
     p.name: p
     for p in (
@@ -189,6 +201,9 @@ CLUSTER_PRESETS: dict[str, Preset] = {
                "H200 datasheet; nccl-tests (Azure ND H200 v5)", dgx_h200_141gb),
         Preset("pcie-a100-80gb", "PCIe-only server: 8x A100-PCIe-80GB, no NVLink, 2x 100GbE RoCE",
                "A100 PCIe datasheet; nccl-tests (NVIDIA/nccl-tests#178)", pcie_a100_80gb),
+        Preset("tcp-ethernet-25g", "Plain TCP cluster: 8x A100-PCIe-80GB per node, 1x 25 GbE, no RDMA (NCCL "
+               "sockets, gloo)", "A100 PCIe datasheet; NCCL over TCP at <= 60% of wire speed (NVIDIA/nccl#209)",
+               tcp_ethernet_25g),
         Preset("aws-p4d-24xlarge", "AWS p4d.24xlarge: 8x A100-SXM4-40GB, NVSwitch, 4x 100G EFA (Ethernet)",
                "AWS instance page; nccl-tests (NVIDIA/nccl#527)", aws_p4d),
     )

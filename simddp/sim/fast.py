@@ -60,13 +60,16 @@ def supported(plan: StepPlan) -> bool:
     """Whether the fast engine follows this plan's dynamics exactly."""
     scenario = plan.scenario
     par, ddp = scenario.parallelism, scenario.ddp
+    if any(r.traversal_s or r.unused_per_bucket or r.unused_map_reduce or r.clip_reduces or r.clip_norm_s
+           for r in plan.ranks) or ddp.backend != "nccl":
+        return False  # DDP knobs (simddp.knobs): the simpy engine alone times them
     if plan.mode == "dp":
         no_tp = all(not (p.fwd_pre or p.fwd_post or p.bwd_pre or p.dgrad_post or p.wgrad_pre)
                     for r in plan.ranks for p in r.plans)
         return no_tp and not any(b.gather for r in plan.ranks for b in r.buckets)
     if plan.mode == "pipeline":
         reduces = any(r.buckets for r in plan.ranks) and scenario.dp > 1
-        return not par.pp_p2p_overlap and not (ddp.overlap and reduces)
+        return not par.pp_p2p_overlap and not (plan.rule.overlap and reduces)
     return False
 
 
@@ -142,7 +145,7 @@ def _run_dp(plan: StepPlan) -> list[Outcome]:
         t = fwd + bwd
         out.add("compute", fwd + bwd - p.bwd_recompute_s[0] * silent)
         out.add("recompute", p.bwd_recompute_s[0] * silent)
-    overlap = plan.scenario.ddp.overlap
+    overlap = plan.rule.overlap
     stream = _Reductions(out, rounds, None)
     remaining = {(rnd, b.index): b.num_params for rnd in range(rounds) for b in p.buckets}
     layers = range(len(p.plans))

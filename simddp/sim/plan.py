@@ -11,9 +11,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from simddp.bucketing import BucketSpec, ParamLike
-from simddp.collectives import CollectiveCost, collective_cost
-from simddp.compute import LayerTiming, layer_timing, optimizer_step_s
+from simddp.bucketing import BucketSpec, ParamLike, ddp_initial_buckets
+from simddp.collectives import CollectiveCost, Op, collective_cost
+from simddp.compute import LayerTiming, layer_timing, memory_s, optimizer_step_s
 from simddp.config import Scenario
 from simddp.sim.layers import LayerPlan, pass_alone
 from simddp.sim.pipeline import PipeOp, schedule
@@ -43,8 +43,20 @@ def rank_gradients(scenario: Scenario, workload: Workload, index: int = 0,
     local = {g: k for k, g in enumerate(global_ids)}
     params = [grad_reduce_spec(workload.parameters[g], rule.reduce_in_fp32) for g in global_ids]
     ready_order = [local[g] for g in workload.grad_ready_order if g in local]
-    buckets = gradient_buckets(rule, params, ready_order, layers, global_ids) if params else []
+    if params and searches_unused(scenario):  # torch never rebuilds these buckets (bucketing.ddp_initial_buckets)
+        buckets = [BucketSpec(b.index, b.param_indices, b.size_bytes, b.dtype, b.cap_bytes)
+                   for b in ddp_initial_buckets(params, scenario.ddp.bucket_cap_mb)]
+    else:
+        buckets = gradient_buckets(rule, params, ready_order, layers, global_ids) if params else []
     return RankGradients(global_ids, params, ready_order, buckets)
+
+
+def searches_unused(scenario: Scenario) -> bool:
+    """torch DDP searches the graph for unused parameters every step: find_unused_parameters without
+    static_graph (DDP proper: ZeRO stage 0, no pipeline)."""
+    ddp, par = scenario.ddp, scenario.parallelism
+    return (ddp.find_unused_parameters and not ddp.static_graph and ddp.wrapper == "ddp"
+            and ddp.implementation == "torch" and par.zero_stage == 0 and par.pp == 1)
 
 
 @dataclass(frozen=True)
@@ -107,6 +119,18 @@ class RankPlan:
     fwd_work_s: dict[int, float] = field(default_factory=dict)  # kernels only
     bwd_work_s: dict[int, float] = field(default_factory=dict)
     bwd_recompute_s: dict[int, float] = field(default_factory=dict)
+    # DDP's unused-parameter handling (torch reducer.cpp): host time of the graph search after each forward
+    # whose backward reduces (before that backward starts); parameters without a gradient, per bucket, marked
+    # ready at the first gradient hook of that backward (they are left out of bucket_of_layer); the all-reduce
+    # of the used-parameter map, queued on the DP stream after the last bucket.
+    traversal_s: float = 0.0
+    unused_per_bucket: dict[int, int] = field(default_factory=dict)
+    unused_map_reduce: CollectiveCost | None = None
+    # Gradient clipping before the optimizer (after the embedding sync): the norm's pass over the gradients,
+    # its scalar all-reduces (tp, pp, then dp under ZeRO) one after another, and the scaling pass.
+    clip_norm_s: float = 0.0
+    clip_reduces: tuple[CollectiveCost, ...] = ()
+    clip_scale_s: float = 0.0
 
     @functools.cached_property
     def kernel_s(self) -> float:
@@ -206,13 +230,14 @@ def build_plan(scenario: Scenario, workload: Workload | None = None) -> StepPlan
     # ZeRO-2 (DeepSpeed) keeps only its gradient shard, so it reduces every micro-batch; DDP, ZeRO-1 and
     # Megatron accumulate locally (no_sync) and communicate on the last micro-batch only.
     rounds = m if (rule.every_micro_batch and mode == "dp") else 1
+    unused = set(scenario.model.unused_parameters or ())
     ranks = []
     for r in range(par.pp):
         layers = workload.rank_layers(r, par.pp)
         grads = rank_gradients(scenario, workload, r, rule)
         local = {g: k for k, g in enumerate(grads.global_ids)}
         bucket_of_param = {p: b.index for b in grads.buckets for p in b.param_indices}
-        bucket_of_layer = [[bucket_of_param[local[g]] for g in la.param_indices] for la in layers]
+        bucket_of_layer = [[bucket_of_param[local[g]] for g in la.param_indices if g not in unused] for la in layers]
         working = [workload.parameters[g] for g in grads.global_ids]
         buckets = []
         for b in grads.buckets:
@@ -221,7 +246,7 @@ def build_plan(scenario: Scenario, workload: Workload | None = None) -> StepPlan
                 gather = collective_cost("all-gather", sum(working[i].numel * dtype_bytes(working[i].dtype)
                                                            for i in b.param_indices), dp)
             buckets.append(BucketPlan(b.index, b.size_bytes, len(b.param_indices),
-                                      collective_cost(op, b.size_bytes, dp, algorithm), gather))
+                                      dp_collective(scenario, op, b.size_bytes, dp, algorithm), gather))
         stage_workload = replace(workload, parameters=tuple(grads.params))
         opt_s = optimizer_step_s(stage_workload, cluster.gpu, tr, shard=shard) if grads.params else 0.0
         gather_after = None
@@ -229,6 +254,7 @@ def build_plan(scenario: Scenario, workload: Workload | None = None) -> StepPlan
             gather_after = _param_sync(rule, working, dp)
         rank = RankPlan(r, layers, layer_plans(scenario, layers), grads, bucket_of_layer, buckets, rounds,
                         opt_s, gather_after, _embedding_sync(scenario, workload, r, rule), overlap=rule.overlap)
+        _ddp_options(scenario, rank, unused, dp)
         for vs in sorted({la.stage for la in layers}):
             idx = [i for i, la in enumerate(layers) if la.stage == vs]
             stage_plans = [rank.plans[i] for i in idx]
@@ -254,6 +280,57 @@ def build_plan(scenario: Scenario, workload: Workload | None = None) -> StepPlan
             gather = collective_cost("all-gather", workload.boundary_gather_bytes, tp_group(scenario))
     return StepPlan(scenario, workload, ranks, m, mode, ops, p2p, gather, par.tp_comm_overlap,
                     cluster.comm_compute_interference, rule)
+
+
+def dp_collective(scenario: Scenario, op: Op, size_bytes: int, group: CommGroup,
+                  algorithm: str = "auto") -> CollectiveCost:
+    """A collective of the data-parallel process group on its backend (NCCL, or gloo staged through the host)."""
+    if scenario.ddp.backend == "gloo":
+        from simddp.gloo import gloo_cost
+
+        return gloo_cost(op, size_bytes, group, scenario.cluster.gloo)
+    return collective_cost(op, size_bytes, group, algorithm)  # type: ignore[arg-type]
+
+
+def autograd_nodes(scenario: Scenario, rank: RankPlan) -> int:
+    """Nodes of the rank's forward graph: the calibrated count, else one per forward kernel and one
+    AccumulateGrad per parameter (what DDP's search visits)."""
+    counted = scenario.model.num_autograd_nodes
+    if counted is not None:
+        return counted
+    return sum(len(la.fwd) for la in rank.layers) + len(rank.grads.global_ids)
+
+
+def _ddp_options(scenario: Scenario, rank: RankPlan, unused: set[int], dp: CommGroup) -> None:
+    """Fill the plan data of find_unused_parameters / static_graph, unused parameters and gradient clipping."""
+    local = {g: k for k, g in enumerate(rank.grads.global_ids)}
+    for b in rank.grads.buckets:
+        count = sum(1 for i in b.param_indices if rank.grads.global_ids[i] in unused)
+        if count:
+            rank.unused_per_bucket[b.index] = count
+    if searches_unused(scenario) and rank.grads.params:
+        rank.traversal_s = autograd_nodes(scenario, rank) * scenario.cluster.autograd_node_traversal_s
+        # Reducer::all_reduce_local_used_map: one int32 per parameter tensor.
+        rank.unused_map_reduce = dp_collective(scenario, "all-reduce", 4 * len(local), dp)
+    clip = scenario.training.grad_clip_norm
+    if clip is None or not rank.grads.params:
+        return
+    par, gpu = scenario.parallelism, scenario.cluster.gpu
+    grad_bytes = sum(p.numel * dtype_bytes(p.dtype) for p in rank.grads.params)
+    if par.zero_stage >= 1:  # each rank holds (and norms) its shard of the reduced gradients
+        grad_bytes = -(-grad_bytes // scenario.dp)
+    rank.clip_norm_s = memory_s(grad_bytes, gpu)  # torch._foreach_norm reads every gradient
+    rank.clip_scale_s = memory_s(2 * grad_bytes, gpu)  # torch._foreach_mul_ reads and writes them
+    reduces = []
+    norm_bytes = 4  # one fp32 partial sum of squares
+    if par.tp > 1:
+        reduces.append(collective_cost("all-reduce", norm_bytes, tp_group(scenario)))
+    if par.pp > 1:
+        reduces.append(collective_cost("all-reduce", norm_bytes,
+                                       group(scenario.cluster, par.pp, stride=par.tp * scenario.dp)))
+    if par.zero_stage >= 1 and scenario.dp > 1:
+        reduces.append(dp_collective(scenario, "all-reduce", norm_bytes, dp))
+    rank.clip_reduces = tuple(reduces)
 
 
 def _param_sync(rule: ZeroRule, working: Sequence[ParamLike], dp: CommGroup) -> CollectiveCost | None:

@@ -147,10 +147,11 @@ class Gpu:
         return times
 
     def _run(self, cost: CollectiveCost) -> simpy.events.ProcessGenerator:
-        self.comm_in_flight += 1
+        slows = 1 if cost.sm_interference else 0  # NCCL kernels take SMs; host-staged gloo does not
+        self.comm_in_flight += slows
         self.compute.rerate()
         if cost.latency_s > 0:
             yield self.env.timeout(cost.latency_s)
         yield self.links[cost.tier].submit(cost.transfer_s)
-        self.comm_in_flight -= 1
+        self.comm_in_flight -= slows
         self.compute.rerate()

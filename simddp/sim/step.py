@@ -67,6 +67,14 @@ def not_modelled(scenario: Scenario) -> list[str]:
         notes.append(f"tp={par.tp}: tensor-parallel collectives are only timed for transformer models")
     if par.pp > 1 and scenario.model.transformer is None:
         notes.append(f"pp={par.pp}: activation send/recv between stages is not timed for parameter-list models")
+    ddp = scenario.ddp
+    if (ddp.find_unused_parameters or ddp.static_graph) and (par.zero_stage or par.pp > 1
+                                                              or ddp.implementation != "torch"):
+        notes.append("ddp.find_unused_parameters and ddp.static_graph are torch DDP options: they are timed with "
+                     "implementation torch, zero_stage 0 and pp 1 only")
+    if ddp.static_graph:
+        notes.append("ddp.static_graph: the first iteration (graph recording, one delayed all-reduce) is not in "
+                     "this steady-state step")
     return notes
 
 
@@ -86,6 +94,7 @@ class _Rank:
     compute_end_s: float = 0.0
     end_s: float = 0.0
     dp_comm_s: float = 0.0
+    unused_marked: set[int] = field(default_factory=set)
 
     def add(self, key: str, seconds: float) -> None:
         self.acct[key] = self.acct.get(key, 0.0) + seconds
@@ -99,14 +108,22 @@ class _Rank:
         return {tier: link.work_s for tier, link in self.gpu.links.items()}
 
     def release(self, rnd: int, layer: int) -> None:
-        """The gradients of ``layer`` are ready (micro-batch round ``rnd``)."""
-        env = self.gpu.env
+        """The gradients of ``layer`` are ready (micro-batch round ``rnd``).
+
+        The round's first gradient hook also marks the parameters that get no gradient ready (torch's
+        ``Reducer::autograd_hook``: ``has_marked_unused_parameters_``)."""
+        if self.plan.unused_per_bucket and rnd not in self.unused_marked:
+            self.unused_marked.add(rnd)
+            for b, count in self.plan.unused_per_bucket.items():
+                self._decrement((rnd, b), count)
         for b in self.plan.bucket_of_layer[layer]:
-            key = (rnd, b)
-            self.remaining[key] -= 1
-            if self.remaining[key] == 0:
-                self.ready_at[key] = env.now
-                self.ready[key].succeed()
+            self._decrement((rnd, b), 1)
+
+    def _decrement(self, key: tuple[int, int], count: int) -> None:
+        self.remaining[key] -= count
+        if self.remaining[key] == 0:
+            self.ready_at[key] = self.gpu.env.now
+            self.ready[key].succeed()
 
 
 class _Accounting(Recorder):
@@ -184,7 +201,8 @@ def _booked_layer(st: _Rank, gen: ProcessGen, plan: LayerPlan, kind: str) -> Pro
 
 
 def _dp_comm(st: _Rank, rounds: int, start_after: simpy.Event | None) -> ProcessGen:
-    """Gradient buckets in index order on the data-parallel stream, each once all its gradients are ready."""
+    """Gradient buckets in index order on the data-parallel stream, each once all its gradients are ready;
+    then, with find_unused_parameters, the all-reduce of the used-parameter map."""
     if start_after is not None:
         yield start_after
     for rnd in range(rounds):
@@ -195,6 +213,22 @@ def _dp_comm(st: _Rank, rounds: int, start_after: simpy.Event | None) -> Process
             st.dp_comm_s += end - start
             st.rec.add(f"{b.reduce.op} bucket {b.index}", "comm", start, end, size_bytes=b.size_bytes,
                        algorithm=f"{b.reduce.algorithm}/{b.reduce.protocol}")
+        used_map = st.plan.unused_map_reduce
+        if used_map is not None and st.plan.buckets:
+            start, end = yield from st.gpu.collective(used_map, DP_STREAM)
+            st.dp_comm_s += end - start
+            st.rec.add("all-reduce used-parameter map", "comm", start, end, size_bytes=used_map.size_bytes)
+
+
+def _host(st: _Rank, seconds: float, key: str, name: str) -> ProcessGen:
+    """Host-side work the GPU waits for (nothing is queued behind it), booked as ``key``."""
+    if seconds <= 0:
+        return
+    env = st.gpu.env
+    start = env.now
+    yield env.timeout(seconds)
+    st.add(key, seconds)
+    st.rec.add(name, "host", start, env.now)
 
 
 def _param_gathers(st: _Rank) -> dict[int, simpy.Event]:
@@ -227,6 +261,8 @@ def _finish(st: _Rank, compute: simpy.Process, comm: simpy.Event) -> ProcessGen:
         st.dp_comm_s += end - start
         st.add("dp_comm", env.now - t0)
         st.rec.add("all-reduce tied embedding", "comm", start, end)
+    if p.clip_norm_s or p.clip_reduces:
+        yield from _clip(st)
     start = env.now
     yield st.gpu.run(p.opt_s)
     st.add("optimizer", p.opt_s)
@@ -239,6 +275,19 @@ def _finish(st: _Rank, compute: simpy.Process, comm: simpy.Event) -> ProcessGen:
         st.add("dp_comm", env.now - t0)
         st.rec.add("all-gather params", "comm", start, end)
     st.end_s = env.now
+
+
+def _clip(st: _Rank) -> ProcessGen:
+    """clip_grad_norm_: the norm's pass over the gradients, its scalar all-reduces, the scaling pass."""
+    env, p = st.gpu.env, st.plan
+    t0 = env.now
+    yield st.gpu.run(p.clip_norm_s)
+    for k, cost in enumerate(p.clip_reduces):
+        start, end = yield from st.gpu.collective(cost, f"clip {k}")
+        st.rec.add("all-reduce gradient norm", "comm", start, end, size_bytes=cost.size_bytes)
+    yield st.gpu.run(p.clip_scale_s)
+    st.add("grad_clip", env.now - t0)
+    st.rec.add("clip gradients", "compute", t0, env.now)
 
 
 # ------------------------------------------------------------------------------------------ modes
@@ -272,6 +321,8 @@ def _run_dp(env: simpy.Environment, plan: StepPlan, st: _Rank) -> None:
             j += quiet
         for k in range(j, m):
             yield from _layer_forward(st, positions, lambda i: None)
+            if k >= silent:  # DDP prepares the reducing backward: find_unused_parameters' graph search
+                yield from _host(st, p.traversal_s, "ddp_host", "search unused parameters")
             yield from _layer_backward(st, positions, k - silent)
 
     proc = env.process(compute())
@@ -446,6 +497,10 @@ def simulate_step(scenario: Scenario, trace: bool = True, exact: bool = False,
     from simddp.sim import fast
 
     check_simulation_size(scenario)  # a pipeline or ZeRO-3 step simulates every micro-batch: bound it
+    if scenario.ddp.wrapper == "dataparallel":
+        from simddp.sim.dataparallel import simulate_dataparallel
+
+        return simulate_dataparallel(scenario, trace)
     plan = build_plan(scenario, workload)
     if not (exact or trace) and fast.supported(plan):
         return fast.run(plan)
@@ -511,6 +566,8 @@ def _result(plan: StepPlan, states: list[Any], spans: list[Span] | None) -> Step
         "dp_comm": st.acct.get("dp_comm", 0.0),
         "pipeline_bubble": bubble,
         "stage_imbalance": imbalance,
+        "ddp_host": st.acct.get("ddp_host", 0.0),
+        "grad_clip": st.acct.get("grad_clip", 0.0),
         "optimizer": st.acct.get("optimizer", 0.0),
         "host": host,
     }
@@ -585,8 +642,14 @@ def _bounds(plan: StepPlan, states: list[Any], host: float) -> Bounds:
         rp = st.plan
         dp_serial = sum(b.reduce.time_s for b in rp.buckets) * rp.rounds
         dp_serial += sum(b.gather.time_s for b in rp.buckets if b.gather)
+        if rp.unused_map_reduce is not None and rp.buckets:
+            dp_serial += rp.unused_map_reduce.time_s * rp.rounds
+        clip_comm = sum(c.time_s for c in rp.clip_reduces)
+        clip_passes = rp.clip_norm_s + rp.clip_scale_s
+        host_serial = rp.traversal_s * rp.rounds if plan.mode == "dp" else 0.0
         tail_serial = rp.opt_s + (rp.gather_after_step.time_s if rp.gather_after_step else 0.0)
         tail_serial += rp.embedding_sync.time_s if rp.embedding_sync else 0.0
+        tail_serial += clip_passes + clip_comm + host_serial
         if plan.mode == "fsdp":
             units = rp.fsdp_units + ([rp.fsdp_root] if rp.fsdp_root else [])
             # Every unit is gathered for forward and, unless kept gathered (the root among them), for backward.
@@ -601,14 +664,22 @@ def _bounds(plan: StepPlan, states: list[Any], host: float) -> Bounds:
         work_before_step = dict(st.link_work_s)
         if rp.gather_after_step is not None:
             work_before_step[rp.gather_after_step.tier] -= rp.gather_after_step.transfer_s
+        for c in rp.clip_reduces:  # after every gradient reduction: counted whole, below
+            work_before_step[c.tier] -= c.transfer_s
         gather_after = rp.gather_after_step.time_s if rp.gather_after_step else 0.0
-        lower.append(max(kernels, *work_before_step.values()) + rp.opt_s + gather_after)
+        # The graph search holds the GPU between a forward and its backward: it adds to the kernels' path.
+        lower.append(max(kernels + host_serial, *work_before_step.values()) + clip_passes + clip_comm + rp.opt_s
+                     + gather_after)
     in_order = None
     if plan.mode == "dp" and plan.ranks[0].rounds == 1 and not any(b.gather for b in plan.ranks[0].buckets):
         st = states[0]
         readies = [st.ready_at[(0, b.index)] for b in st.plan.buckets]
         costs = [b.reduce.time_s for b in st.plan.buckets]
+        if st.plan.unused_map_reduce is not None and readies:  # queued behind the last bucket
+            readies.append(max(readies))
+            costs.append(st.plan.unused_map_reduce.time_s)
         tail = st.plan.opt_s + (st.plan.gather_after_step.time_s if st.plan.gather_after_step else 0.0) + host
+        tail += st.plan.clip_norm_s + st.plan.clip_scale_s + sum(c.time_s for c in st.plan.clip_reduces)
         in_order = in_order_overlap_step_s(st.compute_end_s, readies, costs, tail) if costs else None
     return Bounds(no_overlap_s=max(upper) + host, perfect_overlap_s=max(lower) + host, in_order_overlap_s=in_order)
 

@@ -14,7 +14,8 @@ from simddp.config import read_mapping
 
 APP = Path(__file__).resolve().parents[2] / "app" / "streamlit_app.py"
 TIMEOUT_S = 60
-PAGES = ["planner", "plan", "timeline", "scaling", "memory", "whatif", "calibration", "compare"]
+PAGES = ["planner", "plan", "timeline", "scaling", "memory", "whatif", "variability", "run", "knobs", "calibration",
+         "compare"]
 
 
 def start() -> AppTest:

@@ -24,7 +24,8 @@ APP = ROOT / "app" / "streamlit_app.py"
 CHROMIUM = Path("/usr/bin/chromium")
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                  "--disable-background-networking", "--disable-component-update", "--disable-sync"]
-PAGES = ["planner", "plan", "timeline", "scaling", "memory", "whatif", "calibration", "compare"]
+PAGES = ["planner", "plan", "timeline", "scaling", "memory", "whatif", "variability", "run", "knobs", "calibration",
+         "compare"]
 
 pytestmark = pytest.mark.browser
 
@@ -111,6 +112,42 @@ def test_planner_number_changes_in_chromium(server: str, tmp_path: Path) -> None
             whatif_s = time.monotonic() - start
             print(f"\nbrowser: planner nodes change {planner_s * 1e3:.0f} ms, what-if slider {whatif_s * 1e3:.0f} ms")
             assert planner_s < 10 and whatif_s < 10  # generous: CI machines vary; docs/dashboard.md has the numbers
+        finally:
+            browser.close()
+
+
+def test_run_and_variability_pages_respond_in_chromium(server: str) -> None:
+    """The Run page's goodput follows its MTBF input, and the Variability page's p99 follows its jitter slider."""
+    from playwright.sync_api import expect, sync_playwright
+
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
+        try:
+            page = browser.new_page(viewport={"width": 1600, "height": 1400})
+            page.goto(f"{server}/run")
+            goodput = page.get_by_test_id("stMetric").filter(has_text="Goodput").get_by_test_id("stMetricValue")
+            expect(goodput).to_have_text(re.compile(r"\d+(\.\d)?%"), timeout=60_000)
+            before = goodput.inner_text()
+            expect(page.get_by_text("Goodput against the checkpoint interval")).to_be_visible(timeout=60_000)
+            mtbf = page.get_by_role("spinbutton", name="MTBF (hours)")
+            mtbf.fill("200")
+            mtbf.press("Enter")
+            expect(goodput).not_to_have_text(before, timeout=30_000)
+            assert float(goodput.inner_text().rstrip("%")) < float(before.rstrip("%"))
+            assert page.get_by_test_id("stException").count() == 0
+
+            page.goto(f"{server}/variability")
+            p99 = page.get_by_test_id("stMetric").filter(has_text="p99 step").get_by_test_id("stMetricValue")
+            expect(p99).to_have_text(re.compile(r"\d"), timeout=60_000)
+            before = p99.inner_text()
+            expect(page.get_by_text("p99 step time against the number of GPUs")).to_be_visible(timeout=60_000)
+            slider = page.get_by_role("slider").first  # jitter CV (%)
+            slider.focus()
+            for _ in range(10):  # 10 x 0.5 points of CV
+                slider.press("ArrowRight")
+            expect(p99).not_to_have_text(before, timeout=30_000)
+            expect(page.get_by_text("Step time over 200 Monte Carlo steps").first).to_be_visible(timeout=30_000)
+            assert page.get_by_test_id("stException").count() == 0
         finally:
             browser.close()
 

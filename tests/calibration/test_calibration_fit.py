@@ -207,3 +207,54 @@ def test_inter_node_fits_record_their_nic_share() -> None:
     size = 2**28
     expected = ring_time("all-reduce", 2, size, alpha, busbw / 4)
     assert fitted_s("all-reduce", size, one_per_node) == pytest.approx(expected, rel=1e-6)
+
+
+# ------------------------------------------------------------------------------------------ jitter
+def test_jitter_fit_recovers_a_lognormal_cv_per_rank() -> None:
+    from conftest import compute_measurements
+
+    from simddp.fit import fit_jitter
+    from simddp.variability import lognormal_params
+
+    rng = np.random.default_rng(0)
+    mu, sigma = lognormal_params(0.12)
+    # Two ranks, one steadily 30% slower (not jitter), a few far-out steps a shared machine adds.
+    ranks = [list(0.05 * rng.lognormal(mu, sigma, 1500)), list(0.065 * rng.lognormal(mu, sigma, 1500))]
+    ranks[0][:10] = [1.0] * 10
+    compute = compute_measurements().model_copy(update={"rank_step_times_s": ranks})
+    fit = fit_jitter(compute)
+    assert fit is not None and fit.num_samples == 3000
+    assert fit.cv == pytest.approx(0.12, rel=0.08)
+    assert fit_jitter(compute_measurements()) is None  # no per-rank times: nothing to fit
+
+
+def test_profile_carries_jitter_and_graph_search_into_the_scenario() -> None:
+    from conftest import comm_measurements, compute_measurements
+
+    from simddp.fit import fit_profile
+    from simddp.scenario_io import scenario_from_dict
+    from simddp.variability import simulate_tails
+
+    rng = np.random.default_rng(1)
+    compute = compute_measurements().model_copy(update={
+        "rank_step_times_s": [list(0.0574 * rng.lognormal(0, 0.05, 200)) for _ in range(2)],
+        "num_autograd_nodes": 400, "graph_search": timing_stats([200e-6, 210e-6, 190e-6])})
+    profile = fit_profile(comm_measurements(), compute)
+    keys = profile.scenario_defaults()
+    assert keys["variability"]["jitter_cv"] == pytest.approx(profile.jitter.cv)  # type: ignore[union-attr]
+    assert keys["cluster"]["autograd_node_traversal_s"] == pytest.approx(200e-6 / 400)
+    assert keys["model"]["num_autograd_nodes"] == 400
+    scenario = scenario_from_dict({**keys, "parallelism": {"dp": 2}})
+    assert simulate_tails(scenario, 50).mean_s > simulate_tails(
+        scenario.model_copy(update={"variability": scenario.variability.model_copy(update={"jitter_cv": 0.0})}),
+        50).mean_s
+
+
+def test_merge_pools_each_ranks_steps() -> None:
+    from conftest import compute_measurements
+
+    from simddp.profile import merge_measurements
+
+    a = compute_measurements().model_copy(update={"rank_step_times_s": [[1.0, 2.0], [3.0]]})
+    b = compute_measurements().model_copy(update={"rank_step_times_s": [[4.0], [5.0, 6.0]]})
+    assert merge_measurements([a, b]).rank_step_times_s == [[1.0, 2.0, 4.0], [3.0, 5.0, 6.0]]

@@ -15,7 +15,7 @@ from collections.abc import Callable
 
 import pytest
 
-from simddp.bucketing import bucket_size_limits, ddp_buckets
+from simddp.bucketing import bucket_size_limits, ddp_buckets, ddp_initial_buckets
 from simddp.config import ParameterSpec
 from simddp.units import DTYPE_BYTES
 
@@ -272,3 +272,20 @@ def test_leftover_order_matches_torch_on_slot_collisions(dtype_order):
     limits = list(bucket_size_limits(None))
     torch_indices, _ = dist._compute_bucket_assignment_by_size(tensors, limits, [False] * len(params), order)
     assert [b.param_indices for b in ddp_buckets(params, ready_order=order)] == torch_indices
+
+
+@pytest.mark.parametrize("bucket_cap_mb", [None, 0.3, 1, 5], ids=lambda c: f"cap={c}")
+@pytest.mark.parametrize("model_name", ["mlp", "transformer", "mixed_dtype"])
+def test_find_unused_parameters_keeps_the_initial_buckets(process_group, model_name, bucket_cap_mb):
+    """With find_unused_parameters (no static_graph) torch never rebuilds: the Reducer keeps the buckets of
+    definition order, reversed (simddp.bucketing.ddp_initial_buckets)."""
+    torch.manual_seed(0)
+    model, make_input = MODELS[model_name]()
+    params = specs(model)
+    ddp = DistributedDataParallel(model, bucket_cap_mb=bucket_cap_mb, find_unused_parameters=True)
+    for _ in range(3):
+        ddp(make_input()).float().square().mean().backward()
+    data = ddp._get_ddp_logging_data()
+    assert data["has_rebuilt_buckets"] == 0
+    torch_sizes = [int(s) for s in data["bucket_sizes"].split(", ")]
+    assert [b.size_bytes for b in ddp_initial_buckets(params, bucket_cap_mb)] == torch_sizes

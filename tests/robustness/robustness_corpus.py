@@ -292,6 +292,19 @@ def cases() -> list[Case]:
         timeout_s=60)
     add("--fit-layout --num-gpus a large prime", ["memory", "sc.yaml", "--fit-layout", "--num-gpus", "16777213"],
         copy=CAL, timeout_s=30)
+    add("tails: a million ranks x 10,000 steps", ["tails", "sc.yaml", "--steps", "10000", "--set",
+                                                 "cluster.num_nodes=131072"], copy=CAL, expect="error", timeout_s=30,
+        error_has="MAX_TAIL_DRAWS")
+    add("tails: packing 1-token documents into long rows", ["tails", "pack.yaml", "--steps", "20", "--set",
+                                                            "variability.seq_len_distribution=lognormal", "--set",
+                                                            "variability.mean_seq_len=1", "--set",
+                                                            "variability.sequence_handling=packing"],
+        setup=_files(pack__yaml=SCENARIO.replace("seq_len: 1024", "seq_len: 32768")), expect="ok", timeout_s=60)
+    add("run: failures faster than checkpoints", ["run", "sc.yaml", "--tokens", "1e12", "--mtbf-hours", "1e-9"],
+        copy=CAL, expect="error", error_has="never finishes")
+    add("run: 1e300 tokens", ["run", "sc.yaml", "--tokens", "1e300"], copy=CAL, timeout_s=30)
+    add("knobs on a 30k-parameter list (8 simulations)", ["knobs", "big.yaml"],
+        setup=_files(big__yaml=_params_scenario(30_000)), expect="ok", timeout_s=120)
     add("YAML over 20 MiB", ["simulate", "big.yaml"], setup=_big_yaml(21 * 2**20), expect="error", timeout_s=30)
     add("100k invalid entries, one bounded line", ["simulate", "big.yaml"],
         setup=_files(big__yaml=_invalid_entries(100_000)), expect="error", timeout_s=60)

@@ -1,0 +1,69 @@
+"""Run: the whole training run: days, GPU-hours, cost, failures, checkpoints, goodput."""
+
+from __future__ import annotations
+
+import copy
+
+import streamlit as st
+
+from simddp import units
+from simddp.config import RunConfig
+from simddp_app import charts, state, widgets
+from simddp_app.widgets import field_help
+
+st.title("Run")
+st.caption("The planner's scenario trained on a number of tokens: wall-clock days, GPU-hours and cost, with "
+           "failures (exponential, per GPU or node), checkpoints (rank 0 alone or sharded) and restarts; the "
+           "checkpoint interval that maximises goodput (Daly 2006). Same model as `simddp run`.")
+
+data = state.scenario_dict()
+base = state.current_scenario()
+if base is None:
+    st.stop()
+run = base.run
+
+c = st.columns(4)
+tokens_b = c[0].number_input("Tokens (billions)", min_value=0.001, max_value=1e6,
+                             value=float((run.tokens or 300e9) / 1e9), key="run_tokens",
+                             help=field_help(RunConfig, "tokens"))
+price = c[1].number_input("GPU-hour (USD)", min_value=0.0, max_value=1000.0, value=float(run.gpu_hour_cost_usd),
+                          key="run_price", help=field_help(RunConfig, "gpu_hour_cost_usd"))
+mtbf = c[2].number_input("MTBF (hours)", min_value=0.01, max_value=1e9, value=float(run.mtbf_hours), key="run_mtbf",
+                         help=field_help(RunConfig, "mtbf_hours"))
+scope = c[3].segmented_control("MTBF per", ["gpu", "node"], default=run.mtbf_scope, key="run_scope", required=True,
+                               help=field_help(RunConfig, "mtbf_scope"))
+d = st.columns(4)
+saving = d[0].segmented_control("Checkpoint saving", ["rank0", "sharded"], default=run.checkpoint_saving,
+                                key="run_saving", required=True, help=field_help(RunConfig, "checkpoint_saving"))
+storage = d[1].number_input("Storage write (GB/s)", min_value=0.001, max_value=1e6,
+                            value=float(run.storage_write_bytes_per_s / units.GB), key="run_storage",
+                            help=field_help(RunConfig, "storage_write_bytes_per_s"))
+restart = d[2].number_input("Restart overhead (min)", min_value=0.0, max_value=1e5,
+                            value=float(run.restart_overhead_s / 60), key="run_restart",
+                            help=field_help(RunConfig, "restart_overhead_s"))
+tflops = d[3].number_input("Measured TFLOP/s per GPU (0 = simulate)", min_value=0.0, max_value=1e5,
+                           value=float(run.achieved_tflops_per_gpu or 0.0), key="run_tflops",
+                           help=field_help(RunConfig, "achieved_tflops_per_gpu"))
+
+variant = copy.deepcopy(data)
+variant["run"] = {**variant.get("run", {}), "tokens": tokens_b * 1e9, "gpu_hour_cost_usd": price,
+                  "mtbf_hours": mtbf, "mtbf_scope": scope or "gpu", "checkpoint_saving": saving or "rank0",
+                  "storage_write_bytes_per_s": storage * units.GB, "restart_overhead_s": restart * 60,
+                  "achieved_tflops_per_gpu": tflops or None}
+result = state.run(variant)
+if result is not None:
+    m = st.columns(5)
+    m[0].metric("Days", f"{result.days:,.1f}", border=True,
+                help=f"Wall clock; {result.training_days:,.1f} days of training without failures.")
+    m[1].metric("GPU-hours", f"{result.gpu_hours:,.0f}", border=True)
+    m[2].metric("Cost", f"${result.cost:,.0f}", border=True)
+    m[3].metric("Expected failures", f"{result.expected_failures:,.1f}", border=True,
+                help=f"Job MTBF {result.mtbf_s / units.HOUR:.3g} h.")
+    m[4].metric("Goodput", f"{result.goodput:.1%}", border=True, help="Training time / wall clock.")
+    st.plotly_chart(charts.goodput_curve(result), key="run_curve")
+    st.caption(f"Throughput: {result.throughput_source}. Checkpoint {result.checkpoint_bytes / units.TB:.3g} TB: "
+               f"{units.fmt_time(result.checkpoint_time_s)} ({result.checkpoint_saving}); restart "
+               f"{units.fmt_time(result.restart_s)} per failure.")
+    widgets.table(charts.run_table(result), key="run_table")
+    for note in result.notes:
+        st.caption(f"Note: {note}")

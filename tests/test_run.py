@@ -1,0 +1,157 @@
+"""The whole run: Daly/Young checkpoint intervals, checkpoint and start-up times by hand, the CLI."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pytest
+from scenarios import base_scenario
+
+from simddp.cli import main
+from simddp.collectives import collective_cost
+from simddp.config import ScenarioError, deep_merge
+from simddp.run import (
+    PARAM_SYNC_CHUNK_BYTES,
+    RUN_JSON_KEYS,
+    checkpoint_bytes,
+    checkpoint_times,
+    daly_interval,
+    expected_wall_s,
+    simulate_run,
+    startup_time,
+    young_interval,
+)
+from simddp.scenario_io import scenario_from_dict
+from simddp.sim import simulate_step
+from simddp.topology import dp_group
+from simddp.units import DAY, HOUR
+from simddp.workload import total_params
+
+
+def scenario(run: dict | None = None, **overrides: object) -> object:
+    return scenario_from_dict(deep_merge(base_scenario(run={"tokens": 1e9, **(run or {})}), dict(overrides)))
+
+
+@pytest.mark.parametrize(("delta", "mtbf"), [(10.0, 3 * HOUR), (300.0, 3 * HOUR), (60.0, 400 * HOUR), (2000.0, HOUR)])
+def test_daly_interval_minimises_the_expected_wall_time(delta: float, mtbf: float) -> None:
+    training, restart = 30 * DAY, 600.0
+    taus = np.exp(np.linspace(math.log(delta / 10), math.log(20 * mtbf), 20001))
+    walls = [expected_wall_s(training, t, delta, restart, mtbf) for t in taus]
+    best = taus[int(np.argmin(walls))]
+    daly = daly_interval(delta, mtbf)
+    # Daly's higher-order estimate lands on the numerical optimum's wall time to well under 0.1%.
+    assert expected_wall_s(training, daly, delta, restart, mtbf) == pytest.approx(min(walls), rel=1e-3)
+    if delta < 2 * mtbf:
+        assert daly == pytest.approx(best, rel=0.05)
+
+
+def test_young_is_dalys_first_order_term() -> None:
+    delta, mtbf = 1.0, 1e6
+    assert daly_interval(delta, mtbf) == pytest.approx(young_interval(delta, mtbf), rel=1e-3)
+    assert young_interval(50.0, 3600.0) == pytest.approx(math.sqrt(2 * 50 * 3600))
+    assert daly_interval(5000.0, 2000.0) == 2000.0  # delta >= 2M: checkpoint every M
+
+
+def test_expected_wall_without_failures_is_training_plus_checkpoints() -> None:
+    wall = expected_wall_s(1000 * HOUR, HOUR, 60.0, 600.0, 1e12)
+    assert wall == pytest.approx(1000 * HOUR * (1 + 60 / HOUR), rel=1e-6)
+
+
+def test_checkpoint_bytes_follow_the_memory_model() -> None:
+    s = scenario()
+    n = total_params(s.model.transformer)
+    assert checkpoint_bytes(s) == n * (2 + 4 + 8)  # bf16 weights, fp32 master, Adam's two moments
+    sgd = scenario(training={"optimizer": "sgd", "precision": "fp32"})
+    assert checkpoint_bytes(sgd) == n * 4
+
+
+def test_rank0_against_sharded_saving_by_hand() -> None:
+    s = scenario(run={"node_write_bytes_per_s": 10e9, "storage_write_bytes_per_s": 100e9})
+    size = checkpoint_bytes(s)
+    rank0, sharded = checkpoint_times(s, size)
+    assert rank0 == pytest.approx(size / 10e9)  # plain DDP: rank 0 already holds it all, one node writes it
+    assert sharded == pytest.approx(size / min(100e9, 2 * 10e9))  # both nodes write at once
+    zero = scenario(run={"node_write_bytes_per_s": 10e9}, parallelism={"zero_stage": 1})
+    r0, _ = checkpoint_times(zero, size)
+    assert r0 > size / 10e9  # the sharded optimizer states are gathered to rank 0 first
+
+
+def test_startup_broadcast_by_hand() -> None:
+    s = scenario()
+    size = total_params(s.model.transformer) * 2  # bf16 parameters, one pipeline stage
+    grp = dp_group(s)
+    full, rest = divmod(size, PARAM_SYNC_CHUNK_BYTES)
+    expected = full * collective_cost("broadcast", PARAM_SYNC_CHUNK_BYTES, grp).time_s + \
+        collective_cost("broadcast", rest, grp).time_s
+    assert startup_time(s) == pytest.approx(expected)
+
+
+def test_a_run_adds_up() -> None:
+    s = scenario(run={"tokens": 5e10})
+    r = simulate_run(s)
+    step = simulate_step(s, trace=False)
+    assert r.tokens_per_s == pytest.approx(step.tokens_per_s)
+    assert r.training_s == pytest.approx(5e10 / step.tokens_per_s)
+    assert r.wall_s == pytest.approx(r.startup_s + expected_wall_s(r.training_s, r.checkpoint_interval_s,
+                                                                  r.checkpoint_time_s, r.restart_s, r.mtbf_s))
+    assert r.goodput == pytest.approx(r.training_s / r.wall_s)
+    assert r.gpu_hours == pytest.approx(r.wall_s * 16 / HOUR)
+    assert r.cost == pytest.approx(r.gpu_hours * 12.29)
+    assert r.mtbf_s == pytest.approx(50_700 * HOUR / 16)
+    assert r.expected_failures == pytest.approx(r.wall_s / r.mtbf_s)
+    best = max(r.curve, key=lambda p: p.goodput)
+    assert r.goodput >= best.goodput * (1 - 1e-3)  # Daly's interval is at the top of the curve
+    node = simulate_run(s.model_copy(update={"run": s.run.model_copy(update={"mtbf_scope": "node"})}))
+    assert node.mtbf_s == pytest.approx(50_700 * HOUR / 2)
+
+
+def test_variability_feeds_the_run() -> None:
+    s = scenario(variability={"jitter_cv": 0.1})
+    r = simulate_run(s)
+    assert "Monte Carlo" in r.throughput_source
+    assert r.step_time_s > simulate_step(s, trace=False).step_time_s
+
+
+def test_run_needs_tokens_and_finite_progress() -> None:
+    with pytest.raises(ScenarioError, match=r"run\.tokens"):
+        simulate_run(scenario_from_dict(base_scenario()))
+    with pytest.raises(ScenarioError, match="the run never finishes"):
+        simulate_run(scenario(run={"mtbf_hours": 1e-6}))
+
+
+def test_run_command_json_keys(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["run", "--set", "model.preset=gpt2", "--tokens", "300e9", "--gpu-hour-cost", "2.5",
+                 "--mtbf-hours", "20000", "--checkpoint-bandwidth", "100GB/s", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert set(RUN_JSON_KEYS) <= set(data)
+    assert data["gpu_hour_cost_usd"] == 2.5 and data["cost"] == pytest.approx(data["gpu_hours"] * 2.5)
+    assert data["mtbf_s"] == pytest.approx(20000 * HOUR / 128)
+    assert main(["run", "--tokens", "300e9", "--set", "model.preset=gpt2"]) == 0
+    out = capsys.readouterr().out
+    for label in ("wall clock", "GPU-hours", "expected failures", "checkpoint interval", "goodput"):
+        assert label in out
+
+
+def test_run_command_errors_are_one_line(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["run"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "run.tokens" in err
+    with pytest.raises(SystemExit) as info:
+        main(["run", "--tokens", "1e9", "--checkpoint-bandwidth", "fast"])
+    assert info.value.code == 2
+    assert "--checkpoint-bandwidth" in capsys.readouterr().err
+    assert main(["run", "--tokens", "1e9", "--set", "run.checkpoint_saving=half"]) == 2
+    assert "run.checkpoint_saving" in capsys.readouterr().err
+
+
+def test_python_api() -> None:
+    import simddp
+
+    r = simddp.training_run(base_scenario(), tokens=1e9)
+    assert r.tokens == 1e9 and r.goodput > 0.9
+    with pytest.raises(ScenarioError, match=r"run\.tokens"):
+        simddp.training_run(base_scenario(), tokens=-1)
+    t = simddp.tails(base_scenario(variability={"jitter_cv": 0.05}), steps=20, seed=1)
+    assert t.num_steps == 20 and t.seed == 1

@@ -1,0 +1,185 @@
+"""Step-time tails: the Monte Carlo against order statistics derived by hand, and its bookkeeping."""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Any
+
+import numpy as np
+import pytest
+from scenarios import base_scenario
+
+from simddp.cli import main
+from simddp.config import ScenarioError, VariabilityConfig, deep_merge
+from simddp.scenario_io import scenario_from_dict
+from simddp.sim import simulate_step
+from simddp.variability import (
+    document_lengths,
+    expected_max_lognormal,
+    gpipe_makespan,
+    lognormal_params,
+    packed_rows,
+    sequence_costs,
+    simulate_tails,
+    tails_vs_ranks,
+)
+
+
+def scenario(variability: dict[str, Any], **overrides: Any) -> Any:
+    return scenario_from_dict(deep_merge(base_scenario(variability=variability), overrides))
+
+
+# ----------------------------------------------------------------------------- order statistics
+def test_expected_max_of_lognormals_by_quadrature_and_sampling() -> None:
+    assert expected_max_lognormal(1, 0.3) == pytest.approx(1.0, rel=1e-6)  # the mean itself
+    # n = 2: E[max(X1, X2)] = 2 E[X] Phi(sigma / sqrt 2) for a lognormal of mean E[X] = 1 (hand derivation:
+    # E[max] = E[X1 + X2] - E[min], and E[min] = 2 E[X] (1 - Phi(sigma / sqrt 2)).
+    _, sigma = lognormal_params(0.3)
+    phi = 0.5 * (1 + math.erf(sigma / math.sqrt(2) / math.sqrt(2)))
+    assert expected_max_lognormal(2, 0.3) == pytest.approx(2 * phi, rel=1e-6)
+    rng = np.random.default_rng(1)
+    mu, sigma = lognormal_params(0.1)
+    draws = rng.lognormal(mu, sigma, size=(20000, 64)).max(axis=1)
+    assert expected_max_lognormal(64, 0.1) == pytest.approx(draws.mean(), rel=2e-3)
+
+
+def test_no_variation_reproduces_the_simulated_step_exactly() -> None:
+    for par in ({}, {"tp": 2}, {"pp": 2}, {"zero_stage": 1}):
+        s = scenario({}, parallelism=par, training={"micro_batch_size": 2, "seq_len": 1024, "global_batch_size": 64})
+        det = simulate_step(s, trace=False)
+        r = simulate_tails(s, 20)
+        assert r.step_times_s == pytest.approx([det.step_time_s] * 20, rel=1e-12)
+        assert r.tail_loss_fraction == pytest.approx(0.0, abs=1e-12)
+
+
+def test_mean_step_is_the_expected_max_of_the_data_parallel_ranks() -> None:
+    s = scenario({"jitter_cv": 0.08, "seed": 3})
+    det = simulate_step(s, trace=False)
+    work = det.step_time_s - sum(det.part(k) for k in ("dp_comm", "host", "grad_clip", "ddp_host"))
+    rest = det.step_time_s - work
+    r = simulate_tails(s, 4000)
+    expected = work * expected_max_lognormal(s.dp, 0.08) + rest
+    assert r.mean_s == pytest.approx(expected, rel=3e-3)
+    assert r.balanced_step_s == pytest.approx(det.step_time_s, rel=3e-3)  # the mean rank is the simulated one
+
+
+def test_one_straggler_sets_the_pace() -> None:
+    s = scenario({"num_stragglers": 1, "straggler_slowdown": 1.5})
+    det = simulate_step(s, trace=False)
+    work = det.step_time_s - sum(det.part(k) for k in ("dp_comm", "host", "grad_clip", "ddp_host"))
+    r = simulate_tails(s, 10)
+    assert r.step_times_s == pytest.approx([det.step_time_s + 0.5 * work] * 10, rel=1e-12)
+    assert len(r.stragglers) == 1
+    # Slight jitter beside a 1.5x straggler: the straggler is the slowest rank in every step.
+    jittered = simulate_tails(scenario({"num_stragglers": 1, "straggler_slowdown": 1.5, "jitter_cv": 0.01}), 200)
+    assert jittered.mean_s == pytest.approx(det.step_time_s + 0.5 * work, rel=0.03)
+    assert jittered.sync_points[0].key == "dp"
+
+
+def test_tensor_parallel_groups_move_at_their_slowest_member() -> None:
+    s = scenario({"jitter_cv": 0.1}, parallelism={"tp": 4}, cluster={"num_nodes": 4})
+    r = simulate_tails(s, 400)
+    waits = {w.key: w for w in r.sync_points}
+    assert waits["tp"].wait_s > 0 and waits["dp"].wait_s > 0
+    assert sum(w.share for w in r.sync_points) == pytest.approx(1.0)
+    # The waits add up to the throughput lost: the decomposition telescopes exactly.
+    assert sum(w.wait_s for w in r.sync_points) == pytest.approx(r.mean_s - r.balanced_step_s, rel=1e-9)
+
+
+def test_pipeline_waits_and_recurrence() -> None:
+    # The flow-shop recurrence on equal stages: (m + p - 1) (f + b).
+    f, b = np.full((3, 5), 2.0), np.full((3, 5), 3.0)
+    assert gpipe_makespan(f, b) == pytest.approx((5 + 3 - 1) * 5.0)
+    # One slow stage (x2) dominates: 2f + ... the bottleneck's m passes plus the others' fill and drain.
+    f2 = f.copy()
+    f2[1] *= 2
+    assert gpipe_makespan(f2, b) == pytest.approx(2.0 + 5 * 4.0 + 2.0 + (5 + 3 - 1) * 3.0)
+    s = scenario({"jitter_cv": 0.1}, parallelism={"pp": 4}, cluster={"num_nodes": 2},
+                 training={"micro_batch_size": 1, "seq_len": 1024, "global_batch_size": 32})
+    r = simulate_tails(s, 200)
+    waits = {w.key: w for w in r.sync_points}
+    assert waits["pp"].wait_s > 0
+    assert sum(w.wait_s for w in r.sync_points) == pytest.approx(r.mean_s - r.balanced_step_s, rel=1e-9)
+
+
+def test_p99_grows_with_the_number_of_ranks() -> None:
+    s = scenario({"jitter_cv": 0.05})
+    points = tails_vs_ranks(s, [1, 4, 16], 300)
+    assert [p.num_gpus for p in points] == [8, 32, 128]
+    excess = [p.mean_s / p.deterministic_step_s for p in points]
+    assert excess[0] < excess[1] < excess[2]
+
+
+# ----------------------------------------------------------------------------------------- sequences
+def test_padding_costs_the_longest_document() -> None:
+    var = VariabilityConfig(seq_len_distribution="uniform", sequence_handling="padding")
+    rng = np.random.default_rng(0)
+    cost, real, computed = sequence_costs(rng, var, 1000, 4, 0.0, (2000, 8, 1))
+    # Max of 4 uniforms on 1..S: E = S (1 - sum_k (k/S)^4 / S) ~ 4/5 S: linear cost 0.8 of a full sample.
+    assert cost.mean() == pytest.approx(0.8, abs=5e-3)
+    assert real.mean() == pytest.approx(4 * 500.5, rel=5e-3)
+    assert computed.mean() == pytest.approx(4 * 800, rel=5e-3)
+    quad, _, _ = sequence_costs(np.random.default_rng(0), var, 1000, 4, 1.0, (2000, 8, 1))
+    assert quad.mean() == pytest.approx(4 / 6, abs=5e-3)  # E[(max/S)^2] = n / (n + 2)
+
+
+def test_packing_fills_rows_and_attention_follows_documents() -> None:
+    var = VariabilityConfig(seq_len_distribution="lognormal", mean_seq_len=256, seq_len_cv=0.5,
+                            sequence_handling="packing")
+    rows = packed_rows(np.random.default_rng(0), var, 4096, rows=512)
+    assert np.all(rows <= 4096**2) and np.all(rows > 0)
+    # A row holds ~16 documents of ~256 tokens: sum of squares ~ 16 x E[L^2] = 16 x 256^2 (1 + 0.5^2).
+    assert rows.mean() == pytest.approx(16 * 256**2 * 1.25, rel=0.1)
+    cost, real, computed = sequence_costs(np.random.default_rng(0), var, 4096, 2, 0.4, (50, 4, 2))
+    assert np.all(real == computed)  # no padding
+    # Dense layers cost a full row (0.6); attention the rows' sum of squares over S^2 (0.4 x ~0.078).
+    assert cost.mean() == pytest.approx(0.6 + 0.4 * 16 * 1.25 * 256**2 / 4096**2, rel=0.01)
+
+
+def test_fixed_lengths_and_reproducible_draws() -> None:
+    var = VariabilityConfig()
+    assert np.all(document_lengths(np.random.default_rng(0), var, 512, 10) == 512)
+    s = scenario({"jitter_cv": 0.05, "seq_len_distribution": "lognormal"})
+    a, b = simulate_tails(s, 50), simulate_tails(s, 50)
+    assert a.step_times_s == b.step_times_s
+    assert simulate_tails(s, 50, seed=7).step_times_s != a.step_times_s
+
+
+def test_padding_loses_tokens_and_tails() -> None:
+    s = scenario({"seq_len_distribution": "lognormal", "mean_seq_len": 256})
+    r = simulate_tails(s, 200)
+    assert 0 < r.padding_fraction < 1
+    assert r.tail_loss_fraction > 0
+    packed = simulate_tails(scenario({"seq_len_distribution": "lognormal", "mean_seq_len": 256,
+                                      "sequence_handling": "packing"}), 200)
+    assert packed.padding_fraction == 0
+    assert packed.tokens_per_s > r.tokens_per_s
+
+
+# -------------------------------------------------------------------------------------- inputs, CLI
+def test_bad_variability_inputs_name_the_field() -> None:
+    with pytest.raises(ScenarioError, match=r"variability\.jitter_cv"):
+        scenario({"jitter_cv": -1})
+    with pytest.raises(ScenarioError, match=r"variability.num_stragglers\(99\) exceeds the 16 GPUs"):
+        scenario({"num_stragglers": 99})
+    with pytest.raises(ScenarioError, match=r"variability.mean_seq_len\(5000\) exceeds training.seq_len\(1024\)"):
+        scenario({"mean_seq_len": 5000})
+    with pytest.raises(ScenarioError, match=r"steps\(0\) must be 1"):
+        simulate_tails(scenario({}), 0)
+    with pytest.raises(ScenarioError, match="MAX_TAIL_DRAWS"):
+        simulate_tails(scenario({}, cluster={"num_nodes": 16}), 100_000)
+
+
+def test_tails_command(capsys: pytest.CaptureFixture[str]) -> None:
+    args = ["tails", "--set", "model.preset=gpt2", "--set", "variability.jitter_cv=0.05", "--steps", "50"]
+    assert main([*args, "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert len(data["step_times_s"]) == 50 and data["p99_s"] >= data["p50_s"]
+    assert data["worst_sync_point"] == "data-parallel gradient reduction"
+    assert main(args) == 0
+    out = capsys.readouterr().out
+    assert "p50 / p90 / p99" in out and "lost to the tail" in out
+    with pytest.raises(SystemExit) as info:
+        main(["tails", "--steps", "0"])
+    assert info.value.code == 2 and "--steps" in capsys.readouterr().err
