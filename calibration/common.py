@@ -243,6 +243,11 @@ class Dist:
         if self.backend == "nccl":
             if not torch.cuda.is_available():
                 raise CollectorError("--backend nccl needs CUDA GPUs; use --backend gloo on CPUs")
+            visible = torch.cuda.device_count()
+            if self.local_rank >= visible:  # NCCL runs one rank per GPU ("Duplicate GPU detected" otherwise)
+                raise CollectorError(f"--backend nccl: {self.local_world_size} ranks on this node but {visible} "
+                                     f"visible GPU(s); NCCL needs one GPU per rank: launch at most {visible} "
+                                     "rank(s) per node")
             torch.cuda.set_device(self.local_rank)
             self.device = torch.device("cuda", self.local_rank)
         else:

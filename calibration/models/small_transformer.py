@@ -33,3 +33,11 @@ def tiny() -> tuple[nn.Module, tuple[torch.Tensor]]:
     torch.manual_seed(0)
     model = SmallTransformer(d_model=64, num_layers=2, num_heads=2, ffn=128, num_outputs=32)
     return model, (torch.randn(2, 16, 64),)
+
+
+def gpu() -> tuple[nn.Module, tuple[torch.Tensor]]:
+    """A GPU-sized version: 12 layers, d_model 1024, 16 heads, FFN 4096 (151 M parameters), 8 x 512 tokens,
+    large enough that an H100's kernels, not its launches, set the per-layer times."""
+    torch.manual_seed(0)
+    model = SmallTransformer(d_model=1024, num_layers=12, num_heads=16, ffn=4096, num_outputs=1024)
+    return model, (torch.randn(8, 512, 1024),)

@@ -247,3 +247,18 @@ def test_graph_search_per_node_cost_on_a_held_out_model(tmp_path: Path) -> None:
     predicted = nodes * Cluster.model_fields["autograd_node_traversal_s"].default
     measured = statistics.median(diffs)
     assert 0.5 <= predicted / measured <= 2.0, (predicted, measured)
+
+
+def test_nccl_with_more_ranks_than_gpus_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two NCCL ranks on a one-GPU node stop before NCCL starts (seen on an H100 machine: NCCL itself fails
+    there with a CUDA traceback)."""
+    from simddp_calibration.common import CollectorError, Dist
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    with pytest.raises(CollectorError, match=r"2 ranks on this node but 1 visible GPU\(s\); NCCL needs one GPU per "
+                                             r"rank: launch at most 1 rank\(s\) per node"):
+        Dist("nccl", 10.0)
