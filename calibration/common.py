@@ -451,8 +451,9 @@ class Collector:
                  inputs: Sequence[str | Path] = ()) -> None:
         self.d, self.out, self._snapshot, self.inputs = d, out, snapshot, list(inputs)
         self.partial = safeio.partial_path(out)
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()  # a signal handler may run fail() inside save_partial on this thread
         self._finished = False
+        self._failing = False  # fail() has started (on any thread): a signal then must not re-enter it
         self._measurements = 0
         self.watchdog = Watchdog(timeout_s, self._fail_hard)
         signal.signal(signal.SIGTERM, self._on_signal)
@@ -497,6 +498,7 @@ class Collector:
 
     def fail(self, message: str) -> int:
         """Record the error, keep partial results, say so on stderr; returns the exit status."""
+        self._failing = True
         where = f" partial results in {self.partial}" if self.d.is_main else ""
         with self._lock:
             self.watchdog.stop()
@@ -514,6 +516,10 @@ class Collector:
         os._exit(EXIT_PARTIAL)
 
     def _on_signal(self, signum: int, frame: Any) -> None:
+        if self._failing:
+            # fail() is under way (perhaps on this very thread, holding the lock the handler would wait for
+            # forever): let it save and print its one line.
+            return
         self.fail(f"stopped by signal {signal.Signals(signum).name} (another rank failed, or the run was killed)")
         os._exit(EXIT_PARTIAL)
 

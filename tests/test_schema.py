@@ -42,7 +42,10 @@ def test_schema_key_has_type_unit_default_bounds_and_description() -> None:
     (cap,) = schema_keys("ddp.bucket_cap_mb")
     assert cap == KeyDoc(path="ddp.bucket_cap_mb", type="float", unit="MiB", accepts_units=False, required=False,
                          default=None, nullable=True, bounds="> 0",
-                         description="Bucket cap in MiB, as torch reads it; null = torch's 25 (1 MiB first).")
+                         description="Gradient bucket size in MiB; null = the implementation's: torch DDP 25 (1 MiB "
+                         "first, as torch reads bucket_cap_mb); DeepSpeed reduce_bucket_size 5e8 elements; Megatron "
+                         "max(4e7, 1e6 x dp) elements with overlap, one bucket without. An element count is MiB x "
+                         "2^20 / gradient bytes.")
     (nic,) = schema_keys("cluster.inter_node.nic_bandwidth_bytes_per_s")
     assert (nic.type, nic.unit, nic.accepts_units, nic.required, nic.bounds) == ("float", "bytes/s", True, True, "> 0")
     assert nic.preset_sets and "required (cluster.preset fills it)" in nic.to_text()
@@ -65,9 +68,12 @@ def test_schema_section_lists_its_keys() -> None:
 def test_schema_cli_text_json_and_unknown_key() -> None:
     r = run("schema", "training.recompute")
     assert r.returncode == 0, r.stderr
-    assert r.stdout.splitlines() == ["training.recompute", "    one of none, selective, full, default none",
-                                     "    Activation recompute: selective re-runs the attention core, full each "
-                                     "block."]
+    assert r.stdout.splitlines() == ["training.recompute",
+                                     "    one of none, selective, selective-op, full, default none",
+                                     "    Activation recompute: selective re-runs the attention core (Megatron), "
+                                     "selective-op is torchtitan's op-level checkpointing (keeps every other "
+                                     "matmul output and the attention output, re-runs the rest of the block), "
+                                     "full re-runs each block from its input."]
     data = json.loads(run("schema", "--json").stdout)
     assert len(data) == len(_leaf_paths(Scenario)) and {"path", "type", "unit", "default", "bounds"} <= set(data[0])
     r = run("schema", "ddp.bucket_cap_mbs")

@@ -13,6 +13,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -202,50 +203,62 @@ def test_ddp_knobs_measured_against_the_model(tmp_path: Path) -> None:
         assert k["measured_p25_s"] <= k["predicted_s"] <= k["measured_p75_s"], k
 
 
-def test_graph_search_per_node_cost_on_a_held_out_model(tmp_path: Path) -> None:
-    """cluster.autograd_node_traversal_s was fitted on the tiny transformer (116 nodes); a 2,001-node MLP's
-    search, measured the same way (one rank, DDP forward with find_unused_parameters minus without), must come
-    within a factor of 2 of nodes x that constant."""
+def _graph_search_s(model: torch.nn.Module, inputs: tuple[torch.Tensor, ...], pairs: int = 200) -> float:
+    """Median (DDP forward with find_unused_parameters) - (without), paired and alternated, one rank."""
     import copy
-    import importlib.util
     import statistics
 
-    from simddp.config import Cluster
+    ddp_cls = torch.nn.parallel.DistributedDataParallel
+    plain, searching = ddp_cls(copy.deepcopy(model)), ddp_cls(copy.deepcopy(model), find_unused_parameters=True)
+    for m in (plain, searching):
+        for _ in range(3):
+            m(*inputs).sum().backward()
+    diffs = []
+    for i in range(pairs):
+        t = {}
+        for name, m in (("p", plain), ("s", searching)) if i % 2 else (("s", searching), ("p", plain)):
+            t0 = time.perf_counter()
+            out = m(*inputs)
+            t[name] = time.perf_counter() - t0
+            out.sum().backward()
+        diffs.append(t["s"] - t["p"])
+    return statistics.median(diffs)
 
-    spec = importlib.util.spec_from_file_location("deep_mlp", ROOT / "calibration" / "models" / "deep_mlp.py")
+
+def _load_factory(file: str) -> Any:
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(Path(file).stem, ROOT / "calibration" / "models" / file)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
+    return module
+
+
+def test_graph_search_per_node_cost_fitted_here_predicts_a_held_out_model(tmp_path: Path) -> None:
+    """cluster.autograd_node_traversal_s, fitted on this machine from the search of the small transformer (340
+    autograd nodes), predicts the search of a held-out 2,001-node MLP within a factor of 2. Both are measured
+    here, one after the other, because a host's speed sets the constant: the shipped default (fitted on the
+    development machine) is only a default, and a constant fitted on one host is not checked on another."""
     from simddp_calibration.common import count_autograd_nodes
 
-    ddp_cls = torch.nn.parallel.DistributedDataParallel
     store = dist.FileStore(str(tmp_path / "store"), 1)
     owns = not dist.is_initialized()
     if owns:
         dist.init_process_group("gloo", store=store, rank=0, world_size=1)
     try:
         torch.set_num_threads(1)
-        model, inputs = module.factory()
-        nodes = count_autograd_nodes(model, inputs)
-        assert nodes == 2001
-        plain, searching = ddp_cls(copy.deepcopy(model)), ddp_cls(copy.deepcopy(model), find_unused_parameters=True)
-        for m in (plain, searching):
-            for _ in range(3):
-                m(*inputs).sum().backward()
-        diffs = []
-        for i in range(200):
-            t = {}
-            for name, m in (("p", plain), ("s", searching)) if i % 2 else (("s", searching), ("p", plain)):
-                t0 = time.perf_counter()
-                out = m(*inputs)
-                t[name] = time.perf_counter() - t0
-                out.sum().backward()
-            diffs.append(t["s"] - t["p"])
+        fit_model, fit_inputs = _load_factory("small_transformer.py").factory()
+        held_model, held_inputs = _load_factory("deep_mlp.py").factory()
+        fit_nodes, held_nodes = count_autograd_nodes(fit_model, fit_inputs), count_autograd_nodes(held_model,
+                                                                                                    held_inputs)
+        assert (fit_nodes, held_nodes) == (340, 2001)
+        per_node = _graph_search_s(fit_model, fit_inputs) / fit_nodes
+        measured = _graph_search_s(held_model, held_inputs)
     finally:
         if owns:
             dist.destroy_process_group()
-    predicted = nodes * Cluster.model_fields["autograd_node_traversal_s"].default
-    measured = statistics.median(diffs)
+    predicted = held_nodes * per_node
     assert 0.5 <= predicted / measured <= 2.0, (predicted, measured)
 
 
