@@ -74,10 +74,15 @@ def data_parallel_buffers(rule: ZeroRule, scenario: Scenario, workload: Workload
     order = [local[g] for g in workload.grad_ready_order if g in local]
     seen = set(order)
     order += [k for k in range(len(ids)) if k not in seen]  # a tied copy not in this stage's order
-    key = ("memory buckets", stage, rule, tuple(ids))
-    if key not in workload.memo:  # the same for every ZeRO stage and layout sharing this workload
-        workload.memo[key] = gradient_buckets(rule, grads, order, layers, ids)
-    buckets = workload.memo[key]
+    if rule.bucket_rule in ("torch", "megatron"):
+        # Size buckets over the ready order: the same for every ZeRO stage and layout sharing this workload.
+        key = ("memory buckets", stage, rule.bucket_rule, rule.bucket_cap_mb, rule.bucket_numel,
+               rule.gradient_dtype_bytes, rule.reduce_in_fp32, tuple(ids))
+        if key not in workload.memo:
+            workload.memo[key] = gradient_buckets(rule, grads, order, layers, ids)
+        buckets = workload.memo[key]
+    else:
+        buckets = gradient_buckets(rule, grads, order, layers, ids)
     out = []
     if rule.bucket_copies:
         out.append(MemoryItem(category="buffers", name="DDP bucket copies",
