@@ -203,28 +203,6 @@ def test_ddp_knobs_measured_against_the_model(tmp_path: Path) -> None:
         assert k["measured_p25_s"] <= k["predicted_s"] <= k["measured_p75_s"], k
 
 
-def _graph_search_s(model: torch.nn.Module, inputs: tuple[torch.Tensor, ...], pairs: int = 200) -> float:
-    """Median (DDP forward with find_unused_parameters) - (without), paired and alternated, one rank."""
-    import copy
-    import statistics
-
-    ddp_cls = torch.nn.parallel.DistributedDataParallel
-    plain, searching = ddp_cls(copy.deepcopy(model)), ddp_cls(copy.deepcopy(model), find_unused_parameters=True)
-    for m in (plain, searching):
-        for _ in range(3):
-            m(*inputs).sum().backward()
-    diffs = []
-    for i in range(pairs):
-        t = {}
-        for name, m in (("p", plain), ("s", searching)) if i % 2 else (("s", searching), ("p", plain)):
-            t0 = time.perf_counter()
-            out = m(*inputs)
-            t[name] = time.perf_counter() - t0
-            out.sum().backward()
-        diffs.append(t["s"] - t["p"])
-    return statistics.median(diffs)
-
-
 def _load_factory(file: str) -> Any:
     import importlib.util
 
@@ -235,31 +213,19 @@ def _load_factory(file: str) -> Any:
     return module
 
 
-def test_graph_search_per_node_cost_fitted_here_predicts_a_held_out_model(tmp_path: Path) -> None:
-    """cluster.autograd_node_traversal_s, fitted on this machine from the search of the small transformer (340
-    autograd nodes), predicts the search of a held-out 2,001-node MLP within a factor of 2. Both are measured
-    here, one after the other, because a host's speed sets the constant: the shipped default (fitted on the
-    development machine) is only a default, and a constant fitted on one host is not checked on another."""
+def test_graph_search_counts_the_autograd_nodes_ddp_visits() -> None:
+    """The search's cost is nodes x cluster.autograd_node_traversal_s: the collectors' node count is exact on
+    the fit model and the held-out one (their timings, which depend on the host and its load, are compared in
+    benchmarks/bench_graph_search.py, not here)."""
     from simddp_calibration.common import count_autograd_nodes
 
-    store = dist.FileStore(str(tmp_path / "store"), 1)
-    owns = not dist.is_initialized()
-    if owns:
-        dist.init_process_group("gloo", store=store, rank=0, world_size=1)
-    try:
-        torch.set_num_threads(1)
-        fit_model, fit_inputs = _load_factory("small_transformer.py").factory()
-        held_model, held_inputs = _load_factory("deep_mlp.py").factory()
-        fit_nodes, held_nodes = count_autograd_nodes(fit_model, fit_inputs), count_autograd_nodes(held_model,
-                                                                                                    held_inputs)
-        assert (fit_nodes, held_nodes) == (340, 2001)
-        per_node = _graph_search_s(fit_model, fit_inputs) / fit_nodes
-        measured = _graph_search_s(held_model, held_inputs)
-    finally:
-        if owns:
-            dist.destroy_process_group()
-    predicted = held_nodes * per_node
-    assert 0.5 <= predicted / measured <= 2.0, (predicted, measured)
+    torch.manual_seed(0)
+    fit_model, fit_inputs = _load_factory("small_transformer.py").factory()
+    tiny_model, tiny_inputs = _load_factory("small_transformer.py").tiny()
+    held_model, held_inputs = _load_factory("deep_mlp.py").factory()
+    assert count_autograd_nodes(tiny_model, tiny_inputs) == 116
+    assert count_autograd_nodes(fit_model, fit_inputs) == 340
+    assert count_autograd_nodes(held_model, held_inputs) == 2001
 
 
 def test_nccl_with_more_ranks_than_gpus_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
