@@ -4,11 +4,14 @@ Prints the layouts evaluated, how many fit, how many were simulated, the wall ti
 published Megatron layout (``examples/gpt3-175b-3d-1024xA100.yaml``: tp 8, pp 8, interleaved) as simddp times
 it; the best must be no slower. Results go in docs/performance.md.
 
-    python benchmarks/bench_planner.py
+    python benchmarks/bench_planner.py [--jobs 2]
+
+``--jobs`` (default 2, the machine's two cores) checks the candidates' memory in worker processes.
 """
 
 from __future__ import annotations
 
+import argparse
 import time
 
 import simddp
@@ -21,12 +24,12 @@ CASES = [
 ]
 
 
-def main() -> list[dict[str, object]]:
+def main(jobs: int = 2) -> list[dict[str, object]]:
     out = []
     for label, path, gpus in CASES:
         scenario = simddp.load_scenario(path)
         t0 = time.perf_counter()
-        result = plan_layouts(scenario, gpus, top=5)
+        result = plan_layouts(scenario, gpus, top=5, jobs=jobs)
         wall = time.perf_counter() - t0
         best = result.layouts[0]
         row = {"case": label, "evaluated": result.evaluated, "dominated": result.dominated,
@@ -38,7 +41,7 @@ def main() -> list[dict[str, object]]:
             assert best.step_time_s <= given.step_time_s, "the planner's best is slower than the given layout"
         out.append(row)
         print(f"{label}: {result.evaluated:,} layouts evaluated ({result.dominated:,} by dominance), "
-              f"{result.fitting:,} fit, {result.simulated} simulated, {wall:.1f} s")
+              f"{result.fitting:,} fit, {result.simulated} simulated, {wall:.1f} s with {jobs} job(s)")
         print(f"  best: {best.label()}: {best.step_time_s:.3f} s, MFU {best.mfu:.1%}")
         if "scenario_step_s" in row:
             print(f"  the scenario's own layout: {row['scenario_step_s']:.3f} s")
@@ -46,4 +49,6 @@ def main() -> list[dict[str, object]]:
 
 
 if __name__ == "__main__":
-    main()
+    parser = argparse.ArgumentParser(description="simddp plan speed and quality")
+    parser.add_argument("--jobs", type=int, default=2, help="worker processes for the memory check (default 2)")
+    main(parser.parse_args().jobs)

@@ -27,7 +27,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
     scenario = _load(args)
     gpus = args.gpus or scenario.cluster.num_gpus
-    result = plan_layouts(scenario, gpus, top=args.top, objective=args.objective,
+    result = plan_layouts(scenario, gpus, top=args.top, objective=args.objective, jobs=args.jobs,
                           progress=None if args.json else terminal_progress("plan"))
     if args.json:
         print(safeio.json_text(result.to_json_dict(), indent=2))
@@ -173,6 +173,8 @@ def add_commands(sub: argparse._SubParsersAction, scenario_args: ScenarioArgs) -
     p.add_argument("--top", type=_positive_int, default=10, help="layouts to list (default 10)")
     p.add_argument("--objective", choices=OBJECTIVES, default="step_time",
                    help="rank by step time (default) or tokens per second")
+    p.add_argument("--jobs", type=_positive_int, default=1,
+                   help="worker processes for the memory check of the candidates (default 1; same answer)")
     p.set_defaults(func=cmd_plan)
 
     p = sub.add_parser("sweep", help="a grid over any scenario keys: --vary key.path=v1,v2,... (repeatable)")

@@ -15,6 +15,7 @@ import itertools
 import math
 import sys
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -204,9 +205,69 @@ def step_lower_bound(scenario: Scenario, workload: Workload) -> float:
     return bound
 
 
+_RECOMPUTE_ORDER = {"full": 0, "selective": 1, "none": 2}
+
+
+@dataclass
+class _GroupCheck:
+    """The memory check of one (tp, pp, virtual stages, SP) group of candidate layouts."""
+
+    candidates: int
+    evaluated: int
+    dominated: int
+    fitting: list[tuple[float, int, dict[str, Any], int]]  # (bound, candidate index, update, memory bytes)
+    workloads: dict[tuple[Any, ...], tuple[Workload, float]]  # in-process only (empty from a worker)
+
+
+def _layout_scenario(data: dict[str, Any], update: dict[str, Any]) -> Scenario:
+    variant = {section: ({**data[section], **values} if isinstance(data.get(section), dict) else values)
+               for section, values in update.items()}
+    return Scenario.model_validate({**data, **variant})
+
+
+def _check_group(task: tuple[dict[str, Any], list[tuple[int, dict[str, Any]]]]) -> _GroupCheck:
+    """Validate, prune by dominance and check the memory of one group's candidates, in their order."""
+    data, members = task
+    failed: dict[tuple[Any, ...], list[tuple[int, int]]] = {}
+    workloads: dict[tuple[Any, ...], tuple[Workload, float]] = {}
+    out = _GroupCheck(len(members), 0, 0, [], workloads)
+    for index, update in members:
+        par, tr = update["parallelism"], update["training"]
+        base = (par["tp"], par["pp"], par["virtual_stages"], par["sequence_parallel"], par["zero_stage"],
+                update["ddp"]["bucket_cap_mb"])
+        mbs, rc = tr["micro_batch_size"], _RECOMPUTE_ORDER[tr["recompute"]]
+        try:
+            s = _layout_scenario(data, update)
+        except (ValidationError, ScenarioError, ValueError):
+            continue  # a layout the scenario rules forbid (heads, layers, schedule)
+        out.evaluated += 1
+        if any(m0 <= mbs and r0 <= rc for m0, r0 in failed.get(base, ())):
+            out.dominated += 1
+            continue
+        key = _workload_key(update)
+        if key not in workloads:
+            w = build_workload(s)  # shared by the layouts that differ only in ZeRO stage and bucket cap
+            workloads[key] = (w, step_lower_bound(s, w))
+        workload, bound = workloads[key]
+        mem = memory_breakdown(s, workload)
+        if mem.fits:
+            out.fitting.append((bound, index, update, mem.total_bytes))
+        else:
+            failed.setdefault(base, []).append((mbs, rc))
+    return out
+
+
+def _check_group_remote(task: tuple[dict[str, Any], list[tuple[int, dict[str, Any]]]]) -> _GroupCheck:
+    """:func:`_check_group` in a worker process: its workloads stay there (the parent rebuilds the few it
+    simulates)."""
+    out = _check_group(task)
+    out.workloads = {}
+    return out
+
+
 def plan_layouts(scenario: Scenario, num_gpus: int, top: int = 10, objective: Objective = "step_time",
                  progress: Callable[[int, int], None] | None = None, pareto: bool = False,
-                 exact_front: bool = False) -> PlanResult:
+                 exact_front: bool = False, jobs: int = 1) -> PlanResult:
     """The ``top`` fastest layouts that fit ``scenario``'s model and global batch on ``num_gpus`` GPUs.
 
     Exact branch and bound: every valid layout is checked against the memory model; those that fit get a
@@ -215,6 +276,7 @@ def plan_layouts(scenario: Scenario, num_gpus: int, top: int = 10, objective: Ob
     simulating every fitting layout (``tests/test_planner.py`` compares the two). ``pareto`` adds ``front``,
     the layouts no other simulated one beats on both step time and memory per GPU; with ``exact_front`` too,
     every layout that could still be on it is simulated, so it is the front over every fitting layout.
+    ``jobs`` > 1 checks the candidates' memory in that many worker processes (same result).
     """
     if top < 1:
         raise ScenarioError(f"--top({top}) must be >= 1")
@@ -230,44 +292,44 @@ def plan_layouts(scenario: Scenario, num_gpus: int, top: int = 10, objective: Ob
     total = len(candidates)
     # Memory never falls as the micro-batch grows or as less is recomputed (tests/test_planner.py checks
     # both): a layout that does not fit rules out the larger micro-batches and lighter recompute beside it.
-    order = {"full": 0, "selective": 1, "none": 2}
-    candidates.sort(key=lambda u: (u["training"]["micro_batch_size"], order[u["training"]["recompute"]]))
-    failed: dict[tuple[Any, ...], list[tuple[int, int]]] = {}
-    workloads: dict[tuple[Any, ...], tuple[Workload, float]] = {}
-    fitting: list[tuple[float, int, Scenario, Workload, dict[str, Any], int]] = []
-    evaluated = dominated = 0
-    for done, update in enumerate(candidates, start=1):
-        if progress is not None and done % 25 == 0:
-            progress(done, total)
-        par, tr = update["parallelism"], update["training"]
-        base = (par["tp"], par["pp"], par["virtual_stages"], par["sequence_parallel"], par["zero_stage"],
-                update["ddp"]["bucket_cap_mb"])
-        mbs, rc = tr["micro_batch_size"], order[tr["recompute"]]
-        variant = {section: ({**data[section], **values} if isinstance(data.get(section), dict) else values)
-                   for section, values in update.items()}
-        try:
-            s = Scenario.model_validate({**data, **variant})
-        except (ValidationError, ScenarioError, ValueError):
-            continue  # a layout the scenario rules forbid (heads, layers, schedule)
-        evaluated += 1
-        if any(m0 <= mbs and r0 <= rc for m0, r0 in failed.get(base, ())):
-            dominated += 1
-            continue
-        key = _workload_key(update)
-        if key not in workloads:
-            w = build_workload(s)  # shared by the layouts that differ only in ZeRO stage and bucket cap
-            workloads[key] = (w, step_lower_bound(s, w))
-        workload, bound = workloads[key]
-        mem = memory_breakdown(s, workload)
-        if mem.fits:
-            fitting.append((bound, len(fitting), s, workload, update, mem.total_bytes))
-        else:
-            failed.setdefault(base, []).append((mbs, rc))
+    candidates.sort(key=lambda u: (u["training"]["micro_batch_size"], _RECOMPUTE_ORDER[u["training"]["recompute"]]))
+    # Dominance and shared workloads never cross a (tp, pp, virtual stages, SP) group: groups are checked
+    # independently (in worker processes with ``jobs`` > 1), each in the candidates' order.
+    groups: dict[tuple[Any, ...], list[tuple[int, dict[str, Any]]]] = {}
+    for index, update in enumerate(candidates):
+        par = update["parallelism"]
+        groups.setdefault((par["tp"], par["pp"], par["virtual_stages"], par["sequence_parallel"]), []).append(
+            (index, update))
+    tasks = [(data, members) for members in groups.values()]
+    checked: list[_GroupCheck] = []
+    done = 0
+    if jobs > 1 and len(tasks) > 1:
+        from concurrent.futures import ProcessPoolExecutor
+
+        with ProcessPoolExecutor(max_workers=jobs) as pool:
+            for result in pool.map(_check_group_remote, tasks):
+                checked.append(result)
+                done += result.candidates
+                if progress is not None:
+                    progress(done, total)
+    else:
+        for task in tasks:
+            checked.append(_check_group(task))
+            done += checked[-1].candidates
+            if progress is not None:
+                progress(done, total)
+    evaluated = sum(c.evaluated for c in checked)
+    dominated = sum(c.dominated for c in checked)
+    workloads: dict[tuple[Any, ...], Workload] = {}
+    fitting: list[tuple[float, int, dict[str, Any], int]] = []
+    for c in checked:
+        workloads.update({key: w for key, (w, _) in c.workloads.items()})
+        fitting += c.fitting
     fitting.sort(key=lambda f: (f[0], f[1]))
     rows: list[PlannedLayout] = []
     best: list[float] = []  # the top fastest simulated steps so far, ascending
     steps_total = total + len(fitting)
-    for k, (bound, _, s, workload, update, mem_bytes) in enumerate(fitting):
+    for k, (bound, _, update, mem_bytes) in enumerate(fitting):
         if progress is not None:
             progress(total + k, steps_total)
         if len(best) >= top and bound >= best[top - 1]:
@@ -277,8 +339,12 @@ def plan_layouts(scenario: Scenario, num_gpus: int, top: int = 10, objective: Ob
                 break
             if any(r.memory_bytes <= mem_bytes and _time(r) <= bound for r in rows):
                 continue
+        s = _layout_scenario(data, update)
+        key = _workload_key(update)
+        if key not in workloads:  # checked in a worker process
+            workloads[key] = build_workload(s)
         try:
-            r = simulate_step(s, trace=False, workload=workload)
+            r = simulate_step(s, trace=False, workload=workloads[key])
         except ScenarioError:
             continue  # beyond the simulation size limit (simddp.limits): not a layout we can rank
         par, tr = s.parallelism, s.training

@@ -204,3 +204,11 @@ def test_sweep_jobs_give_the_same_points() -> None:
     one = vary_sweep(_small(), {"ddp.bucket_cap_mb": [5, 25], "training.seq_len": [256, 512]})
     two = vary_sweep(_small(), {"ddp.bucket_cap_mb": [5, 25], "training.seq_len": [256, 512]}, jobs=2)
     assert one.rows() == two.rows()
+
+
+def test_plan_jobs_give_the_same_answer() -> None:
+    """The memory check in worker processes finds the same layouts, counts and order as in-process."""
+    one = plan_layouts(as_scenario(_small()), 4, top=5)
+    two = plan_layouts(as_scenario(_small()), 4, top=5, jobs=2)
+    assert two.model_dump() == one.model_dump()
+    assert one.evaluated > 0 and one.dominated >= 0 and one.fitting > 0
