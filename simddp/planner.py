@@ -11,6 +11,7 @@ Everything else (model, batch, precision, optimizer, overlap options, cluster) i
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import math
 import sys
@@ -216,7 +217,7 @@ class _GroupCheck:
     evaluated: int
     dominated: int
     fitting: list[tuple[float, int, dict[str, Any], int]]  # (bound, candidate index, update, memory bytes)
-    workloads: dict[tuple[Any, ...], tuple[Workload, float]]  # in-process only (empty from a worker)
+    workloads: dict[tuple[Any, ...], Workload]  # in-process only (empty from a worker)
 
 
 def _layout_scenario(data: dict[str, Any], update: dict[str, Any]) -> Scenario:
@@ -229,8 +230,8 @@ def _check_group(task: tuple[dict[str, Any], list[tuple[int, dict[str, Any]]]]) 
     """Validate, prune by dominance and check the memory of one group's candidates, in their order."""
     data, members = task
     failed: dict[tuple[Any, ...], list[tuple[int, int]]] = {}
-    workloads: dict[tuple[Any, ...], tuple[Workload, float]] = {}
-    out = _GroupCheck(len(members), 0, 0, [], workloads)
+    bounds: dict[tuple[Any, ...], float] = {}
+    out = _GroupCheck(len(members), 0, 0, [], {})
     for index, update in members:
         par, tr = update["parallelism"], update["training"]
         base = (par["tp"], par["pp"], par["virtual_stages"], par["sequence_parallel"], par["zero_stage"],
@@ -245,13 +246,12 @@ def _check_group(task: tuple[dict[str, Any], list[tuple[int, dict[str, Any]]]]) 
             out.dominated += 1
             continue
         key = _workload_key(update)
-        if key not in workloads:
+        if key not in out.workloads:
             w = build_workload(s)  # shared by the layouts that differ only in ZeRO stage and bucket cap
-            workloads[key] = (w, step_lower_bound(s, w))
-        workload, bound = workloads[key]
-        mem = memory_breakdown(s, workload)
+            out.workloads[key], bounds[key] = w, step_lower_bound(s, w)
+        mem = memory_breakdown(s, out.workloads[key])
         if mem.fits:
-            out.fitting.append((bound, index, update, mem.total_bytes))
+            out.fitting.append((bounds[key], index, update, mem.total_bytes))
         else:
             failed.setdefault(base, []).append((mbs, rc))
     return out
@@ -303,19 +303,15 @@ def plan_layouts(scenario: Scenario, num_gpus: int, top: int = 10, objective: Ob
     tasks = [(data, members) for members in groups.values()]
     checked: list[_GroupCheck] = []
     done = 0
-    if jobs > 1 and len(tasks) > 1:
-        from concurrent.futures import ProcessPoolExecutor
+    with contextlib.ExitStack() as stack:
+        results: Iterator[_GroupCheck] = map(_check_group, tasks)
+        if jobs > 1 and len(tasks) > 1:
+            from concurrent.futures import ProcessPoolExecutor
 
-        with ProcessPoolExecutor(max_workers=jobs) as pool:
-            for result in pool.map(_check_group_remote, tasks):
-                checked.append(result)
-                done += result.candidates
-                if progress is not None:
-                    progress(done, total)
-    else:
-        for task in tasks:
-            checked.append(_check_group(task))
-            done += checked[-1].candidates
+            results = stack.enter_context(ProcessPoolExecutor(max_workers=jobs)).map(_check_group_remote, tasks)
+        for result in results:
+            checked.append(result)
+            done += result.candidates
             if progress is not None:
                 progress(done, total)
     evaluated = sum(c.evaluated for c in checked)
@@ -323,7 +319,7 @@ def plan_layouts(scenario: Scenario, num_gpus: int, top: int = 10, objective: Ob
     workloads: dict[tuple[Any, ...], Workload] = {}
     fitting: list[tuple[float, int, dict[str, Any], int]] = []
     for c in checked:
-        workloads.update({key: w for key, (w, _) in c.workloads.items()})
+        workloads.update(c.workloads)
         fitting += c.fitting
     fitting.sort(key=lambda f: (f[0], f[1]))
     rows: list[PlannedLayout] = []

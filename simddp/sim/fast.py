@@ -69,15 +69,8 @@ def supported(plan: StepPlan) -> bool:
         return no_tp and not any(b.gather for r in plan.ranks for b in r.buckets)
     if plan.mode == "pipeline":
         reduces = any(r.buckets for r in plan.ranks) and scenario.dp > 1
-        return not par.pp_p2p_overlap and not (_overlap(plan) and reduces)
+        return not par.pp_p2p_overlap and not (plan.rule.overlap and reduces)
     return False
-
-
-def _overlap(plan: StepPlan) -> bool:
-    """Whether gradient reduction runs beside backward (the data-parallel implementation's rule)."""
-    from simddp.zero import zero_rule
-
-    return (plan.rule or zero_rule(plan.scenario)).overlap
 
 
 def run(plan: StepPlan) -> StepResult:
@@ -152,7 +145,7 @@ def _run_dp(plan: StepPlan) -> list[Outcome]:
         t = fwd + bwd
         out.add("compute", fwd + bwd - p.bwd_recompute_s[0] * silent)
         out.add("recompute", p.bwd_recompute_s[0] * silent)
-    overlap = _overlap(plan)
+    overlap = plan.rule.overlap
     stream = _Reductions(out, rounds, None)
     remaining = {(rnd, b.index): b.num_params for rnd in range(rounds) for b in p.buckets}
     layers = range(len(p.plans))

@@ -158,7 +158,7 @@ class StepPlan:
     p2p_gather: CollectiveCost | None  # the receiver's all-gather of the slices (scatter/gather), if any
     overlap: str  # parallelism.tp_comm_overlap
     interference: float
-    rule: ZeroRule | None = None  # the data-parallel implementation's rule the plan was built from
+    rule: ZeroRule  # the data-parallel implementation's rule the plan was built from
     cache: dict[str, Any] = field(default_factory=dict)  # derived values computed once per plan
 
 
