@@ -15,7 +15,8 @@ Two cases are covered:
 * **Pipelines whose operations do not overlap communication** (Megatron's defaults: synchronous send/recv,
   gradient reduction after the schedule, or none with dp = 1): every operation takes its time on an idle
   GPU (its own TP collectives included), a send blocks its sender, a receiver all-gathers the slices of
-  what arrived; the schedule is the max-plus recurrence of :func:`simddp.sim.pipeline.makespan`, then each
+  what arrived; the schedule is the max-plus recurrence of :class:`simddp.sim.periodic.ScheduleRun` (its periodic steady
+  state extended exactly), then each
   rank reduces its buckets one after another, syncs a tied embedding, steps and gathers.
 """
 
@@ -26,7 +27,8 @@ from dataclasses import dataclass, field
 
 from simddp.results import StepResult
 from simddp.sim.layers import layer_alone, layer_release_s
-from simddp.sim.pipeline import PipeOp, dependency, last_backward
+from simddp.sim.periodic import ScheduleRun, steady
+from simddp.sim.pipeline import PipeOp, last_backward
 from simddp.sim.plan import RankPlan, StepPlan
 
 #: Work below this many seconds counts as done (as the simpy engine's fluid server does).
@@ -235,10 +237,7 @@ def _run_pipeline(plan: StepPlan) -> list[Outcome]:
     gather = plan.p2p_gather.time_s if plan.p2p_gather is not None and plan.p2p_gather.time_s > 0 else 0.0
     gather_transfer = plan.p2p_gather.transfer_s if gather and plan.p2p_gather is not None else 0.0
     gather_tier = plan.p2p_gather.tier if plan.p2p_gather is not None else "intra"
-    arrival: dict[tuple[str, int, int], float] = {}
-    pos = [0] * len(plan.ops)
-    clock = [0.0] * len(plan.ops)
-    last_b = [last_backward(ops) for ops in plan.ops]
+    last_b = [last_backward(ops, par.virtual_stages) for ops in plan.ops]
     # Per (rank, kind, virtual stage): duration alone, busy time, kernel work, recompute work.
     table: list[dict[tuple[str, int], tuple[float, float, float, float]]] = []
     for rp in plan.ranks:
@@ -248,58 +247,67 @@ def _run_pipeline(plan: StepPlan) -> list[Outcome]:
             per[("B", vs)] = (rp.bwd_alone_s[vs], rp.bwd_busy_s[vs], rp.bwd_work_s[vs], rp.bwd_recompute_s[vs])
         table.append(per)
     counts = [{b.index: b.num_params for b in r.buckets} for r in plan.ranks]
-    remaining = sum(len(o) for o in plan.ops)
-    while remaining:
-        progressed = False
-        for r, ops in enumerate(plan.ops):
-            out, per = outs[r], table[r]
-            while pos[r] < len(ops):
-                op: PipeOp = ops[pos[r]]
-                dep = dependency(op, num_vs)
-                t = clock[r]
-                if dep is not None:
-                    if dep not in arrival:
-                        break
-                    if arrival[dep] > t:
-                        out.add("pipeline_wait", arrival[dep] - t)
-                        t = arrival[dep]
-                    if gather:
-                        t += gather
-                        out.add("tp_comm", gather)
-                        out.transfer(gather_tier, gather_transfer)
-                alone, busy, work, recompute = per[(op.kind, op.virtual_stage)]
-                if op.kind == "B" and last_b[r].get(op.virtual_stage) == pos[r]:
-                    _release(out, op.virtual_stage, t, counts[r], plan.overlap, plan.interference)
-                t += alone
-                out.add("compute", work - recompute)
-                out.add("recompute", recompute)
-                out.add("interference", busy - work)
-                out.add("tp_comm", alone - busy)
-                boundary = op.virtual_stage if op.kind == "F" else op.virtual_stage - 1
-                send = plan.p2p.get(boundary)
-                if send is not None and send.time_s > 0:
-                    t += send.time_s
-                    out.add("pipeline_wait", send.time_s)
-                    out.transfer(send.tier, send.transfer_s)
-                arrival[(op.kind, op.micro_batch, op.virtual_stage)] = t
-                clock[r] = t
-                pos[r] += 1
-                remaining -= 1
-                progressed = True
-        if not progressed:
-            raise RuntimeError("pipeline schedule deadlocks")  # a schedule bug, not user input
+
+    def step(r: int, position: int, op: PipeOp, t: float, arrived: float | None) -> float:
+        out = outs[r]
+        if arrived is not None:
+            if arrived > t:
+                out.add("pipeline_wait", arrived - t)
+                t = arrived
+            if gather:
+                t += gather
+                out.add("tp_comm", gather)
+                out.transfer(gather_tier, gather_transfer)
+        alone, busy, work, recompute = table[r][(op.kind, op.virtual_stage)]
+        if op.kind == "B" and last_b[r].get(op.virtual_stage) == position:
+            _release(out, op.virtual_stage, t, counts[r], plan.overlap, plan.interference)
+        t += alone
+        out.add("compute", work - recompute)
+        out.add("recompute", recompute)
+        out.add("interference", busy - work)
+        out.add("tp_comm", alone - busy)
+        boundary = op.virtual_stage if op.kind == "F" else op.virtual_stage - 1
+        send = plan.p2p.get(boundary)
+        if send is not None and send.time_s > 0:
+            t += send.time_s
+            out.add("pipeline_wait", send.time_s)
+            out.transfer(send.tier, send.transfer_s)
+        return t
+
+    keys = ["compute", "recompute", "interference", "tp_comm", "pipeline_wait"]
+
+    def accumulators() -> list[float]:
+        return [v for out in outs for v in ([out.acct.get(k, 0.0) for k in keys] + list(out.link_busy_s.values())
+                                            + list(out.link_work_s.values()))]
+
+    def add(increment: list[float], times: float) -> None:
+        it = iter(increment)
+        for out in outs:
+            for k in keys:
+                out.acct[k] = out.acct.get(k, 0.0) + next(it) * times
+            for d in (out.link_busy_s, out.link_work_s):
+                for tier in d:
+                    d[tier] += next(it) * times
+
+    run = ScheduleRun(plan.ops, num_vs, step, accumulators, add)
+    run.run(steady(par.pipeline_schedule, plan.ops, par.pp, plan.num_micro_batches, par.virtual_stages))
+    plan.cache["jumped_units"] = run.jumped_units
+    clock = run.clock
     for r, out in enumerate(outs):
         out.compute_end_s = clock[r]
-        t = clock[r]
+        # Buckets one after another on the DP stream: after the schedule, or (overlap on, which supported()
+        # allows only with nothing to reduce) each as soon as it is ready.
+        t = 0.0 if out.plan.overlap else clock[r]
         for b in out.plan.buckets:
             cost = b.reduce
-            start = t
+            start = max(t, out.ready_at[(0, b.index)]) if out.plan.overlap else t
+            t = start
             if cost.time_s > 0:
                 t += cost.time_s
                 out.dp_comm_s += cost.time_s
                 out.transfer(cost.tier, cost.transfer_s)
             out.reduced[(0, b.index)] = (start, t)
-        _finish(out, t)
+        _finish(out, max(t, clock[r]))
     return outs
 
 

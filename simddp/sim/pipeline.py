@@ -18,13 +18,12 @@ send/recv). Events scale with micro-batches x virtual stages, never with bytes.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from typing import NamedTuple, overload
 
 
-@dataclass(frozen=True)
-class PipeOp:
-    """One forward or backward of one micro-batch through one virtual stage."""
+class PipeOp(NamedTuple):
+    """One forward or backward of one micro-batch through one virtual stage (a tuple: a 1T schedule has 65,536)."""
 
     kind: str  # "F" or "B"
     micro_batch: int
@@ -76,15 +75,68 @@ def interleaved_1f1b(num_stages: int, num_micro: int, rank: int, num_chunks: int
     return ops
 
 
-def schedule(name: str, num_stages: int, num_micro: int, rank: int, num_chunks: int = 1) -> list[PipeOp]:
+class Schedule(Sequence[PipeOp]):
+    """One rank's operations under a schedule, each computed when read (equal to the list functions above).
+
+    A 1T model on pp 64 with 512 micro-batches has 65,536 operations; the fast engine reads the warm-up, a few
+    steady units and the drain (:mod:`simddp.sim.periodic`), so building them all would cost more than the run.
+    Positions: ``warmup`` forwards, then ``total - warmup`` (forward, backward) pairs, then the remaining
+    backwards; forward and backward ``k`` are the schedule's k-th of each kind.
+    """
+
+    def __init__(self, name: str, num_stages: int, num_micro: int, rank: int, num_chunks: int = 1) -> None:
+        p, m, v = num_stages, num_micro, num_chunks
+        self.rank, self.p, self.v = rank, p, v
+        if name == "gpipe":
+            self.total, self.warmup, self.interleaved = m, m, False
+        elif name == "1f1b":
+            self.total, self.warmup, self.interleaved = m, min(p - rank - 1, m), False
+        elif name == "interleaved-1f1b":
+            if m % p:
+                raise ValueError(f"interleaved-1f1b needs micro-batches({m}) to be a multiple of pp({p})")
+            total = m * v
+            warmup = total if m == p else min((p - rank - 1) * 2 + (v - 1) * p, total)
+            self.total, self.warmup, self.interleaved = total, warmup, True
+        else:
+            raise ValueError(f"unknown pipeline schedule {name!r}")
+        self.length = 2 * self.total
+
+    def __len__(self) -> int:
+        return self.length
+
+    def _op(self, kind: str, k: int) -> PipeOp:
+        if not self.interleaved:
+            return PipeOp(kind, k, self.rank)
+        p, v = self.p, self.v
+        c = (k % (p * v)) // p
+        chunk = c if kind == "F" else v - c - 1
+        return PipeOp(kind, (k // (p * v)) * p + k % p, chunk * p + self.rank)
+
+    @overload
+    def __getitem__(self, i: int) -> PipeOp: ...
+
+    @overload
+    def __getitem__(self, i: slice) -> list[PipeOp]: ...
+
+    def __getitem__(self, i: int | slice) -> PipeOp | list[PipeOp]:
+        if isinstance(i, slice):
+            return [self[j] for j in range(*i.indices(self.length))]
+        if i < 0:
+            i += self.length
+        if not 0 <= i < self.length:
+            raise IndexError(i)
+        w, total = self.warmup, self.total
+        if i < w:
+            return self._op("F", i)
+        if i < 2 * total - w:
+            j = i - w
+            return self._op("F", w + j // 2) if j % 2 == 0 else self._op("B", j // 2)
+        return self._op("B", i - total)
+
+
+def schedule(name: str, num_stages: int, num_micro: int, rank: int, num_chunks: int = 1) -> Schedule:
     """The operation order of ``rank`` under schedule ``name``."""
-    if name == "gpipe":
-        return gpipe(num_stages, num_micro, rank)
-    if name == "1f1b":
-        return one_f_one_b(num_stages, num_micro, rank)
-    if name == "interleaved-1f1b":
-        return interleaved_1f1b(num_stages, num_micro, rank, num_chunks)
-    raise ValueError(f"unknown pipeline schedule {name!r}")
+    return Schedule(name, num_stages, num_micro, rank, num_chunks)
 
 
 def dependency(op: PipeOp, num_virtual_stages: int) -> tuple[str, int, int] | None:
@@ -96,7 +148,7 @@ def dependency(op: PipeOp, num_virtual_stages: int) -> tuple[str, int, int] | No
     return None
 
 
-def makespan(ops: list[list[PipeOp]], num_virtual_stages: int, duration: Callable[[int, PipeOp], float],
+def makespan(ops: Sequence[Sequence[PipeOp]], num_virtual_stages: int, duration: Callable[[int, PipeOp], float],
              transfer: Callable[[PipeOp], float]) -> list[float]:
     """End time of each rank's schedule when operations take ``duration(rank, op)`` and a dependency arrives
     ``transfer(op)`` after it ends (the max-plus recurrence of the schedule; no other resource)."""
@@ -123,10 +175,16 @@ def makespan(ops: list[list[PipeOp]], num_virtual_stages: int, duration: Callabl
     return clock
 
 
-def last_backward(ops: list[PipeOp]) -> dict[int, int]:
-    """Position of the last backward of each virtual stage in a rank's operations (gradients ready)."""
+def last_backward(ops: Sequence[PipeOp], num_chunks: int | None = None) -> dict[int, int]:
+    """Position of the last backward of each virtual stage in a rank's operations (gradients ready).
+
+    Searched from the end; with ``num_chunks`` (the virtual stages a rank holds) it stops once all are found.
+    """
     last: dict[int, int] = {}
-    for i, op in enumerate(ops):
-        if op.kind == "B":
+    for i in range(len(ops) - 1, -1, -1):
+        op = ops[i]
+        if op.kind == "B" and op.virtual_stage not in last:
             last[op.virtual_stage] = i
+            if len(last) == num_chunks:
+                break
     return last

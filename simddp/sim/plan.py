@@ -153,7 +153,7 @@ class StepPlan:
     ranks: list[RankPlan]
     num_micro_batches: int
     mode: str  # "dp" (pp = 1, DDP / ZeRO-1/2), "fsdp" (ZeRO-3, pp = 1) or "pipeline"
-    ops: list[list[PipeOp]]  # pipeline schedule of each rank
+    ops: list[Sequence[PipeOp]]  # pipeline schedule of each rank (operations computed on access)
     p2p: dict[int, CollectiveCost]  # virtual stage boundary (vs -> vs + 1) -> activation/gradient send
     p2p_gather: CollectiveCost | None  # the receiver's all-gather of the slices (scatter/gather), if any
     overlap: str  # parallelism.tp_comm_overlap

@@ -28,7 +28,7 @@ do not communicate.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Generator
+from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -39,7 +39,8 @@ from simddp.config import Scenario
 from simddp.memory import memory_breakdown
 from simddp.results import BREAKDOWN_PARTS, Bounds, BucketTiming, Span, StepPart, StepResult, Trace
 from simddp.sim.layers import LayerPlan, Recorder, backward, forward, pass_alone_s
-from simddp.sim.pipeline import PipeOp, dependency, last_backward, makespan
+from simddp.sim.periodic import ScheduleRun, steady
+from simddp.sim.pipeline import PipeOp, dependency, last_backward
 from simddp.sim.plan import FsdpUnitPlan, RankPlan, StepPlan, build_plan
 from simddp.sim.resources import Gpu
 from simddp.workload import Workload
@@ -445,8 +446,8 @@ def _run_pipeline(env: simpy.Environment, plan: StepPlan, states: list[_Rank]) -
         st.rec.add(f"send {op.kind}{op.micro_batch}", "comm p2p", start, end, size_bytes=cost.size_bytes)
         arrival(key).succeed()
 
-    def rank(st: _Rank, ops: list[PipeOp]) -> ProcessGen:
-        last_b = last_backward(ops)
+    def rank(st: _Rank, ops: Sequence[PipeOp]) -> ProcessGen:
+        last_b = last_backward(ops, par.virtual_stages)
         sends: list[simpy.Process] = []
         by_stage: dict[int, list[int]] = {}
         for i, la in enumerate(st.plan.layers):
@@ -705,7 +706,7 @@ def _pipeline_ends(plan: StepPlan, serial: bool) -> list[float]:
     par = plan.scenario.parallelism
     num_vs = par.pp * par.virtual_stages
     i = plan.interference
-    first_release = [min(last_backward(ops).values(), default=len(ops)) for ops in plan.ops]
+    first_release = [min(last_backward(ops, par.virtual_stages).values(), default=len(ops)) for ops in plan.ops]
     costs: list[dict[tuple[str, int], tuple[float, float]]] = []
     for rp in plan.ranks:
         per: dict[tuple[str, int], tuple[float, float]] = {}
@@ -735,7 +736,12 @@ def _pipeline_ends(plan: StepPlan, serial: bool) -> list[float]:
         extra = delay[r] if (op.kind, op.micro_batch, op.virtual_stage) in front[r] else 0.0
         return work + comm + extra
 
-    cache[serial] = makespan(plan.ops, num_vs, duration, lambda op: 0.0)
+    def step(r: int, _position: int, op: PipeOp, clock: float, arrived: float | None) -> float:
+        return (clock if arrived is None else max(clock, arrived)) + duration(r, op)
+
+    run = ScheduleRun(plan.ops, num_vs, step)
+    run.run(steady(par.pipeline_schedule, plan.ops, par.pp, plan.num_micro_batches, par.virtual_stages))
+    cache[serial] = run.clock
     return cache[serial]
 
 

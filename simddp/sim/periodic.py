@@ -1,0 +1,187 @@
+"""Pipeline schedules run as max-plus recurrences, with the steady state extended exactly.
+
+A pipeline schedule with deterministic operation times is a max-plus linear system: an operation starts when
+its rank is free and its dependency (the previous virtual stage's forward, the next one's backward) has
+arrived. After a transient its 1F1B steady state becomes periodic: one *unit* later (1 pair of forward and
+backward per rank for 1F1B, ``p v`` pairs for interleaved 1F1B, shifting micro-batches by 1 or ``p``) every
+time is the same plus a constant (Cohen et al., "A linear-system-theoretic view of discrete-event processes
+...", 1985; Baccelli et al., *Synchronization and Linearity*, 1992, ch. 3).
+
+:class:`ScheduleRun` runs the recurrence greedily, rank by rank, and at each *cut* compares the state with the
+cuts one to :data:`MAX_CYCLE` units before. A cut is a set of positions, one per rank, closed under
+dependencies (nothing before it needs anything after it). Everything after a cut depends on what is before it
+only through each rank's clock and the last forward and backward it ran (its *frontier*); :func:`steady`'s
+offsets make that so for 1F1B and interleaved 1F1B. When the frontier and clocks at cut ``J + c P`` are those
+at cut ``J`` plus one constant ``Δ``, the remaining steady units repeat them exactly (max-plus operations
+commute with adding a constant), so the run jumps ``N`` cycles ahead: clocks and frontier plus ``N Δ``, every
+accumulator plus ``N`` times its increment over the cycle. The transient, the compared cuts and the drain are
+run operation by operation. Evaluation cost then depends on the number of stages, not of micro-batches;
+``tests/test_fast.py`` checks the result against the simpy simulation of every micro-batch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from simddp.sim.pipeline import PipeOp, dependency, last_backward
+
+#: Cycle lengths (in units) tried when comparing cuts; max-plus systems can be periodic with cyclicity > 1.
+MAX_CYCLE = 3
+#: Relative tolerance of "the same state plus a constant" (float rounding of sums of times, not modelling).
+_REL_TOL = 1e-12
+
+#: step(rank, position, op, clock, dependency arrival or None) -> the op's arrival time (its rank's new clock).
+StepFn = Callable[[int, int, PipeOp, float, "float | None"], float]
+
+
+@dataclass(frozen=True)
+class Steady:
+    """Where each rank's steady 1F1B pairs are, and how the schedule repeats."""
+
+    start: list[int]  # position of the first steady pair (the warm-up forwards before it)
+    pairs: list[int]  # number of steady (forward, backward) pairs
+    offset: list[int]  # a cut at unit index J puts rank r after J + offset[r] pairs (closed under dependencies)
+    limit: list[int]  # a jump may not pass this position (the first last-backward: it releases gradients)
+    unit: int  # pairs per period of the schedule
+    shift: int  # micro-batches one unit moves
+
+    @property
+    def max_units(self) -> int:
+        """The last cut (in units) inside every rank's steady pairs and before its limit."""
+        return min(min(n, (lim - s) // 2) - o
+                   for s, n, o, lim in zip(self.start, self.pairs, self.offset, self.limit, strict=True)) // self.unit
+
+
+def steady(name: str, ops: Sequence[Sequence[PipeOp]], num_stages: int, num_micro: int,
+           num_chunks: int) -> Steady | None:
+    """The steady structure of schedule ``name``'s operations ``ops``, or None where it has none to extend.
+
+    1F1B: rank r runs ``w_r = p - r - 1`` warm-up forwards, then pairs (F w_r + j, B j); a forward's input
+    is the previous rank's forward of the same index, a backward's gradient the next rank's backward of the
+    same index, so cutting every rank after ``J`` pairs is closed (``w_{r-1} >= w_r``). Interleaved 1F1B:
+    ``w_r = 2 (p - r - 1) + (v - 1) p`` forwards, then pairs of the k-th forward and backward, where forward
+    index k + p v is index k's (chunk, micro-batch + p); rank 0's input comes from rank p - 1's forward
+    k - p and rank p - 1's gradient from rank 0's backward k - p, so the cut of rank r goes after ``J + r``
+    pairs. Either way the first operation after a cut needs at most the last forward and backward of a
+    neighbour (see the module docstring).
+    """
+    p, m, v = num_stages, num_micro, num_chunks
+    if name == "1f1b":
+        warm = [min(p - r - 1, m) for r in range(p)]
+        unit, shift = 1, 1
+    elif name == "interleaved-1f1b" and m > p:
+        warm = [min(2 * (p - r - 1) + (v - 1) * p, m * v) for r in range(p)]
+        unit, shift = p * v, p
+    else:
+        return None
+    pairs = [(len(o) - 2 * w) // 2 for o, w in zip(ops, warm, strict=True)]
+    limit = [min(last_backward(o, v).values(), default=len(o)) for o in ops]
+    offset = [0] * p if name == "1f1b" else list(range(p))  # 1F1B: aligned cuts are closed already
+    return Steady(start=warm, pairs=pairs, offset=offset, limit=limit, unit=unit, shift=shift)
+
+
+class ScheduleRun:
+    """The greedy max-plus run of per-rank operation lists, optionally extended over its periodic steady state.
+
+    ``step`` times one operation (and records whatever its caller accounts); ``accumulators`` returns the
+    caller's running totals as one flat list and ``add`` adds a list of that shape to them, so a jump can add
+    a cycle's increments ``N`` times. The run's ``clock`` (each rank's last arrival) and ``arrival`` (per
+    operation key) are what callers read afterwards.
+    """
+
+    def __init__(self, ops: Sequence[Sequence[PipeOp]], num_virtual_stages: int, step: StepFn,
+                 accumulators: Callable[[], list[float]] | None = None,
+                 add: Callable[[list[float], float], None] | None = None) -> None:
+        self.ops = ops
+        self.num_vs = num_virtual_stages
+        self.step = step
+        self.accumulators = accumulators or (lambda: [])
+        self.add = add or (lambda _delta, _times: None)
+        self.pos = [0] * len(ops)
+        self.clock = [0.0] * len(ops)
+        self.arrival: dict[tuple[str, int, int], float] = {}
+        self.jumped_units = 0  # for tests and benchmarks: how much of the steady state was extended
+        self.detected_at: tuple[int, int] | None = None  # (units run, cycle) when the repeat was found
+
+    def run(self, shape: Steady | None) -> None:
+        if shape is not None:
+            self._extend(shape)
+        self.advance([len(o) for o in self.ops])
+
+    def advance(self, limits: Sequence[int]) -> None:
+        """Run every rank up to position ``limits[r]`` (a cut closed under dependencies, or the end)."""
+        ops, pos, clock, arrival, num_vs, step = self.ops, self.pos, self.clock, self.arrival, self.num_vs, self.step
+        remaining = sum(max(0, lim - p) for lim, p in zip(limits, pos, strict=True))
+        while remaining:
+            progressed = False
+            for r, rank_ops in enumerate(ops):
+                lim = limits[r]
+                while pos[r] < lim:
+                    op = rank_ops[pos[r]]
+                    dep = dependency(op, num_vs)
+                    if dep is None:
+                        t = step(r, pos[r], op, clock[r], None)
+                    elif dep in arrival:
+                        t = step(r, pos[r], op, clock[r], arrival[dep])
+                    else:
+                        break
+                    arrival[(op.kind, op.micro_batch, op.virtual_stage)] = t
+                    clock[r] = t
+                    pos[r] += 1
+                    remaining -= 1
+                    progressed = True
+            if not progressed:
+                raise RuntimeError("pipeline schedule deadlocks")  # a schedule bug, not user input
+
+    def _cut(self, shape: Steady, units: int) -> list[int]:
+        return [s + 2 * (units * shape.unit + o) for s, o in zip(shape.start, shape.offset, strict=True)]
+
+    def _frontier(self, cut: list[int]) -> list[tuple[str, int, int]]:
+        """The keys of each rank's last forward and backward before ``cut`` (in its last steady pair)."""
+        keys = []
+        for r, c in enumerate(cut):
+            for op in (self.ops[r][c - 2], self.ops[r][c - 1]):
+                keys.append((op.kind, op.micro_batch, op.virtual_stage))
+        return keys
+
+    def _extend(self, shape: Steady) -> None:
+        """Run cut by cut until the state repeats up to a constant, then jump over the repeating units."""
+        history: list[tuple[int, list[float], list[float], list[float]]] = []
+        units, last = 1, shape.max_units
+        while units <= last:
+            cut = self._cut(shape, units)
+            self.advance(cut)
+            frontier = [self.arrival[k] for k in self._frontier(cut)]
+            acc = self.accumulators()
+            history.append((units, list(self.clock), frontier, acc))
+            for c in range(1, min(MAX_CYCLE, len(history) - 1) + 1):
+                _, clock_a, front_a, acc_a = history[-1 - c]
+                delta = self.clock[0] - clock_a[0]
+                tol = _REL_TOL * max(abs(x) for x in self.clock)
+                if all(abs(b - a - delta) <= tol for a, b in zip(clock_a + front_a, self.clock + frontier,
+                                                                  strict=True)):
+                    cycles = (last - units) // c
+                    self.detected_at = (units, c)
+                    if cycles:
+                        self._jump(shape, units, c, cycles, delta, [b - a for a, b in zip(acc_a, acc, strict=True)])
+                    return
+            if len(history) > MAX_CYCLE + 1:
+                history.pop(0)
+            units += 1
+
+    def _jump(self, shape: Steady, units: int, cycle: int, cycles: int, delta: float,
+              increment: list[float]) -> None:
+        """Move from the cut ``units`` in over ``cycles`` repeats of ``cycle`` units, each adding ``delta``."""
+        advance_units = cycle * cycles
+        micro = shape.shift * advance_units
+        cut = self._cut(shape, units)
+        for k in self._frontier(cut):
+            self.arrival[(k[0], k[1] + micro, k[2])] = self.arrival[k] + delta * cycles
+        self.clock = [c + delta * cycles for c in self.clock]
+        self.pos = self._cut(shape, units + advance_units)
+        self.add(increment, float(cycles))
+        self.jumped_units = advance_units
+
+
+__all__ = ["MAX_CYCLE", "ScheduleRun", "Steady", "StepFn", "steady"]

@@ -1,0 +1,115 @@
+"""The periodic extension of pipeline schedules (issue 10) equals running every operation.
+
+:class:`simddp.sim.periodic.ScheduleRun` jumps over the repeating steady state of 1F1B and interleaved 1F1B;
+here it must give the same end times as :func:`simddp.sim.pipeline.makespan` (the plain recurrence over every
+operation) for arbitrary per-(rank, kind, virtual stage) durations and send times, and the fast engine must
+equal the simpy simulation on pipelines long enough to jump.
+"""
+
+from __future__ import annotations
+
+import math
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from test_fast import _equal
+
+from simddp import simulate
+from simddp.scenario_io import scenario_from_dict
+from simddp.sim import build_plan
+from simddp.sim.periodic import ScheduleRun, steady
+from simddp.sim.pipeline import PipeOp, makespan, schedule
+
+durations = st.floats(min_value=0.05, max_value=3.0, allow_nan=False)
+
+
+@st.composite
+def schedules(draw: st.DrawFn) -> tuple[str, int, int, int, dict, float]:
+    name = draw(st.sampled_from(["1f1b", "interleaved-1f1b"]))
+    p = draw(st.integers(2, 6))
+    v = draw(st.integers(2, 3)) if name == "interleaved-1f1b" else 1
+    m = p * draw(st.integers(2, 12))
+    # Stages differ (embedding on the first, the head on the last): a duration per (rank, kind, stage).
+    times = {(r, kind, vs): draw(durations) for r in range(p) for kind in "FB" for vs in range(r, p * v, p)}
+    return name, p, m, v, times, draw(st.sampled_from([0.0, 0.01, 0.3]))
+
+
+def _runs(name: str, p: int, m: int, v: int, times: dict, send: float) -> tuple[list[float], ScheduleRun]:
+    ops = [schedule(name, p, m, r, v) for r in range(p)]
+
+    def duration(r: int, op: PipeOp) -> float:
+        return times[(r, op.kind, op.virtual_stage)]
+
+    reference = makespan(ops, p * v, duration, lambda op: send)
+
+    def step(r: int, _pos: int, op: PipeOp, clock: float, arrived: float | None) -> float:
+        return (clock if arrived is None else max(clock, arrived + send)) + duration(r, op)
+
+    run = ScheduleRun(ops, p * v, step)
+    run.run(steady(name, ops, p, m, v))
+    return reference, run
+
+
+@settings(max_examples=300, deadline=None)
+@given(schedules())
+def test_extension_equals_every_operation(case: tuple) -> None:
+    reference, run = _runs(*case)
+    assert all(math.isclose(a, b, rel_tol=1e-9) for a, b in zip(run.clock, reference, strict=True))
+
+
+def test_long_schedules_jump_over_most_of_the_steady_state() -> None:
+    # 1F1B, 8 stages, 256 micro-batches, unequal stages: the state repeats within a few units.
+    times = {(r, k, r): (1.0 + 0.3 * (r == 0) + 0.5 * (r == 7)) * (1 if k == "F" else 2) for r in range(8)
+             for k in "FB"}
+    reference, run = _runs("1f1b", 8, 256, 1, times, 0.01)
+    assert math.isclose(max(run.clock), max(reference), rel_tol=1e-12)
+    assert run.jumped_units >= 240
+    times = {(r, k, vs): 1.0 + 0.1 * vs for r in range(4) for k in "FB" for vs in range(r, 12, 4)}
+    reference, run = _runs("interleaved-1f1b", 4, 64, 3, times, 0.02)
+    assert math.isclose(max(run.clock), max(reference), rel_tol=1e-12)
+    assert run.jumped_units >= 12  # units of p v = 12 pairs: 144 of rank 0's 178 steady pairs
+
+
+def test_schedules_without_a_steady_state_run_whole() -> None:
+    ops = [schedule("gpipe", 4, 16, r) for r in range(4)]
+    assert steady("gpipe", ops, 4, 16, 1) is None
+    ops = [schedule("interleaved-1f1b", 4, 4, r, 2) for r in range(4)]  # m == p: all warm-up
+    assert steady("interleaved-1f1b", ops, 4, 4, 2) is None
+
+
+@st.composite
+def long_pipelines(draw: st.DrawFn) -> dict:
+    tp = draw(st.sampled_from([1, 2]))
+    pp = draw(st.sampled_from([2, 4]))
+    schedule_name = draw(st.sampled_from(["1f1b", "interleaved-1f1b"]))
+    v = draw(st.sampled_from([2, 3])) if schedule_name == "interleaved-1f1b" else 1
+    micro = pp * draw(st.sampled_from([6, 10, 16]))
+    nodes = draw(st.sampled_from([1, 2]))
+    dp = nodes * 8 // (tp * pp)
+    return {
+        "cluster": {"preset": draw(st.sampled_from(["dgx-a100-80gb", "dgx-h100-80gb"])), "num_nodes": nodes,
+                    "comm_compute_interference": draw(st.sampled_from([0.0, 0.189]))},
+        "model": {"transformer": {"num_layers": 12, "hidden_size": 512, "num_heads": 8, "ffn_hidden_size": 2048,
+                                  "vocab_size": 32000, "tied_embeddings": draw(st.booleans())}},
+        "parallelism": {"tp": tp, "pp": pp, "pipeline_schedule": schedule_name, "virtual_stages": v,
+                        "sequence_parallel": tp > 1 and draw(st.booleans())},
+        "training": {"micro_batch_size": 1, "global_batch_size": micro * dp, "seq_len": 512,
+                     "recompute": draw(st.sampled_from(["none", "selective", "full"]))},
+        "ddp": {"implementation": "megatron", "overlap": False},
+    }
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(long_pipelines())
+def test_fast_engine_equals_simpy_on_long_pipelines(data: dict) -> None:
+    from simddp.sim import fast
+
+    plan = build_plan(scenario_from_dict(data))
+    assert fast.supported(plan)
+    quick = fast.run(plan)
+    exact = simulate(data, trace=False, exact=True)
+    _equal(quick.model_dump(exclude={"trace"}), exact.model_dump(exclude={"trace"}))
+    # 1F1B from 10 micro-batches per stage repeats and is extended (interleaved units are p v pairs long)
+    pp = plan.scenario.parallelism.pp
+    if data["parallelism"]["pipeline_schedule"] == "1f1b" and plan.num_micro_batches >= 10 * pp:
+        assert plan.cache["jumped_units"] > 0
