@@ -269,8 +269,8 @@ def build_plan(scenario: Scenario, workload: Workload | None = None) -> StepPlan
         if mode == "fsdp":
             rank.fsdp_units, rank.fsdp_root = _fsdp_plans(workload, rank, dp, rule)
         ranks.append(rank)
-    ops = [schedule(par.pipeline_schedule, par.pp, m, r, par.virtual_stages) for r in range(par.pp)] \
-        if mode == "pipeline" else [[] for _ in range(par.pp)]
+    ops: list[Sequence[PipeOp]] = [schedule(par.pipeline_schedule, par.pp, m, r, par.virtual_stages)
+                                   for r in range(par.pp)] if mode == "pipeline" else [[] for _ in range(par.pp)]
     p2p: dict[int, CollectiveCost] = {}
     gather = None
     if mode == "pipeline" and workload.boundary_activation_bytes:
