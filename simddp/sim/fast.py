@@ -238,59 +238,55 @@ def _run_pipeline(plan: StepPlan) -> list[Outcome]:
     gather_transfer = plan.p2p_gather.transfer_s if gather and plan.p2p_gather is not None else 0.0
     gather_tier = plan.p2p_gather.tier if plan.p2p_gather is not None else "intra"
     last_b = [last_backward(ops, par.virtual_stages) for ops in plan.ops]
-    # Per (rank, kind, virtual stage): duration alone, busy time, kernel work, recompute work.
-    table: list[dict[tuple[str, int], tuple[float, float, float, float]]] = []
-    for rp in plan.ranks:
-        per = {}
+    m = plan.num_micro_batches
+    # Per rank and (kind, virtual stage): the time an operation holds its rank once it may start (its kernels
+    # and TP collectives alone, then its blocking send). Everything but the waits is the same for each of the
+    # m micro-batches, so it is booked once, m times, below; the run books only the waits.
+    hold: list[dict[tuple[str, int], float]] = []
+    for r, rp in enumerate(plan.ranks):
+        out, per = outs[r], {}
         for vs in rp.fwd_alone_s:
-            per[("F", vs)] = (rp.fwd_alone_s[vs], rp.fwd_busy_s[vs], rp.fwd_work_s[vs], 0.0)
-            per[("B", vs)] = (rp.bwd_alone_s[vs], rp.bwd_busy_s[vs], rp.bwd_work_s[vs], rp.bwd_recompute_s[vs])
-        table.append(per)
+            for kind, alone, busy, work, recompute in (
+                    ("F", rp.fwd_alone_s[vs], rp.fwd_busy_s[vs], rp.fwd_work_s[vs], 0.0),
+                    ("B", rp.bwd_alone_s[vs], rp.bwd_busy_s[vs], rp.bwd_work_s[vs], rp.bwd_recompute_s[vs])):
+                out.add("compute", m * (work - recompute))
+                out.add("recompute", m * recompute)
+                out.add("interference", m * (busy - work))
+                out.add("tp_comm", m * (alone - busy))
+                received = vs > 0 if kind == "F" else vs < num_vs - 1
+                if received and gather:
+                    out.add("tp_comm", m * gather)
+                    out.link_busy_s[gather_tier] += m * gather_transfer
+                    out.link_work_s[gather_tier] += m * gather_transfer
+                send = plan.p2p.get(vs if kind == "F" else vs - 1)
+                sent = send.time_s if send is not None and send.time_s > 0 else 0.0
+                if send is not None and sent:
+                    out.add("pipeline_wait", m * sent)
+                    out.link_busy_s[send.tier] += m * send.transfer_s
+                    out.link_work_s[send.tier] += m * send.transfer_s
+                per[(kind, vs)] = alone + sent
+        hold.append(per)
     counts = [{b.index: b.num_params for b in r.buckets} for r in plan.ranks]
+    waits = [0.0] * len(outs)
 
     def step(r: int, position: int, op: PipeOp, t: float, arrived: float | None) -> float:
-        out = outs[r]
         if arrived is not None:
             if arrived > t:
-                out.add("pipeline_wait", arrived - t)
+                waits[r] += arrived - t
                 t = arrived
-            if gather:
-                t += gather
-                out.add("tp_comm", gather)
-                out.transfer(gather_tier, gather_transfer)
-        alone, busy, work, recompute = table[r][(op.kind, op.virtual_stage)]
+            t += gather  # reassemble the TP slices of what arrived
         if op.kind == "B" and last_b[r].get(op.virtual_stage) == position:
-            _release(out, op.virtual_stage, t, counts[r], plan.overlap, plan.interference)
-        t += alone
-        out.add("compute", work - recompute)
-        out.add("recompute", recompute)
-        out.add("interference", busy - work)
-        out.add("tp_comm", alone - busy)
-        boundary = op.virtual_stage if op.kind == "F" else op.virtual_stage - 1
-        send = plan.p2p.get(boundary)
-        if send is not None and send.time_s > 0:
-            t += send.time_s
-            out.add("pipeline_wait", send.time_s)
-            out.transfer(send.tier, send.transfer_s)
-        return t
-
-    keys = ["compute", "recompute", "interference", "tp_comm", "pipeline_wait"]
-
-    def accumulators() -> list[float]:
-        return [v for out in outs for v in ([out.acct.get(k, 0.0) for k in keys] + list(out.link_busy_s.values())
-                                            + list(out.link_work_s.values()))]
+            _release(outs[r], op.virtual_stage, t, counts[r], plan.overlap, plan.interference)
+        return t + hold[r][(op.kind, op.virtual_stage)]
 
     def add(increment: list[float], times: float) -> None:
-        it = iter(increment)
-        for out in outs:
-            for k in keys:
-                out.acct[k] = out.acct.get(k, 0.0) + next(it) * times
-            for d in (out.link_busy_s, out.link_work_s):
-                for tier in d:
-                    d[tier] += next(it) * times
+        for r, x in enumerate(increment):
+            waits[r] += x * times
 
-    run = ScheduleRun(plan.ops, num_vs, step, accumulators, add)
+    run = ScheduleRun(plan.ops, num_vs, step, lambda: list(waits), add)
     run.run(steady(par.pipeline_schedule, plan.ops, par.pp, plan.num_micro_batches, par.virtual_stages))
+    for out, w in zip(outs, waits, strict=True):
+        out.add("pipeline_wait", w)
     plan.cache["jumped_units"] = run.jumped_units
     clock = run.clock
     for r, out in enumerate(outs):

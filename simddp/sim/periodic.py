@@ -21,10 +21,11 @@ run operation by operation. Evaluation cost then depends on the number of stages
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from simddp.sim.pipeline import PipeOp, dependency, last_backward
+from simddp.sim.pipeline import PipeOp, Schedule, last_backward
 
 #: Cycle lengths (in units) tried when comparing cuts; max-plus systems can be periodic with cyclicity > 1.
 MAX_CYCLE = 3
@@ -110,29 +111,41 @@ class ScheduleRun:
         self.advance([len(o) for o in self.ops])
 
     def advance(self, limits: Sequence[int]) -> None:
-        """Run every rank up to position ``limits[r]`` (a cut closed under dependencies, or the end)."""
-        ops, pos, clock, arrival, num_vs, step = self.ops, self.pos, self.clock, self.arrival, self.num_vs, self.step
-        remaining = sum(max(0, lim - p) for lim, p in zip(limits, pos, strict=True))
-        while remaining:
-            progressed = False
-            for r, rank_ops in enumerate(ops):
-                lim = limits[r]
-                while pos[r] < lim:
-                    op = rank_ops[pos[r]]
-                    dep = dependency(op, num_vs)
-                    if dep is None:
-                        t = step(r, pos[r], op, clock[r], None)
-                    elif dep in arrival:
-                        t = step(r, pos[r], op, clock[r], arrival[dep])
-                    else:
+        """Run every rank up to position ``limits[r]`` (a cut closed under dependencies, or the end).
+
+        A rank runs until it needs an arrival that is not there yet; it then waits on that operation, and
+        the rank that completes it wakes it up, so every operation is read about once.
+        """
+        pos, clock, arrival, step = self.pos, self.clock, self.arrival, self.step
+        last_vs = self.num_vs - 1
+        getters = [o.op_at if isinstance(o, Schedule) else o.__getitem__ for o in self.ops]
+        waiting: dict[tuple[str, int, int], int] = {}
+        ready = deque(range(len(getters)))
+        while ready:
+            r = ready.popleft()
+            get, i, lim, t = getters[r], pos[r], limits[r], clock[r]
+            while i < lim:
+                op = get(i)
+                kind, micro, vs = op
+                if kind == "F":
+                    dep = ("F", micro, vs - 1) if vs > 0 else None
+                else:
+                    dep = ("B", micro, vs + 1) if vs < last_vs else None
+                if dep is None:
+                    t = step(r, i, op, t, None)
+                else:
+                    arrived = arrival.get(dep)
+                    if arrived is None:
+                        waiting[dep] = r
                         break
-                    arrival[(op.kind, op.micro_batch, op.virtual_stage)] = t
-                    clock[r] = t
-                    pos[r] += 1
-                    remaining -= 1
-                    progressed = True
-            if not progressed:
-                raise RuntimeError("pipeline schedule deadlocks")  # a schedule bug, not user input
+                    t = step(r, i, op, t, arrived)
+                arrival[op] = t  # a PipeOp is the tuple (kind, micro-batch, virtual stage)
+                i += 1
+                if waiting and op in waiting:
+                    ready.append(waiting.pop(op))
+            pos[r], clock[r] = i, t
+        if any(p < lim for p, lim in zip(pos, limits, strict=True)):
+            raise RuntimeError("pipeline schedule deadlocks")  # a schedule bug, not user input
 
     def _cut(self, shape: Steady, units: int) -> list[int]:
         return [s + 2 * (units * shape.unit + o) for s, o in zip(shape.start, shape.offset, strict=True)]

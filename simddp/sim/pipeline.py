@@ -100,17 +100,33 @@ class Schedule(Sequence[PipeOp]):
         else:
             raise ValueError(f"unknown pipeline schedule {name!r}")
         self.length = 2 * self.total
+        self._read: dict[int, PipeOp] = {}
 
     def __len__(self) -> int:
         return self.length
 
-    def _op(self, kind: str, k: int) -> PipeOp:
+    def op_at(self, i: int) -> PipeOp:
+        """The operation at position ``0 <= i < len(self)`` (no slice or negative index: the engines' path);
+        kept once read, since the fast engine and both bounds read the same positions."""
+        op = self._read.get(i)
+        if op is None:
+            op = self._read[i] = self._compute(i)
+        return op
+
+    def _compute(self, i: int) -> PipeOp:
+        w, total = self.warmup, self.total
+        if i < w:
+            kind, k = "F", i
+        elif i < 2 * total - w:
+            j = i - w
+            kind, k = ("F", w + (j >> 1)) if j % 2 == 0 else ("B", j >> 1)
+        else:
+            kind, k = "B", i - total
         if not self.interleaved:
             return PipeOp(kind, k, self.rank)
         p, v = self.p, self.v
         c = (k % (p * v)) // p
-        chunk = c if kind == "F" else v - c - 1
-        return PipeOp(kind, (k // (p * v)) * p + k % p, chunk * p + self.rank)
+        return PipeOp(kind, (k // (p * v)) * p + k % p, (c if kind == "F" else v - c - 1) * p + self.rank)
 
     @overload
     def __getitem__(self, i: int) -> PipeOp: ...
@@ -120,18 +136,12 @@ class Schedule(Sequence[PipeOp]):
 
     def __getitem__(self, i: int | slice) -> PipeOp | list[PipeOp]:
         if isinstance(i, slice):
-            return [self[j] for j in range(*i.indices(self.length))]
+            return [self.op_at(j) for j in range(*i.indices(self.length))]
         if i < 0:
             i += self.length
         if not 0 <= i < self.length:
             raise IndexError(i)
-        w, total = self.warmup, self.total
-        if i < w:
-            return self._op("F", i)
-        if i < 2 * total - w:
-            j = i - w
-            return self._op("F", w + j // 2) if j % 2 == 0 else self._op("B", j // 2)
-        return self._op("B", i - total)
+        return self.op_at(i)
 
 
 def schedule(name: str, num_stages: int, num_micro: int, rank: int, num_chunks: int = 1) -> Schedule:
