@@ -20,7 +20,15 @@ from simddp.sim.pipeline import PipeOp, schedule
 from simddp.topology import CommGroup, dp_group, group, pp_boundary_group, tp_group
 from simddp.units import dtype_bytes
 from simddp.workload import Collective, Layer, Param, Workload, build_workload, grad_reduce_spec
-from simddp.zero import ParamUnit, ZeroRule, gradient_buckets, param_bytes, param_units, zero_rule
+from simddp.zero import (
+    ParamUnit,
+    ZeroRule,
+    gradient_buckets,
+    param_bytes,
+    param_units,
+    stage_gradient_buckets,
+    zero_rule,
+)
 
 
 @dataclass(frozen=True)
@@ -46,6 +54,8 @@ def rank_gradients(scenario: Scenario, workload: Workload, index: int = 0,
     if params and searches_unused(scenario):  # torch never rebuilds these buckets (bucketing.ddp_initial_buckets)
         buckets = [BucketSpec(b.index, b.param_indices, b.size_bytes, b.dtype, b.cap_bytes)
                    for b in ddp_initial_buckets(params, scenario.ddp.bucket_cap_mb)]
+    elif params and len(ready_order) == len(params):  # the memory model's buckets (simddp.memory.buffers)
+        buckets = stage_gradient_buckets(rule, workload, index, global_ids, params, ready_order, layers)
     else:
         buckets = gradient_buckets(rule, params, ready_order, layers, global_ids) if params else []
     return RankGradients(global_ids, params, ready_order, buckets)
@@ -231,6 +241,7 @@ def build_plan(scenario: Scenario, workload: Workload | None = None) -> StepPlan
     # Megatron accumulate locally (no_sync) and communicate on the last micro-batch only.
     rounds = m if (rule.every_micro_batch and mode == "dp") else 1
     unused = set(scenario.model.unused_parameters or ())
+    reduces: dict[int, CollectiveCost] = {}  # bucket size -> its reduction (most buckets have the cap's size)
     ranks = []
     for r in range(par.pp):
         layers = workload.rank_layers(r, par.pp)
@@ -245,8 +256,10 @@ def build_plan(scenario: Scenario, workload: Workload | None = None) -> StepPlan
             if rule.overlap_param_gather:
                 gather = collective_cost("all-gather", sum(working[i].numel * dtype_bytes(working[i].dtype)
                                                            for i in b.param_indices), dp)
-            buckets.append(BucketPlan(b.index, b.size_bytes, len(b.param_indices),
-                                      dp_collective(scenario, op, b.size_bytes, dp, algorithm), gather))
+            reduce = reduces.get(b.size_bytes)
+            if reduce is None:
+                reduce = reduces[b.size_bytes] = dp_collective(scenario, op, b.size_bytes, dp, algorithm)
+            buckets.append(BucketPlan(b.index, b.size_bytes, len(b.param_indices), reduce, gather))
         stage_workload = replace(workload, parameters=tuple(grads.params))
         opt_s = optimizer_step_s(stage_workload, cluster.gpu, tr, shard=shard) if grads.params else 0.0
         gather_after = None
