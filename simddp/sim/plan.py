@@ -201,10 +201,15 @@ def layer_plans(scenario: Scenario, layers: Sequence[Layer]) -> list[LayerPlan]:
             else:
                 seen[key] = LayerPlan(t)
         template = seen[key]
-        out.append(template if template.timing.name == layer.name else LayerPlan(
-            template.timing, template.fwd_pre, template.fwd_post, template.bwd_pre, template.dgrad_post,
-            template.wgrad_pre, template.recompute_comm, layer.name))
+        out.append(template if template.timing.name == layer.name else _renamed(template, layer.name))
     return out
+
+
+def _renamed(template: LayerPlan, name: str) -> LayerPlan:
+    """``replace(template, layer_name=name)`` without re-running the dataclass constructor (called per layer)."""
+    new = object.__new__(LayerPlan)
+    new.__dict__.update(template.__dict__, layer_name=name)
+    return new
 
 
 def boundary_group(scenario: Scenario, virtual_stage: int) -> CommGroup:
