@@ -356,7 +356,9 @@ def _transformer_params(
         if spec.num_token_types:
             add(names.embed, "transformer.token_type_embeddings.weight", spec.num_token_types * h)
             norm(names.embed, "transformer.embeddings.LayerNorm")
-    for i in range(spec.num_layers):
+
+    def block(i: int) -> None:
+        """Add the parameters of transformer block ``i``."""
         p = names.block.format(i=i)
         mod = {key: f"{p}.{getattr(names, key)}" for key in ("norm1", "qkv", "out", "norm2", "mlp_in", "mlp_out")}
         if llama:
@@ -387,6 +389,20 @@ def _transformer_params(
             add(mod["mlp_out"], f"{mod['mlp_out']}.weight", ffn // tp * h)
             if spec.bias:
                 add(mod["mlp_out"], f"{mod['mlp_out']}.bias", h)
+
+    # Blocks are identical but for their names: add the first, rename its parameters and modules for the rest.
+    start = len(params)
+    if spec.num_layers:
+        block(0)
+    first = params[start:]
+    first_modules = [(module, ids) for module, ids in groups.items() if ids[0] >= start]
+    prefix = names.block.format(i=0)
+    for i in range(1, spec.num_layers):
+        renamed = names.block.format(i=i)
+        offset = len(params) - start
+        for module, ids in first_modules:
+            groups[renamed + module[len(prefix):]] = [g + offset for g in ids]
+        params.extend(Param(renamed + q.name[len(prefix):], q.numel, q.dtype) for q in first)
     if spec.final_norm:
         norm(names.final_norm, names.final_norm)
     if not spec.tied_embeddings:

@@ -153,7 +153,14 @@ class RankPlan:
 
     @functools.cached_property
     def tp_comm_s(self) -> float:
-        return sum(p.tp_comm_s for p in self.plans)
+        total: float = 0  # as sum() starts
+        per_timing: dict[int, float] = {}  # layers sharing a timing share their collectives (layer_plans)
+        for p in self.plans:
+            key = id(p.timing)
+            if key not in per_timing:
+                per_timing[key] = p.tp_comm_s
+            total += per_timing[key]
+        return total
 
 
 @dataclass
@@ -253,7 +260,8 @@ def build_plan(scenario: Scenario, workload: Workload | None = None) -> StepPlan
         grads = rank_gradients(scenario, workload, r, rule)
         local = {g: k for k, g in enumerate(grads.global_ids)}
         bucket_of_param = {p: b.index for b in grads.buckets for p in b.param_indices}
-        bucket_of_layer = [[bucket_of_param[local[g]] for g in la.param_indices if g not in unused] for la in layers]
+        bucket_of_layer = [[bucket_of_param[local[g]] for g in la.param_indices if g not in unused]
+                           if la.param_indices else [] for la in layers]
         working = [workload.parameters[g] for g in grads.global_ids]
         buckets = []
         for b in grads.buckets:
