@@ -367,11 +367,11 @@ def _param_sync(rule: ZeroRule, working: Sequence[ParamLike], dp: CommGroup) -> 
         return collective_cost("all-gather", sum(p.numel * dtype_bytes(p.dtype) for p in working), dp)
     if rule.param_sync == "broadcast":
         costs: dict[int, CollectiveCost] = {}
-        for p in working:
-            size = p.numel * dtype_bytes(p.dtype)
+        sizes = [p.numel * dtype_bytes(p.dtype) for p in working]
+        for size in sizes:
             if size not in costs:
                 costs[size] = collective_cost("broadcast", size, dp)
-        return serial_cost([costs[p.numel * dtype_bytes(p.dtype)] for p in working])
+        return serial_cost([costs[size] for size in sizes])
     return None
 
 
