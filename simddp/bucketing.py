@@ -178,18 +178,28 @@ def bucket_assignment(
     open_indices: dict[str, list[int]] = {}
     open_bytes: dict[str, int] = {}
     limit_pos: dict[str, int] = {}
+    widths: dict[str, tuple[str, int]] = {}  # a parameter's dtype as given -> (without "torch.", element bytes)
     for param_index in order:
         param = params[param_index]
-        dtype = param.dtype.removeprefix("torch.")
-        indices = open_indices.setdefault(dtype, [])
+        known = widths.get(param.dtype)
+        if known is None:
+            name = param.dtype.removeprefix("torch.")
+            known = widths[param.dtype] = (name, dtype_bytes(name))
+        dtype, width = known
+        indices = open_indices.get(dtype)
+        if indices is None:
+            indices = open_indices[dtype] = []
+            open_bytes[dtype] = limit_pos[dtype] = 0
         indices.append(param_index)
-        open_bytes[dtype] = open_bytes.get(dtype, 0) + param.numel * dtype_bytes(dtype)
-        pos = limit_pos.setdefault(dtype, 0)
-        if open_bytes[dtype] >= limits[pos]:
-            closed.append((indices, open_bytes[dtype], dtype, limits[pos]))
+        size = open_bytes[dtype] + param.numel * width
+        pos = limit_pos[dtype]
+        if size >= limits[pos]:
+            closed.append((indices, size, dtype, limits[pos]))
             open_indices[dtype] = []
             open_bytes[dtype] = 0
             limit_pos[dtype] = min(pos + 1, len(limits) - 1)
+        else:
+            open_bytes[dtype] = size
 
     for dtype in _unordered_map_order(list(open_indices)):
         if open_indices[dtype]:

@@ -356,7 +356,9 @@ def _transformer_params(
         if spec.num_token_types:
             add(names.embed, "transformer.token_type_embeddings.weight", spec.num_token_types * h)
             norm(names.embed, "transformer.embeddings.LayerNorm")
-    for i in range(spec.num_layers):
+
+    def block(i: int) -> None:
+        """Add the parameters of transformer block ``i``."""
         p = names.block.format(i=i)
         mod = {key: f"{p}.{getattr(names, key)}" for key in ("norm1", "qkv", "out", "norm2", "mlp_in", "mlp_out")}
         if llama:
@@ -387,6 +389,20 @@ def _transformer_params(
             add(mod["mlp_out"], f"{mod['mlp_out']}.weight", ffn // tp * h)
             if spec.bias:
                 add(mod["mlp_out"], f"{mod['mlp_out']}.bias", h)
+
+    # Blocks are identical but for their names: add the first, rename its parameters and modules for the rest.
+    start = len(params)
+    if spec.num_layers:
+        block(0)
+    first = params[start:]
+    first_modules = [(module, ids) for module, ids in groups.items() if ids[0] >= start]
+    prefix = names.block.format(i=0)
+    for i in range(1, spec.num_layers):
+        renamed = names.block.format(i=i)
+        offset = len(params) - start
+        for module, ids in first_modules:
+            groups[renamed + module[len(prefix):]] = [g + offset for g in ids]
+        params.extend(Param(renamed + q.name[len(prefix):], q.numel, q.dtype) for q in first)
     if spec.final_norm:
         norm(names.final_norm, names.final_norm)
     if not spec.tied_embeddings:
@@ -475,6 +491,32 @@ def _transformer_workload(scenario: Scenario, spec: TransformerSpec) -> Workload
     residual_fwd = 3.0 + mask  # read branch and residual, write sum (and the dropout mask)
     residual_bwd = 2.0 + mask if dropout else 0.0  # dropout's backward; the add's gradient is a pass-through
 
+    def block_layers(i: int) -> list[Layer]:
+        """The layers of transformer block ``i``."""
+        p = names.block.format(i=i)
+        block: list[Layer] = []
+        block.append(elementwise(f"{p}.{names.norm1}", f"{p}.{names.norm1}", norm_fwd, norm_bwd, h, t_sp, i))
+        block.append(linear(f"{p}.{names.qkv}", f"{p}.{names.qkv}", h, q_width + 2 * kv_width, i, "column",
+                            h + 2 * (h // spec.num_heads * spec.kv_heads),
+                            sac=kv_width / (q_width + 2 * kv_width) if gated else 0.0))
+        if spec.position_embedding == "rope":
+            block.append(elementwise(f"{p}.self_attn.rotary", None, 2.0, 2.0, q_width + kv_width, t, i))
+        core = _attention_core(f"{p}.{names.core}", scenario, b, s, heads, kv_heads, head_dim, dropout, a, i)
+        block.append(replace(core, fwd=shared(core.fwd), dgrad=shared(core.dgrad)))
+        block.append(linear(f"{p}.{names.out}", f"{p}.{names.out}", q_width, h, i, "row", h))
+        block.append(elementwise(f"{p}.residual_attn", None, residual_fwd, residual_bwd, h, t_sp, i))
+        block.append(elementwise(f"{p}.{names.norm2}", f"{p}.{names.norm2}", norm_fwd, norm_bwd, h, t_sp, i))
+        block.append(linear(f"{p}.{names.mlp_in}", f"{p}.{names.mlp_in}", h, ffn_local * (2 if gated else 1), i,
+                            "column", ffn * (2 if gated else 1), sac=0.5 if gated else 0.0))
+        # SwiGLU reads gate and up, writes their product; backward reads both and dy, writes two gradients.
+        act_fwd, act_bwd = (3.0, 5.0) if gated else (2.0, 3.0)
+        act_name = f"{p}.mlp.act_fn" if gated else f"{p}.mlp.act"
+        block.append(elementwise(act_name, None, act_fwd, act_bwd, ffn_local, t, i))
+        block.append(linear(f"{p}.{names.mlp_out}", f"{p}.{names.mlp_out}", ffn_local, h, i, "row", ffn,
+                            sac=0.0 if gated else 1.0))
+        block.append(elementwise(f"{p}.residual_mlp", None, residual_fwd, residual_bwd, h, t_sp, i))
+        return block
+
     layers: list[Layer] = []
     emb_colls: tuple[Collective, ...] = ()
     if tp_on:  # vocab-parallel embedding: each rank looks up its vocabulary shard, partial sums reduced
@@ -485,28 +527,16 @@ def _transformer_workload(scenario: Scenario, spec: TransformerSpec) -> Workload
         wgrad=(memory_kernel("scatter-add", t * h * (a + _FP32)),),
         collectives=emb_colls,
     ))
-    for i in range(spec.num_layers):
-        p = names.block.format(i=i)
-        layers.append(elementwise(f"{p}.{names.norm1}", f"{p}.{names.norm1}", norm_fwd, norm_bwd, h, t_sp, i))
-        layers.append(linear(f"{p}.{names.qkv}", f"{p}.{names.qkv}", h, q_width + 2 * kv_width, i, "column",
-                             h + 2 * (h // spec.num_heads * spec.kv_heads),
-                             sac=kv_width / (q_width + 2 * kv_width) if gated else 0.0))
-        if spec.position_embedding == "rope":
-            layers.append(elementwise(f"{p}.self_attn.rotary", None, 2.0, 2.0, q_width + kv_width, t, i))
-        core = _attention_core(f"{p}.{names.core}", scenario, b, s, heads, kv_heads, head_dim, dropout, a, i)
-        layers.append(replace(core, fwd=shared(core.fwd), dgrad=shared(core.dgrad)))
-        layers.append(linear(f"{p}.{names.out}", f"{p}.{names.out}", q_width, h, i, "row", h))
-        layers.append(elementwise(f"{p}.residual_attn", None, residual_fwd, residual_bwd, h, t_sp, i))
-        layers.append(elementwise(f"{p}.{names.norm2}", f"{p}.{names.norm2}", norm_fwd, norm_bwd, h, t_sp, i))
-        layers.append(linear(f"{p}.{names.mlp_in}", f"{p}.{names.mlp_in}", h, ffn_local * (2 if gated else 1), i,
-                             "column", ffn * (2 if gated else 1), sac=0.5 if gated else 0.0))
-        # SwiGLU reads gate and up, writes their product; backward reads both and dy, writes two gradients.
-        act_fwd, act_bwd = (3.0, 5.0) if gated else (2.0, 3.0)
-        act_name = f"{p}.mlp.act_fn" if gated else f"{p}.mlp.act"
-        layers.append(elementwise(act_name, None, act_fwd, act_bwd, ffn_local, t, i))
-        layers.append(linear(f"{p}.{names.mlp_out}", f"{p}.{names.mlp_out}", ffn_local, h, i, "row", ffn,
-                             sac=0.0 if gated else 1.0))
-        layers.append(elementwise(f"{p}.residual_mlp", None, residual_fwd, residual_bwd, h, t_sp, i))
+
+    # Blocks are identical but for their names, parameters and index: build the first, rename it for the rest.
+    first = block_layers(0) if spec.num_layers else []
+    layers += first
+    prefix = names.block.format(i=0)
+    for i in range(1, spec.num_layers):
+        renamed = names.block.format(i=i)
+        for la in first:
+            name = renamed + la.name[len(prefix):]
+            layers.append(_in_block(la, name, owned(name), i))
     if spec.final_norm:
         layers.append(elementwise(names.final_norm, names.final_norm, norm_fwd, norm_bwd, h, t_sp, None))
     head_module = "lm_head" if not spec.tied_embeddings else names.embed
@@ -634,6 +664,14 @@ def _assign_stages_transformer(layers: list[Layer], pp: int, num_blocks: int) ->
             stage = 0 if i == 0 else pp - 1
         out.append(_with_stage(la, stage))
     return out
+
+
+def _in_block(layer: Layer, name: str, param_indices: tuple[int, ...], block: int) -> Layer:
+    """``layer`` (of another, identical block) as the layer ``name`` of block ``block`` owning ``param_indices``,
+    its kernel and collective tuples shared; without re-running the dataclass constructor (called per layer)."""
+    new = object.__new__(Layer)
+    new.__dict__.update(layer.__dict__, name=name, param_indices=param_indices, block=block)
+    return new
 
 
 def _with_stage(layer: Layer, stage: int) -> Layer:

@@ -59,7 +59,7 @@ from simddp.config import (
     default_reduce_in_fp32,
 )
 from simddp.units import MiB, dtype_bytes
-from simddp.workload import Layer, Param, fsdp_unit_layers, grad_reduce_spec
+from simddp.workload import Layer, Param, Workload, fsdp_unit_layers, grad_reduce_spec
 
 ReduceOp = Literal["all-reduce", "reduce-scatter"]
 BucketRule = Literal["torch", "deepspeed", "megatron", "units"]
@@ -238,6 +238,24 @@ def gradient_buckets(rule: ZeroRule, grads: Sequence[ParamLike], ready_order: Se
     if rest:
         out.append(_bucket(len(out), rest, grads, sum(grads[k].numel * dtype_bytes(grads[k].dtype) for k in rest)))
     return out
+
+
+def stage_gradient_buckets(rule: ZeroRule, workload: Workload, stage: int, ids: Sequence[int],
+                           grads: Sequence[ParamLike], order: Sequence[int],
+                           layers: Sequence[Layer]) -> list[BucketSpec]:
+    """:func:`gradient_buckets` of pipeline rank ``stage`` (its ``layers``) holding ``ids``, where ``order``
+    lists every local index in gradient-ready order; the simulator and the memory model ask for the same.
+
+    The buckets of the size-and-order rules (torch, megatron), which depend on nothing else, are computed
+    once per workload (kept in its ``memo``).
+    """
+    if rule.bucket_rule not in ("torch", "megatron"):
+        return gradient_buckets(rule, grads, order, layers, ids)
+    key = ("gradient buckets", stage, rule.bucket_rule, rule.bucket_cap_mb, rule.bucket_numel,
+           rule.gradient_dtype_bytes, rule.reduce_in_fp32, tuple(ids))
+    if key not in workload.memo:
+        workload.memo[key] = gradient_buckets(rule, grads, order)
+    return workload.memo[key]  # type: ignore[no-any-return]
 
 
 def _bucket(index: int, ids: list[int], grads: Sequence[ParamLike], cap: int) -> BucketSpec:
@@ -443,5 +461,6 @@ __all__ = [
     "param_bytes",
     "param_units",
     "reduce_specs",
+    "stage_gradient_buckets",
     "zero_rule",
 ]

@@ -29,7 +29,7 @@ from simddp.config import Scenario
 from simddp.memory.items import MemoryItem
 from simddp.units import dtype_bytes
 from simddp.workload import PRECISION_ACT_BYTES, Layer, Workload
-from simddp.zero import ZeroRule, gradient_buckets, param_bytes, param_units, reduce_specs, zero_rule
+from simddp.zero import ZeroRule, param_bytes, param_units, reduce_specs, stage_gradient_buckets, zero_rule
 
 
 def buffer_items(scenario: Scenario, workload: Workload, stage: int, ids: list[int]) -> list[MemoryItem]:
@@ -74,15 +74,8 @@ def data_parallel_buffers(rule: ZeroRule, scenario: Scenario, workload: Workload
     order = [local[g] for g in workload.grad_ready_order if g in local]
     seen = set(order)
     order += [k for k in range(len(ids)) if k not in seen]  # a tied copy not in this stage's order
-    if rule.bucket_rule in ("torch", "megatron"):
-        # Size buckets over the ready order: the same for every ZeRO stage and layout sharing this workload.
-        key = ("memory buckets", stage, rule.bucket_rule, rule.bucket_cap_mb, rule.bucket_numel,
-               rule.gradient_dtype_bytes, rule.reduce_in_fp32, tuple(ids))
-        if key not in workload.memo:
-            workload.memo[key] = gradient_buckets(rule, grads, order, layers, ids)
-        buckets = workload.memo[key]
-    else:
-        buckets = gradient_buckets(rule, grads, order, layers, ids)
+    # Size buckets over the ready order: the same for every ZeRO stage and layout sharing this workload.
+    buckets = stage_gradient_buckets(rule, workload, stage, ids, grads, order, layers)
     out = []
     if rule.bucket_copies:
         out.append(MemoryItem(category="buffers", name="DDP bucket copies",

@@ -150,24 +150,27 @@ def _run_dp(plan: StepPlan) -> list[Outcome]:
     overlap = plan.rule.overlap
     stream = _Reductions(out, rounds, None)
     remaining = {(rnd, b.index): b.num_params for rnd in range(rounds) for b in p.buckets}
-    layers = range(len(p.plans))
+    fwd = sum(plan.timing.fwd_s for plan in p.plans)
+    # Backward in reverse layer order: kernel work, its recompute part, the buckets its gradients go to.
+    backward = [(plan.timing.bwd_s, plan.timing.recompute_s, p.bucket_of_layer[k])
+                for k, plan in reversed(list(enumerate(p.plans)))]
+    acct, intervals = out.acct, stream.intervals
     for rnd in range(rounds):
         # Forward: one job (no collective of this step can be in flight before the first release).
-        fwd = sum(p.plans[k].timing.fwd_s for k in layers)
-        end = _advance(t, fwd, stream.intervals, rate_in)
+        end = _advance(t, fwd, intervals, rate_in)
         out.add("compute", fwd)
         out.add("interference", end - t - fwd)
         t = end
-        for k in reversed(layers):
-            timing = p.plans[k].timing
-            work = timing.bwd_s
-            end = _advance(t, work, stream.intervals, rate_in)
-            out.add("compute", work - timing.recompute_s)
-            out.add("recompute", timing.recompute_s)
-            out.add("interference", end - t - work)
+        # The parts are summed in the same order as out.add would, in locals (one layer at a time).
+        compute, recompute, interference = acct["compute"], acct.get("recompute", 0.0), acct["interference"]
+        for work, redo, buckets in backward:
+            end = _advance(t, work, intervals, rate_in)
+            compute += work - redo
+            recompute += redo
+            interference += end - t - work
             t = end
             released = False
-            for b in p.bucket_of_layer[k]:
+            for b in buckets:
                 key = (rnd, b)
                 remaining[key] -= 1
                 if remaining[key] == 0:
@@ -175,6 +178,8 @@ def _run_dp(plan: StepPlan) -> list[Outcome]:
                     released = True
             if released and overlap:
                 stream.schedule(t)
+        if backward:
+            acct["compute"], acct["recompute"], acct["interference"] = compute, recompute, interference
     out.compute_end_s = t
     if not overlap:
         stream.end = max(stream.end, t)

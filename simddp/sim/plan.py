@@ -20,7 +20,15 @@ from simddp.sim.pipeline import PipeOp, schedule
 from simddp.topology import CommGroup, dp_group, group, pp_boundary_group, tp_group
 from simddp.units import dtype_bytes
 from simddp.workload import Collective, Layer, Param, Workload, build_workload, grad_reduce_spec
-from simddp.zero import ParamUnit, ZeroRule, gradient_buckets, param_bytes, param_units, zero_rule
+from simddp.zero import (
+    ParamUnit,
+    ZeroRule,
+    gradient_buckets,
+    param_bytes,
+    param_units,
+    stage_gradient_buckets,
+    zero_rule,
+)
 
 
 @dataclass(frozen=True)
@@ -46,6 +54,8 @@ def rank_gradients(scenario: Scenario, workload: Workload, index: int = 0,
     if params and searches_unused(scenario):  # torch never rebuilds these buckets (bucketing.ddp_initial_buckets)
         buckets = [BucketSpec(b.index, b.param_indices, b.size_bytes, b.dtype, b.cap_bytes)
                    for b in ddp_initial_buckets(params, scenario.ddp.bucket_cap_mb)]
+    elif params and len(ready_order) == len(params):  # the memory model's buckets (simddp.memory.buffers)
+        buckets = stage_gradient_buckets(rule, workload, index, global_ids, params, ready_order, layers)
     else:
         buckets = gradient_buckets(rule, params, ready_order, layers, global_ids) if params else []
     return RankGradients(global_ids, params, ready_order, buckets)
@@ -143,7 +153,14 @@ class RankPlan:
 
     @functools.cached_property
     def tp_comm_s(self) -> float:
-        return sum(p.tp_comm_s for p in self.plans)
+        total: float = 0  # as sum() starts
+        per_timing: dict[int, float] = {}  # layers sharing a timing share their collectives (layer_plans)
+        for p in self.plans:
+            key = id(p.timing)
+            if key not in per_timing:
+                per_timing[key] = p.tp_comm_s
+            total += per_timing[key]
+        return total
 
 
 @dataclass
@@ -191,10 +208,15 @@ def layer_plans(scenario: Scenario, layers: Sequence[Layer]) -> list[LayerPlan]:
             else:
                 seen[key] = LayerPlan(t)
         template = seen[key]
-        out.append(template if template.timing.name == layer.name else LayerPlan(
-            template.timing, template.fwd_pre, template.fwd_post, template.bwd_pre, template.dgrad_post,
-            template.wgrad_pre, template.recompute_comm, layer.name))
+        out.append(template if template.timing.name == layer.name else _renamed(template, layer.name))
     return out
+
+
+def _renamed(template: LayerPlan, name: str) -> LayerPlan:
+    """``replace(template, layer_name=name)`` without re-running the dataclass constructor (called per layer)."""
+    new = object.__new__(LayerPlan)
+    new.__dict__.update(template.__dict__, layer_name=name)
+    return new
 
 
 def boundary_group(scenario: Scenario, virtual_stage: int) -> CommGroup:
@@ -231,13 +253,15 @@ def build_plan(scenario: Scenario, workload: Workload | None = None) -> StepPlan
     # Megatron accumulate locally (no_sync) and communicate on the last micro-batch only.
     rounds = m if (rule.every_micro_batch and mode == "dp") else 1
     unused = set(scenario.model.unused_parameters or ())
+    reduces: dict[int, CollectiveCost] = {}  # bucket size -> its reduction (most buckets have the cap's size)
     ranks = []
     for r in range(par.pp):
         layers = workload.rank_layers(r, par.pp)
         grads = rank_gradients(scenario, workload, r, rule)
         local = {g: k for k, g in enumerate(grads.global_ids)}
         bucket_of_param = {p: b.index for b in grads.buckets for p in b.param_indices}
-        bucket_of_layer = [[bucket_of_param[local[g]] for g in la.param_indices if g not in unused] for la in layers]
+        bucket_of_layer = [[bucket_of_param[local[g]] for g in la.param_indices if g not in unused]
+                           if la.param_indices else [] for la in layers]
         working = [workload.parameters[g] for g in grads.global_ids]
         buckets = []
         for b in grads.buckets:
@@ -245,8 +269,10 @@ def build_plan(scenario: Scenario, workload: Workload | None = None) -> StepPlan
             if rule.overlap_param_gather:
                 gather = collective_cost("all-gather", sum(working[i].numel * dtype_bytes(working[i].dtype)
                                                            for i in b.param_indices), dp)
-            buckets.append(BucketPlan(b.index, b.size_bytes, len(b.param_indices),
-                                      dp_collective(scenario, op, b.size_bytes, dp, algorithm), gather))
+            reduce = reduces.get(b.size_bytes)
+            if reduce is None:
+                reduce = reduces[b.size_bytes] = dp_collective(scenario, op, b.size_bytes, dp, algorithm)
+            buckets.append(BucketPlan(b.index, b.size_bytes, len(b.param_indices), reduce, gather))
         stage_workload = replace(workload, parameters=tuple(grads.params))
         opt_s = optimizer_step_s(stage_workload, cluster.gpu, tr, shard=shard) if grads.params else 0.0
         gather_after = None
@@ -341,11 +367,11 @@ def _param_sync(rule: ZeroRule, working: Sequence[ParamLike], dp: CommGroup) -> 
         return collective_cost("all-gather", sum(p.numel * dtype_bytes(p.dtype) for p in working), dp)
     if rule.param_sync == "broadcast":
         costs: dict[int, CollectiveCost] = {}
-        for p in working:
-            size = p.numel * dtype_bytes(p.dtype)
+        sizes = [p.numel * dtype_bytes(p.dtype) for p in working]
+        for size in sizes:
             if size not in costs:
                 costs[size] = collective_cost("broadcast", size, dp)
-        return serial_cost([costs[p.numel * dtype_bytes(p.dtype)] for p in working])
+        return serial_cost([costs[size] for size in sizes])
     return None
 
 
