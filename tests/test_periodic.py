@@ -45,7 +45,7 @@ def _runs(name: str, p: int, m: int, v: int, times: dict, send: float) -> tuple[
     def step(r: int, _pos: int, op: PipeOp, clock: float, arrived: float | None) -> float:
         return (clock if arrived is None else max(clock, arrived + send)) + duration(r, op)
 
-    run = ScheduleRun(ops, p * v, step)
+    run = ScheduleRun(ops, p * v, [step])
     run.run(steady(name, ops, p, m, v))
     return reference, run
 

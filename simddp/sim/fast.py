@@ -236,6 +236,8 @@ def _release(out: Outcome, vs: int, start: float, counts: dict[int, int], overla
 
 
 def _run_pipeline(plan: StepPlan) -> list[Outcome]:
+    from simddp.sim.step import bound_steps
+
     par = plan.scenario.parallelism
     num_vs = par.pp * par.virtual_stages
     outs = [Outcome(r) for r in plan.ranks]
@@ -288,8 +290,11 @@ def _run_pipeline(plan: StepPlan) -> list[Outcome]:
         for r, x in enumerate(increment):
             waits[r] += x * times
 
-    run = ScheduleRun(plan.ops, num_vs, step, lambda: list(waits), add)
+    # The two bounds' schedules (simddp.sim.step._bounds) ride along: same operations, same traversal.
+    serial, kernels = bound_steps(plan)
+    run = ScheduleRun(plan.ops, num_vs, [step, serial, kernels], lambda: list(waits), add)
     run.run(steady(par.pipeline_schedule, plan.ops, par.pp, plan.num_micro_batches, par.virtual_stages))
+    plan.cache["pipeline_ends"] = {True: run.clocks[1], False: run.clocks[2]}
     for out, w in zip(outs, waits, strict=True):
         out.add("pipeline_wait", w)
     plan.cache["jumped_units"] = run.jumped_units

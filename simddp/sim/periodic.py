@@ -83,27 +83,34 @@ def steady(name: str, ops: Sequence[Sequence[PipeOp]], num_stages: int, num_micr
 
 
 class ScheduleRun:
-    """The greedy max-plus run of per-rank operation lists, optionally extended over its periodic steady state.
+    """Greedy max-plus runs of per-rank operation lists, optionally extended over their periodic steady state.
 
-    ``step`` times one operation (and records whatever its caller accounts); ``accumulators`` returns the
-    caller's running totals as one flat list and ``add`` adds a list of that shape to them, so a jump can add
-    a cycle's increments ``N`` times. The run's ``clock`` (each rank's last arrival) and ``arrival`` (per
-    operation key) are what callers read afterwards.
+    Each of ``steps`` is one recurrence over the same operations (the fast engine's step and the two bounds
+    of :func:`simddp.sim.step._pipeline_ends`): which operations can run depends only on the dependency
+    graph, never on the times, so one traversal evaluates them all. ``steps[k]`` times one operation (and
+    records whatever its caller accounts); ``accumulators`` returns the caller's running totals as one flat
+    list and ``add`` adds a list of that shape ``times`` times, so a jump can add a cycle's increments. After
+    :meth:`run`, ``clocks[k][r]`` is rank r's last arrival in recurrence k.
     """
 
-    def __init__(self, ops: Sequence[Sequence[PipeOp]], num_virtual_stages: int, step: StepFn,
+    def __init__(self, ops: Sequence[Sequence[PipeOp]], num_virtual_stages: int, steps: Sequence[StepFn],
                  accumulators: Callable[[], list[float]] | None = None,
                  add: Callable[[list[float], float], None] | None = None) -> None:
         self.ops = ops
         self.num_vs = num_virtual_stages
-        self.step = step
+        self.steps = list(steps)
         self.accumulators = accumulators or (lambda: [])
         self.add = add or (lambda _delta, _times: None)
         self.pos = [0] * len(ops)
-        self.clock = [0.0] * len(ops)
-        self.arrival: dict[tuple[str, int, int], float] = {}
+        self.clocks = [[0.0] * len(ops) for _ in self.steps]
+        self.arrival: dict[tuple[str, int, int], tuple[float, ...]] = {}
         self.jumped_units = 0  # for tests and benchmarks: how much of the steady state was extended
         self.detected_at: tuple[int, int] | None = None  # (units run, cycle) when the repeat was found
+
+    @property
+    def clock(self) -> list[float]:
+        """Each rank's last arrival in the first recurrence."""
+        return self.clocks[0]
 
     def run(self, shape: Steady | None) -> None:
         if shape is not None:
@@ -116,14 +123,16 @@ class ScheduleRun:
         A rank runs until it needs an arrival that is not there yet; it then waits on that operation, and
         the rank that completes it wakes it up, so every operation is read about once.
         """
-        pos, clock, arrival, step = self.pos, self.clock, self.arrival, self.step
+        pos, clocks, arrival, steps = self.pos, self.clocks, self.arrival, self.steps
         last_vs = self.num_vs - 1
         getters = [o.op_at if isinstance(o, Schedule) else o.__getitem__ for o in self.ops]
         waiting: dict[tuple[str, int, int], int] = {}
         ready = deque(range(len(getters)))
+        nothing = (None,) * len(steps)
         while ready:
             r = ready.popleft()
-            get, i, lim, t = getters[r], pos[r], limits[r], clock[r]
+            get, i, lim = getters[r], pos[r], limits[r]
+            ts = tuple(c[r] for c in clocks)
             while i < lim:
                 op = get(i)
                 kind, micro, vs = op
@@ -132,18 +141,21 @@ class ScheduleRun:
                 else:
                     dep = ("B", micro, vs + 1) if vs < last_vs else None
                 if dep is None:
-                    t = step(r, i, op, t, None)
+                    arrived: tuple[float | None, ...] = nothing
                 else:
-                    arrived = arrival.get(dep)
-                    if arrived is None:
+                    got = arrival.get(dep)
+                    if got is None:
                         waiting[dep] = r
                         break
-                    t = step(r, i, op, t, arrived)
-                arrival[op] = t  # a PipeOp is the tuple (kind, micro-batch, virtual stage)
+                    arrived = got
+                ts = tuple(step(r, i, op, t, a) for step, t, a in zip(steps, ts, arrived, strict=True))
+                arrival[op] = ts  # a PipeOp is the tuple (kind, micro-batch, virtual stage)
                 i += 1
                 if waiting and op in waiting:
                     ready.append(waiting.pop(op))
-            pos[r], clock[r] = i, t
+            pos[r] = i
+            for c, t in zip(clocks, ts, strict=True):
+                c[r] = t
         if any(p < lim for p, lim in zip(pos, limits, strict=True)):
             raise RuntimeError("pipeline schedule deadlocks")  # a schedule bug, not user input
 
@@ -158,43 +170,51 @@ class ScheduleRun:
                 keys.append((op.kind, op.micro_batch, op.virtual_stage))
         return keys
 
+    def _state(self, cut: list[int]) -> list[list[float]]:
+        """Per recurrence: the clocks, then the frontier's arrivals."""
+        frontier = [self.arrival[k] for k in self._frontier(cut)]
+        return [list(c) + [a[k] for a in frontier] for k, c in enumerate(self.clocks)]
+
     def _extend(self, shape: Steady) -> None:
         """Run cut by cut until the state repeats up to a constant, then jump over the repeating units."""
-        history: list[tuple[int, list[float], list[float], list[float]]] = []
+        history: list[tuple[list[list[float]], list[float]]] = []
         units, last = 1, shape.max_units
         while units <= last:
             cut = self._cut(shape, units)
             self.advance(cut)
-            frontier = [self.arrival[k] for k in self._frontier(cut)]
-            acc = self.accumulators()
-            history.append((units, list(self.clock), frontier, acc))
+            state, acc = self._state(cut), self.accumulators()
+            history.append((state, acc))
             for c in range(1, min(MAX_CYCLE, len(history) - 1) + 1):
-                _, clock_a, front_a, acc_a = history[-1 - c]
-                delta = self.clock[0] - clock_a[0]
-                tol = _REL_TOL * max(abs(x) for x in self.clock)
-                if all(abs(b - a - delta) <= tol for a, b in zip(clock_a + front_a, self.clock + frontier,
-                                                                  strict=True)):
+                before, acc_a = history[-1 - c]
+                deltas = [now[0] - then[0] for now, then in zip(state, before, strict=True)]
+                if all(_shifted(then, now, d) for then, now, d in zip(before, state, deltas, strict=True)):
                     cycles = (last - units) // c
                     self.detected_at = (units, c)
                     if cycles:
-                        self._jump(shape, units, c, cycles, delta, [b - a for a, b in zip(acc_a, acc, strict=True)])
+                        self._jump(shape, units, c, cycles, deltas, [b - a for a, b in zip(acc_a, acc, strict=True)])
                     return
             if len(history) > MAX_CYCLE + 1:
                 history.pop(0)
             units += 1
 
-    def _jump(self, shape: Steady, units: int, cycle: int, cycles: int, delta: float,
+    def _jump(self, shape: Steady, units: int, cycle: int, cycles: int, deltas: list[float],
               increment: list[float]) -> None:
-        """Move from the cut ``units`` in over ``cycles`` repeats of ``cycle`` units, each adding ``delta``."""
+        """Move from the cut ``units`` in over ``cycles`` repeats of ``cycle`` units, each adding ``deltas``."""
         advance_units = cycle * cycles
         micro = shape.shift * advance_units
-        cut = self._cut(shape, units)
-        for k in self._frontier(cut):
-            self.arrival[(k[0], k[1] + micro, k[2])] = self.arrival[k] + delta * cycles
-        self.clock = [c + delta * cycles for c in self.clock]
+        for k in self._frontier(self._cut(shape, units)):
+            self.arrival[(k[0], k[1] + micro, k[2])] = tuple(
+                a + d * cycles for a, d in zip(self.arrival[k], deltas, strict=True))
+        self.clocks = [[c + d * cycles for c in clock] for clock, d in zip(self.clocks, deltas, strict=True)]
         self.pos = self._cut(shape, units + advance_units)
         self.add(increment, float(cycles))
         self.jumped_units = advance_units
+
+
+def _shifted(before: list[float], now: list[float], delta: float) -> bool:
+    """Whether ``now`` is ``before`` plus ``delta`` everywhere, up to float rounding."""
+    tol = _REL_TOL * max(abs(x) for x in now)
+    return all(abs(b - a - delta) <= tol for a, b in zip(before, now, strict=True))
 
 
 __all__ = ["MAX_CYCLE", "ScheduleRun", "Steady", "StepFn", "steady"]

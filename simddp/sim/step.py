@@ -39,7 +39,7 @@ from simddp.config import Scenario
 from simddp.memory import memory_breakdown
 from simddp.results import BREAKDOWN_PARTS, Bounds, BucketTiming, Span, StepPart, StepResult, Trace
 from simddp.sim.layers import LayerPlan, Recorder, backward, forward, pass_alone_s
-from simddp.sim.periodic import ScheduleRun, steady
+from simddp.sim.periodic import ScheduleRun, StepFn, steady
 from simddp.sim.pipeline import PipeOp, dependency, last_backward
 from simddp.sim.plan import FsdpUnitPlan, RankPlan, StepPlan, build_plan
 from simddp.sim.resources import Gpu
@@ -692,7 +692,19 @@ def _pipeline_end(plan: StepPlan, rank: int, serial: bool) -> float:
 
 
 def _pipeline_ends(plan: StepPlan, serial: bool) -> list[float]:
-    """Every rank's schedule end (see :func:`_pipeline_end`); computed once per plan and kind.
+    """Every rank's schedule end (see :func:`_pipeline_end`); computed once per plan and kind (the fast engine
+    computes both in its own traversal, :func:`simddp.sim.fast.run`)."""
+    cache = plan.cache.setdefault("pipeline_ends", {})
+    if serial not in cache:
+        par = plan.scenario.parallelism
+        run = ScheduleRun(plan.ops, par.pp * par.virtual_stages, [bound_steps(plan)[0 if serial else 1]])
+        run.run(steady(par.pipeline_schedule, plan.ops, par.pp, plan.num_micro_batches, par.virtual_stages))
+        cache[serial] = run.clock
+    return cache[serial]
+
+
+def bound_steps(plan: StepPlan) -> tuple[StepFn, StepFn]:
+    """The operation steps of the two bounds' schedules: TP and send/recv serialised, and kernels only.
 
     Serialised, a rank whose gradient reduction overlaps its last backward passes pays that reduction once,
     up front, at the first operation that can run beside it: sharing a link delays the operation's own
@@ -700,9 +712,6 @@ def _pipeline_ends(plan: StepPlan, serial: bool) -> list[float]:
     times the time collectives are in flight (the reduction's and the operation's own). Front-loading the
     delay makes every later end time, on every rank, at least as late as any real spread of it.
     """
-    cache = plan.cache.setdefault("pipeline_ends", {})
-    if serial in cache:
-        return cache[serial]
     par = plan.scenario.parallelism
     num_vs = par.pp * par.virtual_stages
     i = plan.interference
@@ -724,25 +733,16 @@ def _pipeline_ends(plan: StepPlan, serial: bool) -> list[float]:
         reduce = sum(b.reduce.time_s for b in rp.buckets)
         after = sum(costs[r][(op.kind, op.virtual_stage)][1] for op in plan.ops[r][first_release[r]:])
         delay.append((1 + 2 * i) * (reduce + after) if rp.overlap else 0.0)
-    front: list[set[tuple[str, int, int]]] = [
-        {(ops[k].kind, ops[k].micro_batch, ops[k].virtual_stage)} if k < len(ops) else set()
-        for ops, k in zip(plan.ops, first_release, strict=True)
-    ]
 
-    def duration(r: int, op: PipeOp) -> float:
+    def serial(r: int, position: int, op: PipeOp, clock: float, arrived: float | None) -> float:
         work, comm = costs[r][(op.kind, op.virtual_stage)]
-        if not serial:
-            return work
-        extra = delay[r] if (op.kind, op.micro_batch, op.virtual_stage) in front[r] else 0.0
-        return work + comm + extra
+        extra = delay[r] if position == first_release[r] else 0.0
+        return (clock if arrived is None else max(clock, arrived)) + work + comm + extra
 
-    def step(r: int, _position: int, op: PipeOp, clock: float, arrived: float | None) -> float:
-        return (clock if arrived is None else max(clock, arrived)) + duration(r, op)
+    def kernels(r: int, _position: int, op: PipeOp, clock: float, arrived: float | None) -> float:
+        return (clock if arrived is None else max(clock, arrived)) + costs[r][(op.kind, op.virtual_stage)][0]
 
-    run = ScheduleRun(plan.ops, num_vs, step)
-    run.run(steady(par.pipeline_schedule, plan.ops, par.pp, plan.num_micro_batches, par.virtual_stages))
-    cache[serial] = run.clock
-    return cache[serial]
+    return serial, kernels
 
 
 def _tp_part(p: LayerPlan, kind: str) -> float:
