@@ -109,7 +109,10 @@ def test_fast_engine_equals_simpy_on_long_pipelines(data: dict) -> None:
     quick = fast.run(plan)
     exact = simulate(data, trace=False, exact=True)
     _equal(quick.model_dump(exclude={"trace"}), exact.model_dump(exclude={"trace"}))
-    # 1F1B from 10 micro-batches per stage repeats and is extended (interleaved units are p v pairs long)
+    # 1F1B from 10 micro-batches per stage repeats and is extended. (Interleaved may not within the step: a
+    # rank with less work per unit can spend the whole step using up the lead its longer warm-up gave it, its
+    # clock advancing at another rate than its neighbours'; then no cut repeats up to one constant, and the
+    # run goes operation by operation, as it must.)
     pp = plan.scenario.parallelism.pp
     if data["parallelism"]["pipeline_schedule"] == "1f1b" and plan.num_micro_batches >= 10 * pp:
         assert plan.cache["jumped_units"] > 0
