@@ -212,23 +212,31 @@ def _finish(out: Outcome, comm_end: float) -> None:
 
 
 # ---------------------------------------------------------------------------------------- pipelines
-def _release(out: Outcome, vs: int, start: float, counts: dict[int, int], overlap: str, interference: float) -> None:
-    """Bucket ready times of a rank's last backward of ``vs``: its layers run alone, in reverse order."""
+def _release(out: Outcome, vs: int, start: float, counts: dict[int, int], overlap: str, interference: float,
+             seen: dict[int, tuple[float, float, list[tuple[str, float]]]]) -> None:
+    """Bucket ready times of a rank's last backward of ``vs``: its layers run alone, in reverse order.
+
+    ``seen`` keeps each distinct layer's (release offset, duration, TP transfers) across calls: layers of
+    identical blocks share one timing object (as :func:`simddp.sim.layers.pass_alone` relies on)."""
     p = out.plan
     t = start
     for k in range(len(p.layers) - 1, -1, -1):
         if p.layers[k].stage != vs:
             continue
         plan = p.plans[k]
-        ready = t + layer_release_s(plan, overlap, interference)
-        t += layer_alone(plan, overlap, "B", interference)[0]
-        # This pass runs layer by layer in the simpy engine, its TP collectives on the link.
-        costs = plan.bwd_pre + plan.dgrad_post + plan.wgrad_pre
-        if plan.recompute_comm:
-            costs += plan.fwd_pre + plan.fwd_post
-        for cost in costs:
-            if cost.time_s > 0:
-                out.transfer(cost.tier, cost.transfer_s)
+        key = id(plan.timing)
+        if key not in seen:
+            # This pass runs layer by layer in the simpy engine, its TP collectives on the link.
+            costs = plan.bwd_pre + plan.dgrad_post + plan.wgrad_pre
+            if plan.recompute_comm:
+                costs += plan.fwd_pre + plan.fwd_post
+            seen[key] = (layer_release_s(plan, overlap, interference), layer_alone(plan, overlap, "B", interference)[0],
+                         [(c.tier, c.transfer_s) for c in costs if c.time_s > 0])
+        release, duration, transfers = seen[key]
+        ready = t + release
+        t += duration
+        for tier, transfer in transfers:
+            out.transfer(tier, transfer)
         for b in p.bucket_of_layer[k]:
             counts[b] -= 1
             if counts[b] == 0:
@@ -275,6 +283,7 @@ def _run_pipeline(plan: StepPlan) -> list[Outcome]:
         hold.append(per)
     counts = [{b.index: b.num_params for b in r.buckets} for r in plan.ranks]
     waits = [0.0] * len(outs)
+    seen: dict[int, tuple[float, float, list[tuple[str, float]]]] = {}
 
     def step(r: int, position: int, op: PipeOp, t: float, arrived: float | None) -> float:
         if arrived is not None:
@@ -283,7 +292,7 @@ def _run_pipeline(plan: StepPlan) -> list[Outcome]:
                 t = arrived
             t += gather  # reassemble the TP slices of what arrived
         if op.kind == "B" and last_b[r].get(op.virtual_stage) == position:
-            _release(outs[r], op.virtual_stage, t, counts[r], plan.overlap, plan.interference)
+            _release(outs[r], op.virtual_stage, t, counts[r], plan.overlap, plan.interference, seen)
         return t + hold[r][(op.kind, op.virtual_stage)]
 
     def add(increment: list[float], times: float) -> None:
