@@ -153,10 +153,10 @@ def _run_dp(plan: StepPlan) -> list[Outcome]:
     # Backward in reverse layer order: kernel work, its recompute part, the buckets its gradients go to.
     per_timing: dict[int, tuple[float, float]] = {}  # layers of identical blocks share one timing object
     backward = []
-    for plan, buckets in zip(reversed(p.plans), reversed(p.bucket_of_layer), strict=True):
-        key = id(plan.timing)
+    for layer, buckets in zip(reversed(p.plans), reversed(p.bucket_of_layer), strict=True):
+        key = id(layer.timing)
         if key not in per_timing:
-            per_timing[key] = (plan.timing.bwd_s, plan.timing.recompute_s)
+            per_timing[key] = (layer.timing.bwd_s, layer.timing.recompute_s)
         backward.append((*per_timing[key], buckets))
     acct, intervals, ready_at = out.acct, stream.intervals, out.ready_at
     for rnd in range(rounds):
