@@ -149,13 +149,18 @@ def _run_dp(plan: StepPlan) -> list[Outcome]:
         out.add("recompute", p.bwd_recompute_s[0] * silent)
     overlap = plan.rule.overlap
     stream = _Reductions(out, rounds, None)
-    remaining = {(rnd, b.index): b.num_params for rnd in range(rounds) for b in p.buckets}
-    fwd = sum(plan.timing.fwd_s for plan in p.plans)
+    fwd = p.fwd_work_s[0]
     # Backward in reverse layer order: kernel work, its recompute part, the buckets its gradients go to.
-    backward = [(plan.timing.bwd_s, plan.timing.recompute_s, p.bucket_of_layer[k])
-                for k, plan in reversed(list(enumerate(p.plans)))]
-    acct, intervals = out.acct, stream.intervals
+    per_timing: dict[int, tuple[float, float]] = {}  # layers of identical blocks share one timing object
+    backward = []
+    for layer, buckets in zip(reversed(p.plans), reversed(p.bucket_of_layer), strict=True):
+        key = id(layer.timing)
+        if key not in per_timing:
+            per_timing[key] = (layer.timing.bwd_s, layer.timing.recompute_s)
+        backward.append((*per_timing[key], buckets))
+    acct, intervals, ready_at = out.acct, stream.intervals, out.ready_at
     for rnd in range(rounds):
+        remaining = {b.index: b.num_params for b in p.buckets}
         # Forward: one job (no collective of this step can be in flight before the first release).
         end = _advance(t, fwd, intervals, rate_in)
         out.add("compute", fwd)
@@ -164,17 +169,20 @@ def _run_dp(plan: StepPlan) -> list[Outcome]:
         # The parts are summed in the same order as out.add would, in locals (one layer at a time).
         compute, recompute, interference = acct["compute"], acct.get("recompute", 0.0), acct["interference"]
         for work, redo, buckets in backward:
-            end = _advance(t, work, intervals, rate_in)
+            if intervals:
+                end = _advance(t, work, intervals, rate_in)
+            else:  # nothing in flight: _advance's answer, without the call
+                end = t + work if work > _EPS_S else t
             compute += work - redo
             recompute += redo
             interference += end - t - work
             t = end
             released = False
             for b in buckets:
-                key = (rnd, b)
-                remaining[key] -= 1
-                if remaining[key] == 0:
-                    out.ready_at[key] = t
+                left = remaining[b] - 1
+                remaining[b] = left
+                if left == 0:
+                    ready_at[(rnd, b)] = t
                     released = True
             if released and overlap:
                 stream.schedule(t)

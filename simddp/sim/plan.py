@@ -15,7 +15,7 @@ from simddp.bucketing import BucketSpec, ParamLike, ddp_initial_buckets
 from simddp.collectives import CollectiveCost, Op, collective_cost
 from simddp.compute import LayerTiming, layer_timing, memory_s, optimizer_step_s
 from simddp.config import Scenario
-from simddp.sim.layers import LayerPlan, pass_alone
+from simddp.sim.layers import LayerPlan, layer_alone
 from simddp.sim.pipeline import PipeOp, schedule
 from simddp.topology import CommGroup, dp_group, group, pp_boundary_group, tp_group
 from simddp.units import dtype_bytes
@@ -281,17 +281,11 @@ def build_plan(scenario: Scenario, workload: Workload | None = None) -> StepPlan
         rank = RankPlan(r, layers, layer_plans(scenario, layers), grads, bucket_of_layer, buckets, rounds,
                         opt_s, gather_after, _embedding_sync(scenario, workload, r, rule), overlap=rule.overlap)
         _ddp_options(scenario, rank, unused, dp)
-        for vs in sorted({la.stage for la in layers}):
-            idx = [i for i, la in enumerate(layers) if la.stage == vs]
-            stage_plans = [rank.plans[i] for i in idx]
-            interference = cluster.comm_compute_interference
-            rank.fwd_alone_s[vs], rank.fwd_busy_s[vs] = pass_alone(stage_plans, par.tp_comm_overlap, "F",
-                                                                   interference)
-            rank.bwd_alone_s[vs], rank.bwd_busy_s[vs] = pass_alone(stage_plans, par.tp_comm_overlap, "B",
-                                                                   interference)
-            rank.fwd_work_s[vs] = sum(p.timing.fwd_s for p in stage_plans)
-            rank.bwd_work_s[vs] = sum(p.timing.bwd_s for p in stage_plans)
-            rank.bwd_recompute_s[vs] = sum(p.timing.recompute_s for p in stage_plans)
+        stages = sorted({la.stage for la in layers})
+        for vs in stages:
+            stage_plans = rank.plans if len(stages) == 1 else [rank.plans[i] for i, la in enumerate(layers)
+                                                               if la.stage == vs]
+            _stage_passes(rank, vs, stage_plans, par.tp_comm_overlap, cluster.comm_compute_interference)
         if mode == "fsdp":
             rank.fsdp_units, rank.fsdp_root = _fsdp_plans(workload, rank, dp, rule)
         ranks.append(rank)
@@ -306,6 +300,32 @@ def build_plan(scenario: Scenario, workload: Workload | None = None) -> StepPlan
             gather = collective_cost("all-gather", workload.boundary_gather_bytes, tp_group(scenario))
     return StepPlan(scenario, workload, ranks, m, mode, ops, p2p, gather, par.tp_comm_overlap,
                     cluster.comm_compute_interference, rule)
+
+
+def _stage_passes(rank: RankPlan, vs: int, plans: Sequence[LayerPlan], overlap: str, interference: float) -> None:
+    """Forward and backward of virtual stage ``vs`` on an idle GPU (:func:`simddp.sim.layers.pass_alone`) and
+    their kernel sums, in one pass over its layers; layers of identical blocks share one timing object, whose
+    numbers are worked out once. The sums run in layer order, as ``sum()`` over the layers would."""
+    per_timing: dict[int, tuple[float, float, float, float, float, float, float]] = {}
+    fwd_alone = fwd_busy = bwd_alone = bwd_busy = fwd_work = bwd_work = recompute = 0.0
+    for plan in plans:
+        key = id(plan.timing)
+        values = per_timing.get(key)
+        if values is None:
+            t = plan.timing
+            values = per_timing[key] = (*layer_alone(plan, overlap, "F", interference),
+                                        *layer_alone(plan, overlap, "B", interference),
+                                        t.fwd_s, t.bwd_s, t.recompute_s)
+        fwd_alone += values[0]
+        fwd_busy += values[1]
+        bwd_alone += values[2]
+        bwd_busy += values[3]
+        fwd_work += values[4]
+        bwd_work += values[5]
+        recompute += values[6]
+    rank.fwd_alone_s[vs], rank.fwd_busy_s[vs] = fwd_alone, fwd_busy
+    rank.bwd_alone_s[vs], rank.bwd_busy_s[vs] = bwd_alone, bwd_busy
+    rank.fwd_work_s[vs], rank.bwd_work_s[vs], rank.bwd_recompute_s[vs] = fwd_work, bwd_work, recompute
 
 
 def dp_collective(scenario: Scenario, op: Op, size_bytes: int, group: CommGroup,
@@ -329,15 +349,14 @@ def autograd_nodes(scenario: Scenario, rank: RankPlan) -> int:
 
 def _ddp_options(scenario: Scenario, rank: RankPlan, unused: set[int], dp: CommGroup) -> None:
     """Fill the plan data of find_unused_parameters / static_graph, unused parameters and gradient clipping."""
-    local = {g: k for k, g in enumerate(rank.grads.global_ids)}
-    for b in rank.grads.buckets:
+    for b in rank.grads.buckets if unused else ():
         count = sum(1 for i in b.param_indices if rank.grads.global_ids[i] in unused)
         if count:
             rank.unused_per_bucket[b.index] = count
     if searches_unused(scenario) and rank.grads.params:
         rank.traversal_s = autograd_nodes(scenario, rank) * scenario.cluster.autograd_node_traversal_s
         # Reducer::all_reduce_local_used_map: one int32 per parameter tensor.
-        rank.unused_map_reduce = dp_collective(scenario, "all-reduce", 4 * len(local), dp)
+        rank.unused_map_reduce = dp_collective(scenario, "all-reduce", 4 * len(rank.grads.global_ids), dp)
     clip = scenario.training.grad_clip_norm
     if clip is None or not rank.grads.params:
         return
