@@ -728,6 +728,21 @@ def bound_steps(plan: StepPlan) -> tuple[StepFn, StepFn]:
                 comm = sum(_tp_part(p, kind) for p in plans) + (send.time_s if send is not None else 0.0) + gather
                 per[(kind, vs)] = ((rp.fwd_work_s if kind == "F" else rp.bwd_work_s)[vs], comm)
         costs.append(per)
+    late: dict[tuple[str, int], float] = {}  # (kind, receiving virtual stage) -> extra arrival delay
+    if par.pp_p2p_overlap:
+        for r, rp in enumerate(plan.ranks):
+            tp_stream = plan.p2p_gather is not None or any(_tp_part(p, k) > 0 for p in rp.plans for k in "FB")
+            dp_stream = rp.overlap and any(b.reduce.time_s > 0 for b in rp.buckets)
+            shared = int(tp_stream) + int(dp_stream)  # streams besides the send's own
+            for vs in rp.fwd_work_s:
+                for kind, receiver, boundary in (("F", vs + 1, vs), ("B", vs - 1, vs - 1)):
+                    send = plan.p2p.get(boundary)
+                    if send is not None and 0 <= receiver < num_vs:
+                        late[(kind, receiver)] = shared * send.time_s
+                        # the sender's next kernels run slowed while the send is in flight (at most k sends long)
+                        work, comm = costs[r][(kind, vs)]
+                        costs[r][(kind, vs)] = (work, comm + i * (shared + 1) * send.time_s)
+
     delay = []
     for r, rp in enumerate(plan.ranks):
         reduce = sum(b.reduce.time_s for b in rp.buckets)
@@ -737,6 +752,8 @@ def bound_steps(plan: StepPlan) -> tuple[StepFn, StepFn]:
     def serial(r: int, position: int, op: PipeOp, clock: float, arrived: float | None) -> float:
         work, comm = costs[r][(op.kind, op.virtual_stage)]
         extra = delay[r] if position == first_release[r] else 0.0
+        if arrived is not None and late:
+            arrived += late.get((op.kind, op.virtual_stage), 0.0)
         return (clock if arrived is None else max(clock, arrived)) + work + comm + extra
 
     def kernels(r: int, _position: int, op: PipeOp, clock: float, arrived: float | None) -> float:
