@@ -129,6 +129,7 @@ class ScheduleRun:
         waiting: dict[tuple[str, int, int], int] = {}
         ready = deque(range(len(getters)))
         nothing = (None,) * len(steps)
+        combined = _combine(steps)
         while ready:
             r = ready.popleft()
             get, i, lim = getters[r], pos[r], limits[r]
@@ -148,7 +149,7 @@ class ScheduleRun:
                         waiting[dep] = r
                         break
                     arrived = got
-                ts = tuple(step(r, i, op, t, a) for step, t, a in zip(steps, ts, arrived, strict=True))
+                ts = combined(r, i, op, ts, arrived)
                 arrival[op] = ts  # a PipeOp is the tuple (kind, micro-batch, virtual stage)
                 i += 1
                 if waiting and op in waiting:
@@ -209,6 +210,19 @@ class ScheduleRun:
         self.pos = self._cut(shape, units + advance_units)
         self.add(increment, float(cycles))
         self.jumped_units = advance_units
+
+
+def _combine(steps: list[StepFn]) -> Callable[[int, int, PipeOp, tuple[float, ...], tuple[float | None, ...]],
+                                               tuple[float, ...]]:
+    """One call that runs every recurrence's step (unrolled for the one and three the engines use)."""
+    if len(steps) == 1:
+        (s0,) = steps
+        return lambda r, i, op, ts, a: (s0(r, i, op, ts[0], a[0]),)
+    if len(steps) == 3:
+        s0, s1, s2 = steps
+        return lambda r, i, op, ts, a: (s0(r, i, op, ts[0], a[0]), s1(r, i, op, ts[1], a[1]),
+                                        s2(r, i, op, ts[2], a[2]))
+    return lambda r, i, op, ts, a: tuple(step(r, i, op, t, x) for step, t, x in zip(steps, ts, a, strict=True))
 
 
 def _shifted(before: list[float], now: list[float], delta: float) -> bool:
