@@ -7,8 +7,9 @@ backward per rank for 1F1B, ``p v`` pairs for interleaved 1F1B, shifting micro-b
 time is the same plus a constant (Cohen et al., "A linear-system-theoretic view of discrete-event processes
 ...", 1985; Baccelli et al., *Synchronization and Linearity*, 1992, ch. 3).
 
-:class:`ScheduleRun` runs the recurrence greedily, rank by rank, and at each *cut* compares the state with the
-cuts one to :data:`MAX_CYCLE` units before. A cut is a set of positions, one per rank, closed under
+:class:`ScheduleRun` runs the recurrence rank by rank (a rank runs until it needs an arrival that is not
+there yet, and the rank that produces it wakes it), and at each *cut* compares the state with the cuts one
+to :data:`MAX_CYCLE` units before. A cut is a set of positions, one per rank, closed under
 dependencies (nothing before it needs anything after it). Everything after a cut depends on what is before it
 only through each rank's clock and the last forward and backward it ran (its *frontier*); :func:`steady`'s
 offsets make that so for 1F1B and interleaved 1F1B. When the frontier and clocks at cut ``J + c P`` are those
@@ -16,7 +17,8 @@ at cut ``J`` plus one constant ``Δ``, the remaining steady units repeat them ex
 commute with adding a constant), so the run jumps ``N`` cycles ahead: clocks and frontier plus ``N Δ``, every
 accumulator plus ``N`` times its increment over the cycle. The transient, the compared cuts and the drain are
 run operation by operation. Evaluation cost then depends on the number of stages, not of micro-batches;
-``tests/test_fast.py`` checks the result against the simpy simulation of every micro-batch.
+``tests/test_periodic.py`` checks the extension against the plain recurrence on random schedules and the
+fast engine against the simpy simulation of every micro-batch.
 """
 
 from __future__ import annotations
