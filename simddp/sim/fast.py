@@ -15,9 +15,9 @@ Two cases are covered:
 * **Pipelines whose operations do not overlap communication** (Megatron's defaults: synchronous send/recv,
   gradient reduction after the schedule, or none with dp = 1): every operation takes its time on an idle
   GPU (its own TP collectives included), a send blocks its sender, a receiver all-gathers the slices of
-  what arrived; the schedule is the max-plus recurrence of :class:`simddp.sim.periodic.ScheduleRun` (its periodic steady
-  state extended exactly), then each
-  rank reduces its buckets one after another, syncs a tied embedding, steps and gathers.
+  what arrived; the schedule is the max-plus recurrence of :class:`simddp.sim.periodic.ScheduleRun` (its
+  periodic steady state extended exactly), then each rank reduces its buckets one after another, syncs a
+  tied embedding, steps and gathers.
 """
 
 from __future__ import annotations
