@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import json
-
 import streamlit as st
 
 from simddp import units
@@ -44,9 +42,9 @@ def sidebar() -> None:
             st.download_button("Results CSV", data=lambda: result.summary_dataframe().to_csv(index=False),
                                file_name="results.csv", mime="text/csv", on_click="ignore",
                                icon=":material/download:", width="stretch")
-            if result.trace is not None:
-                trace = result.trace
-                st.download_button("Perfetto trace", data=lambda: json.dumps(trace.to_chrome()),
-                                   file_name="trace.json", mime="application/json", on_click="ignore",
-                                   icon=":material/download:", width="stretch",
-                                   help="Chrome trace-event JSON: open it in https://ui.perfetto.dev")
+            scenario_json = state.to_json(data)
+            st.download_button("Perfetto trace", data=lambda: state.perfetto_json(scenario_json),
+                               file_name="trace.json", mime="application/json", on_click="ignore",
+                               icon=":material/download:", width="stretch",
+                               help="Chrome trace-event JSON: open it in https://ui.perfetto.dev (simulated with "
+                                    "every event when clicked)")

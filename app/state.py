@@ -121,19 +121,30 @@ def last_valid_scenario() -> simddp.Scenario:
 
 # ------------------------------------------------------------------------------------ cached simddp
 @st.cache_data(max_entries=512, show_spinner=False)
-def _simulate(scenario_json: str) -> StepResult:
-    return simddp.simulate(json.loads(scenario_json), trace=True)
+def _simulate(scenario_json: str, trace: bool = False) -> StepResult:
+    # Without a trace the fast engine answers (simddp.sim.fast: the same numbers, a 512-micro-batch
+    # pipeline in about 0.1 s instead of several); the timeline page asks for the trace.
+    return simddp.simulate(json.loads(scenario_json), trace=trace)
 
 
-def simulate(data: dict[str, Any], where: Any = None, show: bool = True) -> StepResult | None:
-    """Simulate a scenario dict (cached by its JSON); errors are shown inline and give None."""
+def perfetto_json(scenario_json: str) -> str:
+    """The step's Chrome trace-event JSON (the sidebar's download; runs when clicked, outside the script,
+    so it calls no Streamlit command)."""
+    result = simddp.simulate(json.loads(scenario_json), trace=True)
+    assert result.trace is not None  # trace=True always records one
+    return json.dumps(result.trace.to_chrome())
+
+
+def simulate(data: dict[str, Any], where: Any = None, show: bool = True, trace: bool = False) -> StepResult | None:
+    """Simulate a scenario dict (cached by its JSON); errors are shown inline and give None. ``trace`` records
+    the timeline (the simpy engine runs every event; only the Timeline page needs it)."""
     from simddp.errors import InternalError
     from simddp.sanity import check_step_result
 
     if validate(data, where, show) is None:
         return None
     try:
-        result = _simulate(to_json(data))
+        result = _simulate(to_json(data), trace)
         check_step_result(result)  # finite, and the parts add up: never show a result that fails it
         return result
     except ValueError as err:  # a choice the cost model rejects (NVLS without NVSwitch), a cap, a range

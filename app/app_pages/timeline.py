@@ -13,7 +13,7 @@ st.caption("One simulated step of the most loaded GPU: compute stream (forward a
            "algorithms; export the full trace to Perfetto from the sidebar.")
 
 data = state.scenario_dict()
-result = state.simulate(data)
+result = state.simulate(data, trace=True)
 if result is not None:
     widgets.fit_banner(result)
 if result is not None and result.trace is not None:
