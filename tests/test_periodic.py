@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from test_fast import _equal
@@ -116,3 +117,40 @@ def test_fast_engine_equals_simpy_on_long_pipelines(data: dict) -> None:
     pp = plan.scenario.parallelism.pp
     if data["parallelism"]["pipeline_schedule"] == "1f1b" and plan.num_micro_batches >= 10 * pp:
         assert plan.cache["jumped_units"] > 0
+
+
+def test_the_fast_engine_answers_pipelines_past_the_simulation_cap() -> None:
+    # 10^10 micro-batches: the simpy engine (a trace) is refused; the fast engine extends the steady state and
+    # its step per micro-batch is the long-run one of a million micro-batches.
+    from simddp import ScenarioError
+
+    def scenario(batch: int) -> dict:
+        return {"cluster": {"preset": "dgx-a100-80gb", "num_nodes": 2},
+                "model": {"transformer": {"num_layers": 8, "hidden_size": 512, "num_heads": 8,
+                                          "ffn_hidden_size": 2048, "vocab_size": 32000}},
+                "parallelism": {"pp": 2}, "training": {"micro_batch_size": 1, "global_batch_size": batch,
+                                                       "seq_len": 512}, "ddp": {"overlap": False}}
+    huge = simulate(scenario(8 * 10**10), trace=False)
+    assert huge.num_micro_batches == 10**10
+    million = simulate(scenario(8 * 10**6), trace=False)
+    assert huge.step_time_s / 10**10 == pytest.approx(million.step_time_s / 10**6, rel=1e-5)
+    with pytest.raises(ScenarioError, match="over the limit of 131,072"):
+        simulate(scenario(8 * 10**10))
+
+
+def test_a_runner_refuses_to_run_more_operations_one_by_one_than_allowed() -> None:
+    # What bounds the fast engine when a schedule does not repeat soon enough (an interleaved rank can use up
+    # its warm-up lead over the whole step): it raises instead of running more than it may, and runs when
+    # allowed as many operations as the schedule has.
+    from simddp.sim.periodic import TooManyOperations
+
+    ops = [schedule("interleaved-1f1b", 4, 64, r, 2) for r in range(4)]
+    times = {(r, k, vs): (0.5 if r == 0 else 1.0) for r in range(4) for k in "FB" for vs in range(r, 8, 4)}
+
+    def step(r: int, _pos: int, op: PipeOp, clock: float, arrived: float | None) -> float:
+        return (clock if arrived is None else max(clock, arrived)) + times[(r, op.kind, op.virtual_stage)]
+
+    run = ScheduleRun(ops, 8, [step], max_operations=200)
+    with pytest.raises(TooManyOperations):
+        run.run(steady("interleaved-1f1b", ops, 4, 64, 2))
+    ScheduleRun(ops, 8, [step], max_operations=sum(len(o) for o in ops)).run(steady("interleaved-1f1b", ops, 4, 64, 2))

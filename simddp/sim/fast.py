@@ -75,11 +75,14 @@ def supported(plan: StepPlan) -> bool:
     return False
 
 
-def run(plan: StepPlan) -> StepResult:
-    """The step of ``plan`` (which :func:`supported` accepts), as the simpy engine would give it."""
+def run(plan: StepPlan, max_operations: int | None = None) -> StepResult:
+    """The step of ``plan`` (which :func:`supported` accepts), as the simpy engine would give it.
+
+    A pipeline whose steady state does not repeat runs every operation: with ``max_operations`` it raises
+    :class:`simddp.sim.periodic.TooManyOperations` instead of running more than that one by one."""
     from simddp.sim.step import _result
 
-    outcomes = _run_dp(plan) if plan.mode == "dp" else _run_pipeline(plan)
+    outcomes = _run_dp(plan) if plan.mode == "dp" else _run_pipeline(plan, max_operations)
     return _result(plan, outcomes, None)
 
 
@@ -251,7 +254,7 @@ def _release(out: Outcome, vs: int, start: float, counts: dict[int, int], overla
                 out.ready_at[(0, b)] = ready
 
 
-def _run_pipeline(plan: StepPlan) -> list[Outcome]:
+def _run_pipeline(plan: StepPlan, max_operations: int | None = None) -> list[Outcome]:
     from simddp.sim.step import bound_steps
 
     par = plan.scenario.parallelism
@@ -309,7 +312,7 @@ def _run_pipeline(plan: StepPlan) -> list[Outcome]:
 
     # The two bounds' schedules (simddp.sim.step._bounds) ride along: same operations, same traversal.
     serial, kernels = bound_steps(plan)
-    run = ScheduleRun(plan.ops, num_vs, [step, serial, kernels], lambda: list(waits), add)
+    run = ScheduleRun(plan.ops, num_vs, [step, serial, kernels], lambda: list(waits), add, max_operations)
     run.run(steady(par.pipeline_schedule, plan.ops, par.pp, plan.num_micro_batches, par.virtual_stages))
     plan.cache["pipeline_ends"] = {True: run.clocks[1], False: run.clocks[2]}
     for out, w in zip(outs, waits, strict=True):

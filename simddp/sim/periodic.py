@@ -38,6 +38,10 @@ _REL_TOL = 1e-12
 StepFn = Callable[[int, int, PipeOp, float, "float | None"], float]
 
 
+class TooManyOperations(Exception):
+    """More operations would run one by one than the caller allows (no repeating steady state was found)."""
+
+
 @dataclass(frozen=True)
 class Steady:
     """Where each rank's steady 1F1B pairs are, and how the schedule repeats."""
@@ -97,8 +101,11 @@ class ScheduleRun:
 
     def __init__(self, ops: Sequence[Sequence[PipeOp]], num_virtual_stages: int, steps: Sequence[StepFn],
                  accumulators: Callable[[], list[float]] | None = None,
-                 add: Callable[[list[float], float], None] | None = None) -> None:
+                 add: Callable[[list[float], float], None] | None = None,
+                 max_operations: int | None = None) -> None:
         self.ops = ops
+        self.max_operations = max_operations  # run() raises TooManyOperations rather than run more one by one
+        self.ran = 0
         self.num_vs = num_virtual_stages
         self.steps = list(steps)
         self.accumulators = accumulators or (lambda: [])
@@ -117,6 +124,9 @@ class ScheduleRun:
     def run(self, shape: Steady | None) -> None:
         if shape is not None:
             self._extend(shape)
+        left = sum(len(o) - p for o, p in zip(self.ops, self.pos, strict=True))
+        if self.max_operations is not None and self.ran + left > self.max_operations:
+            raise TooManyOperations(f"{self.ran + left:,} operations, over {self.max_operations:,}")
         self.advance([len(o) for o in self.ops])
 
     def advance(self, limits: Sequence[int]) -> None:
@@ -156,6 +166,7 @@ class ScheduleRun:
                 i += 1
                 if waiting and op in waiting:
                     ready.append(waiting.pop(op))
+            self.ran += i - pos[r]
             pos[r] = i
             for c, t in zip(clocks, ts, strict=True):
                 c[r] = t
@@ -184,6 +195,8 @@ class ScheduleRun:
         units, last = 1, shape.max_units
         while units <= last:
             cut = self._cut(shape, units)
+            if self.max_operations is not None and sum(cut) > self.max_operations:
+                return  # no repeat within the allowed operations: run() refuses the rest
             self.advance(cut)
             state, acc = self._state(cut), self.accumulators()
             history.append((state, acc))
@@ -233,4 +246,4 @@ def _shifted(before: list[float], now: list[float], delta: float) -> bool:
     return all(abs(b - a - delta) <= tol for a, b in zip(before, now, strict=True))
 
 
-__all__ = ["MAX_CYCLE", "ScheduleRun", "Steady", "StepFn", "steady"]
+__all__ = ["MAX_CYCLE", "ScheduleRun", "Steady", "StepFn", "TooManyOperations", "steady"]

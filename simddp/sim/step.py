@@ -494,17 +494,25 @@ def simulate_step(scenario: Scenario, trace: bool = True, exact: bool = False,
     The fast engine (:mod:`simddp.sim.fast`) answers when it follows the plan exactly and no trace is asked
     for; ``exact=True`` always runs the full simpy simulation, the reference.
     """
-    from simddp.limits import check_simulation_size
+    from simddp.limits import MAX_LAYER_PASSES, check_scenario_size, check_simulation_size
     from simddp.sim import fast
+    from simddp.sim.periodic import TooManyOperations
 
-    check_simulation_size(scenario)  # a pipeline or ZeRO-3 step simulates every micro-batch: bound it
+    check_scenario_size(scenario)
     if scenario.ddp.wrapper == "dataparallel":
+        check_simulation_size(scenario)
         from simddp.sim.dataparallel import simulate_dataparallel
 
         return simulate_dataparallel(scenario, trace)
     plan = build_plan(scenario, workload)
     if not (exact or trace) and fast.supported(plan):
-        return fast.run(plan)
+        # The fast engine extends a repeating pipeline steady state, so its cost does not grow with the
+        # micro-batches; only what it would run one by one is bounded (a pass is a forward and a backward).
+        try:
+            return fast.run(plan, max_operations=2 * MAX_LAYER_PASSES)
+        except TooManyOperations:
+            pass  # the check below says why
+    check_simulation_size(scenario)  # a pipeline or ZeRO-3 step simulates every micro-batch: bound it
     return run_plan(plan, trace)
 
 
