@@ -12,27 +12,23 @@ from __future__ import annotations
 
 import argparse
 import copy
-import importlib.util
 import statistics
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
 
 import torch
 import torch.distributed as dist
 
 from simddp.config import Cluster
+from simddp_calibration.common import load_factory
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def load(file: str) -> Any:
-    spec = importlib.util.spec_from_file_location(Path(file).stem, ROOT / "calibration" / "models" / file)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+def model(file: str, factory: str = "factory") -> tuple[torch.nn.Module, tuple[torch.Tensor, ...]]:
+    """``(model, inputs)`` from ``calibration/models/FILE:factory``, loaded as the collectors load a model."""
+    return load_factory(f"{ROOT / 'calibration' / 'models' / file}:{factory}")()  # type: ignore[no-any-return]
 
 
 def graph_search_s(models: list[tuple[torch.nn.Module, tuple[torch.Tensor, ...]]], pairs: int) -> list[float]:
@@ -68,7 +64,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         dist.init_process_group("gloo", store=dist.FileStore(str(Path(tmp) / "store"), 1), rank=0, world_size=1)
         try:
-            fit, held = load("small_transformer.py").factory(), load("deep_mlp.py").factory()
+            fit, held = model("small_transformer.py"), model("deep_mlp.py")
             nodes = [count_autograd_nodes(*fit), count_autograd_nodes(*held)]
             fit_s, held_s = graph_search_s([fit, held], args.pairs)
         finally:

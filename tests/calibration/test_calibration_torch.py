@@ -207,26 +207,19 @@ def test_ddp_knobs_measured_against_the_model(tmp_path: Path) -> None:
         assert k["measured_p25_s"] - iqr <= k["predicted_s"] <= k["measured_p75_s"] + iqr, k
 
 
-def _load_factory(file: str) -> Any:
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location(Path(file).stem, ROOT / "calibration" / "models" / file)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def test_graph_search_counts_the_autograd_nodes_ddp_visits() -> None:
     """The search's cost is nodes x cluster.autograd_node_traversal_s: the collectors' node count is exact on
     the fit model and the held-out one (their timings, which depend on the host and its load, are compared in
     benchmarks/bench_graph_search.py, not here)."""
-    from simddp_calibration.common import count_autograd_nodes
+    from simddp_calibration.common import count_autograd_nodes, load_factory
+
+    def model(file: str, factory: str = "factory") -> Any:
+        return load_factory(f"{ROOT / 'calibration' / 'models' / file}:{factory}")()
 
     torch.manual_seed(0)
-    fit_model, fit_inputs = _load_factory("small_transformer.py").factory()
-    tiny_model, tiny_inputs = _load_factory("small_transformer.py").tiny()
-    held_model, held_inputs = _load_factory("deep_mlp.py").factory()
+    fit_model, fit_inputs = model("small_transformer.py")
+    tiny_model, tiny_inputs = model("small_transformer.py", "tiny")
+    held_model, held_inputs = model("deep_mlp.py")
     assert count_autograd_nodes(tiny_model, tiny_inputs) == 116
     assert count_autograd_nodes(fit_model, fit_inputs) == 340
     assert count_autograd_nodes(held_model, held_inputs) == 2001
