@@ -33,10 +33,12 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass, field, replace
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 from simddp.config import Scenario, TransformerSpec
 from simddp.units import dtype_bytes
+
+_D = TypeVar("_D")
 
 #: Parameter dtype of transformer presets for each training precision (mixed precision keeps 16-bit
 #: working weights and gradients beside fp32 master weights, as in the ZeRO paper's accounting).
@@ -299,7 +301,7 @@ def _assign_stages(layers: list[Layer], pp: int) -> list[Layer]:
         remaining_layers = len(layers) - i
         stage = min(pp - 1, int(acc / total * pp))
         stage = max(stage, pp - remaining_layers)  # never leave a later stage empty
-        out.append(_with_stage(la, stage))
+        out.append(copy_with(la, stage=stage))
         acc += la.model_flop
     return out
 
@@ -539,7 +541,7 @@ def _transformer_workload(scenario: Scenario, spec: TransformerSpec) -> Workload
         renamed = names.block.format(i=i)
         for la in first:
             name = renamed + la.name[len(prefix):]
-            layers.append(_in_block(la, name, owned(name), i))
+            layers.append(copy_with(la, name=name, param_indices=owned(name), block=i))
     if spec.final_norm:
         layers.append(elementwise(names.final_norm, names.final_norm, norm_fwd, norm_bwd, h, t_sp, None))
     head_module = "lm_head" if not spec.tied_embeddings else names.embed
@@ -665,20 +667,14 @@ def _assign_stages_transformer(layers: list[Layer], pp: int, num_blocks: int) ->
             stage = la.block * pp // num_blocks
         else:
             stage = 0 if i == 0 else pp - 1
-        out.append(_with_stage(la, stage))
+        out.append(copy_with(la, stage=stage))
     return out
 
 
-def _in_block(layer: Layer, name: str, param_indices: tuple[int, ...], block: int) -> Layer:
-    """``layer`` (of another, identical block) as the layer ``name`` of block ``block`` owning ``param_indices``,
-    its kernel and collective tuples shared; without re-running the dataclass constructor (called per layer)."""
-    new = object.__new__(Layer)
-    new.__dict__.update(layer.__dict__, name=name, param_indices=param_indices, block=block)
-    return new
-
-
-def _with_stage(layer: Layer, stage: int) -> Layer:
-    """``replace(layer, stage=stage)`` without re-running the dataclass constructor (called per layer)."""
-    new = object.__new__(Layer)
-    new.__dict__.update(layer.__dict__, stage=stage)
-    return new
+def copy_with(obj: _D, **changes: Any) -> _D:
+    """``dataclasses.replace(obj, **changes)`` without re-running the dataclass constructor: for the frozen
+    layers and layer plans copied once per layer of every block, where the constructor is the cost. The
+    other fields, kernel and collective tuples included, are shared with ``obj``."""
+    new = object.__new__(type(obj))
+    new.__dict__.update(obj.__dict__, **changes)
+    return new  # type: ignore[no-any-return]

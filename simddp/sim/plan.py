@@ -19,7 +19,7 @@ from simddp.sim.layers import LayerPlan, layer_alone
 from simddp.sim.pipeline import PipeOp, schedule
 from simddp.topology import CommGroup, dp_group, group, pp_boundary_group, tp_group
 from simddp.units import dtype_bytes
-from simddp.workload import Collective, Layer, Param, Workload, build_workload, grad_reduce_spec
+from simddp.workload import Collective, Layer, Param, Workload, build_workload, copy_with, grad_reduce_spec
 from simddp.zero import (
     ParamUnit,
     ZeroRule,
@@ -208,15 +208,8 @@ def layer_plans(scenario: Scenario, layers: Sequence[Layer]) -> list[LayerPlan]:
             else:
                 seen[key] = LayerPlan(t)
         template = seen[key]
-        out.append(template if template.timing.name == layer.name else _renamed(template, layer.name))
+        out.append(template if template.timing.name == layer.name else copy_with(template, layer_name=layer.name))
     return out
-
-
-def _renamed(template: LayerPlan, name: str) -> LayerPlan:
-    """``replace(template, layer_name=name)`` without re-running the dataclass constructor (called per layer)."""
-    new = object.__new__(LayerPlan)
-    new.__dict__.update(template.__dict__, layer_name=name)
-    return new
 
 
 def boundary_group(scenario: Scenario, virtual_stage: int) -> CommGroup:
