@@ -47,7 +47,7 @@ def _runs(name: str, p: int, m: int, v: int, times: dict, send: float) -> tuple[
         return (clock if arrived is None else max(clock, arrived + send)) + duration(r, op)
 
     run = ScheduleRun(ops, p * v, [step])
-    run.run(steady(name, ops, p, m, v))
+    run.run(steady(ops))
     return reference, run
 
 
@@ -73,9 +73,9 @@ def test_long_schedules_jump_over_most_of_the_steady_state() -> None:
 
 def test_schedules_without_a_steady_state_run_whole() -> None:
     ops = [schedule("gpipe", 4, 16, r) for r in range(4)]
-    assert steady("gpipe", ops, 4, 16, 1) is None
+    assert steady(ops) is None
     ops = [schedule("interleaved-1f1b", 4, 4, r, 2) for r in range(4)]  # m == p: all warm-up
-    assert steady("interleaved-1f1b", ops, 4, 4, 2) is None
+    assert steady(ops) is None
 
 
 @st.composite
@@ -152,5 +152,5 @@ def test_a_runner_refuses_to_run_more_operations_one_by_one_than_allowed() -> No
 
     run = ScheduleRun(ops, 8, [step], max_operations=200)
     with pytest.raises(TooManyOperations):
-        run.run(steady("interleaved-1f1b", ops, 4, 64, 2))
-    ScheduleRun(ops, 8, [step], max_operations=sum(len(o) for o in ops)).run(steady("interleaved-1f1b", ops, 4, 64, 2))
+        run.run(steady(ops))
+    ScheduleRun(ops, 8, [step], max_operations=sum(len(o) for o in ops)).run(steady(ops))

@@ -255,7 +255,7 @@ def _release(out: Outcome, vs: int, start: float, counts: dict[int, int], overla
 
 
 def _run_pipeline(plan: StepPlan, max_operations: int | None = None) -> list[Outcome]:
-    from simddp.sim.step import bound_steps
+    from simddp.sim.step import bound_steps, record_pipeline_ends
 
     par = plan.scenario.parallelism
     num_vs = par.pp * par.virtual_stages
@@ -313,8 +313,8 @@ def _run_pipeline(plan: StepPlan, max_operations: int | None = None) -> list[Out
     # The two bounds' schedules (simddp.sim.step._bounds) ride along: same operations, same traversal.
     serial, kernels = bound_steps(plan)
     run = ScheduleRun(plan.ops, num_vs, [step, serial, kernels], lambda: list(waits), add, max_operations)
-    run.run(steady(par.pipeline_schedule, plan.ops, par.pp, plan.num_micro_batches, par.virtual_stages))
-    plan.cache["pipeline_ends"] = {True: run.clocks[1], False: run.clocks[2]}
+    run.run(steady(plan.ops))
+    record_pipeline_ends(plan, run.clocks[1], run.clocks[2])
     for out, w in zip(outs, waits, strict=True):
         out.add("pipeline_wait", w)
     plan.cache["jumped_units"] = run.jumped_units

@@ -60,9 +60,9 @@ class Steady:
                    for s, n, o, lim in zip(self.start, self.pairs, self.offset, self.limit, strict=True)) // self.unit
 
 
-def steady(name: str, ops: Sequence[Sequence[PipeOp]], num_stages: int, num_micro: int,
-           num_chunks: int) -> Steady | None:
-    """The steady structure of schedule ``name``'s operations ``ops``, or None where it has none to extend.
+def steady(ops: Sequence[Sequence[PipeOp]]) -> Steady | None:
+    """The steady structure of the ranks' schedules ``ops``, or None where they have none to extend (GPipe,
+    interleaving with as many micro-batches as stages, operation lists that are not a :class:`Schedule`).
 
     1F1B: rank r runs ``w_r = p - r - 1`` warm-up forwards, then pairs (F w_r + j, B j); a forward's input
     is the previous rank's forward of the same index, a backward's gradient the next rank's backward of the
@@ -71,20 +71,22 @@ def steady(name: str, ops: Sequence[Sequence[PipeOp]], num_stages: int, num_micr
     index k + p v is index k's (chunk, micro-batch + p); rank 0's input comes from rank p - 1's forward
     k - p and rank p - 1's gradient from rank 0's backward k - p, so the cut of rank r goes after ``J + r``
     pairs. Either way the first operation after a cut needs at most the last forward and backward of a
-    neighbour (see the module docstring).
+    neighbour (see the module docstring). The warm-up counts are the schedules' own.
     """
-    p, m, v = num_stages, num_micro, num_chunks
-    if name == "1f1b":
-        warm = [min(p - r - 1, m) for r in range(p)]
-        unit, shift = 1, 1
-    elif name == "interleaved-1f1b" and m > p:
-        warm = [min(2 * (p - r - 1) + (v - 1) * p, m * v) for r in range(p)]
-        unit, shift = p * v, p
+    schedules = [o for o in ops if isinstance(o, Schedule)]
+    if not schedules or len(schedules) != len(ops):
+        return None
+    first = schedules[0]
+    p, v = len(schedules), first.v
+    if first.name == "1f1b":
+        unit, shift, offset = 1, 1, [0] * p  # aligned cuts are closed already
+    elif first.name == "interleaved-1f1b" and first.total > p * v:  # more micro-batches than stages
+        unit, shift, offset = p * v, p, list(range(p))
     else:
         return None
-    pairs = [(len(o) - 2 * w) // 2 for o, w in zip(ops, warm, strict=True)]
-    limit = [min(last_backward(o, v).values(), default=len(o)) for o in ops]
-    offset = [0] * p if name == "1f1b" else list(range(p))  # 1F1B: aligned cuts are closed already
+    warm = [o.warmup for o in schedules]
+    pairs = [o.total - o.warmup for o in schedules]
+    limit = [min(last_backward(o, v).values(), default=len(o)) for o in schedules]
     return Steady(start=warm, pairs=pairs, offset=offset, limit=limit, unit=unit, shift=shift)
 
 

@@ -86,7 +86,7 @@ class Schedule(Sequence[PipeOp]):
 
     def __init__(self, name: str, num_stages: int, num_micro: int, rank: int, num_chunks: int = 1) -> None:
         p, m, v = num_stages, num_micro, num_chunks
-        self.rank, self.p, self.v = rank, p, v
+        self.name, self.rank, self.p, self.v = name, rank, p, v
         if name == "gpipe":
             self.total, self.warmup, self.interleaved = m, m, False
         elif name == "1f1b":

@@ -700,15 +700,19 @@ def _pipeline_end(plan: StepPlan, rank: int, serial: bool) -> float:
 
 
 def _pipeline_ends(plan: StepPlan, serial: bool) -> list[float]:
-    """Every rank's schedule end (see :func:`_pipeline_end`); computed once per plan and kind (the fast engine
-    computes both in its own traversal, :func:`simddp.sim.fast.run`)."""
-    cache = plan.cache.setdefault("pipeline_ends", {})
-    if serial not in cache:
+    """Every rank's schedule end (see :func:`_pipeline_end`): both kinds in one traversal, once per plan (the
+    fast engine runs them in its own traversal and records them, :func:`record_pipeline_ends`)."""
+    if "pipeline_ends" not in plan.cache:
         par = plan.scenario.parallelism
-        run = ScheduleRun(plan.ops, par.pp * par.virtual_stages, [bound_steps(plan)[0 if serial else 1]])
-        run.run(steady(par.pipeline_schedule, plan.ops, par.pp, plan.num_micro_batches, par.virtual_stages))
-        cache[serial] = run.clock
-    return cache[serial]
+        run = ScheduleRun(plan.ops, par.pp * par.virtual_stages, list(bound_steps(plan)))
+        run.run(steady(plan.ops))
+        record_pipeline_ends(plan, run.clocks[0], run.clocks[1])
+    return plan.cache["pipeline_ends"][serial]  # type: ignore[no-any-return]
+
+
+def record_pipeline_ends(plan: StepPlan, serial: list[float], kernels: list[float]) -> None:
+    """Keep the ends of :func:`bound_steps`' two schedules for :func:`_bounds`."""
+    plan.cache["pipeline_ends"] = {True: serial, False: kernels}
 
 
 def bound_steps(plan: StepPlan) -> tuple[StepFn, StepFn]:
