@@ -27,7 +27,7 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from simddp.sim.pipeline import PipeOp, Schedule, last_backward
+from simddp.sim.pipeline import PipeOp, Schedule, dependency, last_backward
 
 #: Cycle lengths (in units) tried when comparing cuts; max-plus systems can be periodic with cyclicity > 1.
 MAX_CYCLE = 3
@@ -138,7 +138,7 @@ class ScheduleRun:
         the rank that completes it wakes it up, so every operation is read about once.
         """
         pos, clocks, arrival, steps = self.pos, self.clocks, self.arrival, self.steps
-        last_vs = self.num_vs - 1
+        num_vs = self.num_vs
         getters = [o.op_at if isinstance(o, Schedule) else o.__getitem__ for o in self.ops]
         waiting: dict[tuple[str, int, int], int] = {}
         ready = deque(range(len(getters)))
@@ -150,11 +150,7 @@ class ScheduleRun:
             ts = tuple(c[r] for c in clocks)
             while i < lim:
                 op = get(i)
-                kind, micro, vs = op
-                if kind == "F":
-                    dep = ("F", micro, vs - 1) if vs > 0 else None
-                else:
-                    dep = ("B", micro, vs + 1) if vs < last_vs else None
+                dep = dependency(op, num_vs)
                 if dep is None:
                     arrived: tuple[float | None, ...] = nothing
                 else:
