@@ -533,15 +533,24 @@ def _transformer_workload(scenario: Scenario, spec: TransformerSpec) -> Workload
         collectives=emb_colls,
     ))
 
-    # Blocks are identical but for their names, parameters and index: build the first, rename it for the rest.
+    # Blocks are identical but for their names, parameters, index and pipeline stage: build the first, rename
+    # it for the rest. Block i's parameters are block 0's shifted by i blocks (_transformer_params lays them
+    # out so); blocks go to stages evenly (Megatron), the embedding to the first stage, the rest to the last.
+    num_stages = par.pp * par.virtual_stages
     first = block_layers(0) if spec.num_layers else []
-    layers += first
     prefix = names.block.format(i=0)
-    for i in range(1, spec.num_layers):
+    per_block = sum(len(ids) for module, ids in groups.items() if module.startswith(prefix + "."))
+    for i in range(spec.num_layers):
+        stage = i * num_stages // spec.num_layers
+        if i == 0:
+            layers += first if stage == 0 else [copy_with(la, stage=stage) for la in first]
+            continue
         renamed = names.block.format(i=i)
+        shift = i * per_block
         for la in first:
-            name = renamed + la.name[len(prefix):]
-            layers.append(copy_with(la, name=name, param_indices=owned(name), block=i))
+            layers.append(copy_with(la, name=renamed + la.name[len(prefix):], block=i, stage=stage,
+                                    param_indices=tuple(g + shift for g in la.param_indices)))
+    last_stage, end_of_blocks = num_stages - 1, len(layers)
     if spec.final_norm:
         layers.append(elementwise(names.final_norm, names.final_norm, norm_fwd, norm_bwd, h, t_sp, None))
     head_module = "lm_head" if not spec.tied_embeddings else names.embed
@@ -567,8 +576,8 @@ def _transformer_workload(scenario: Scenario, spec: TransformerSpec) -> Workload
         dgrad=(memory_kernel("cross-entropy-bwd", logits * bwd_bytes),),
         collectives=loss_colls,
     ))
-    num_stages = par.pp * par.virtual_stages
-    layers = _assign_stages_transformer(layers, num_stages, spec.num_layers)
+    if last_stage:
+        layers[end_of_blocks:] = [copy_with(la, stage=last_stage) for la in layers[end_of_blocks:]]
 
     # Gradient-ready order = reverse of execution order, parameter by parameter within a module.
     ready: list[int] = []
@@ -655,20 +664,6 @@ def fsdp_unit_layers(layers: tuple[Layer, ...]) -> tuple[list[list[int]], list[i
         else:
             units[pos] = [pos]
     return list(units.values()), root
-
-
-def _assign_stages_transformer(layers: list[Layer], pp: int, num_blocks: int) -> list[Layer]:
-    """Blocks split evenly across stages (Megatron); embedding on the first, head and loss on the last."""
-    if pp == 1:
-        return layers
-    out = []
-    for i, la in enumerate(layers):
-        if la.block is not None:
-            stage = la.block * pp // num_blocks
-        else:
-            stage = 0 if i == 0 else pp - 1
-        out.append(copy_with(la, stage=stage))
-    return out
 
 
 def copy_with(obj: _D, **changes: Any) -> _D:

@@ -23,11 +23,12 @@ Two cases are covered:
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from simddp.results import StepResult
 from simddp.sim.layers import layer_alone, layer_release_s
-from simddp.sim.periodic import ScheduleRun, steady
+from simddp.sim.periodic import Linear, ScheduleRun, steady
 from simddp.sim.pipeline import PipeOp, last_backward
 from simddp.sim.plan import RankPlan, StepPlan
 
@@ -268,9 +269,10 @@ def _run_pipeline(plan: StepPlan, max_operations: int | None = None) -> list[Out
     # Per rank and (kind, virtual stage): the time an operation holds its rank once it may start (its kernels
     # and TP collectives alone, then its blocking send). Everything but the waits is the same for each of the
     # m micro-batches, so it is booked once, m times, below; the run books only the waits.
-    hold: list[dict[tuple[str, int], float]] = []
+    two = 2 * num_vs
+    hold: list[list[float]] = []  # per rank and slot (2 virtual stage + 1 for a backward)
     for r, rp in enumerate(plan.ranks):
-        out, per = outs[r], {}
+        out, per = outs[r], [0.0] * two
         for vs in rp.fwd_alone_s:
             for kind, alone, busy, work, recompute in (
                     ("F", rp.fwd_alone_s[vs], rp.fwd_busy_s[vs], rp.fwd_work_s[vs], 0.0),
@@ -290,32 +292,26 @@ def _run_pipeline(plan: StepPlan, max_operations: int | None = None) -> list[Out
                     out.add("pipeline_wait", m * sent)
                     out.link_busy_s[send.tier] += m * send.transfer_s
                     out.link_work_s[send.tier] += m * send.transfer_s
-                per[(kind, vs)] = alone + sent
+                per[2 * vs + (kind == "B")] = alone + sent
         hold.append(per)
     counts = [{b.index: b.num_params for b in r.buckets} for r in plan.ranks]
-    waits = [0.0] * len(outs)
     seen: dict[int, tuple[float, float, list[tuple[str, float]]]] = {}
 
-    def step(r: int, position: int, op: PipeOp, t: float, arrived: float | None) -> float:
-        if arrived is not None:
-            if arrived > t:
-                waits[r] += arrived - t
-                t = arrived
-            t += gather  # reassemble the TP slices of what arrived
-        if op.kind == "B" and last_b[r].get(op.virtual_stage) == position:
-            _release(outs[r], op.virtual_stage, t, counts[r], plan.overlap, plan.interference, seen)
-        return t + hold[r][(op.kind, op.virtual_stage)]
+    def release(r: int, vs: int) -> Callable[[float], None]:
+        """At a rank's last backward of ``vs`` (once what it waited for arrived and was gathered): its
+        gradients become ready, layer by layer."""
+        return lambda t: _release(outs[r], vs, t, counts[r], plan.overlap, plan.interference, seen)
 
-    def add(increment: list[float], times: float) -> None:
-        for r, x in enumerate(increment):
-            waits[r] += x * times
-
+    zeros = [0.0] * two
+    step = Linear(pre=[zeros] * len(outs), mid=[[gather] * two] * len(outs), hold=hold, tail=[zeros] * len(outs),
+                  extra=[{} for _ in outs],
+                  on_start=[{i: release(r, vs) for vs, i in last_b[r].items()} for r in range(len(outs))])
     # The two bounds' schedules (simddp.sim.step._bounds) ride along: same operations, same traversal.
     serial, kernels = bound_steps(plan)
-    run = ScheduleRun(plan.ops, num_vs, [step, serial, kernels], lambda: list(waits), add, max_operations)
+    run = ScheduleRun(plan.ops, num_vs, [step, serial, kernels], max_operations=max_operations)
     run.run(steady(plan.ops))
     record_pipeline_ends(plan, run.clocks[1], run.clocks[2])
-    for out, w in zip(outs, waits, strict=True):
+    for out, w in zip(outs, run.waits, strict=True):
         out.add("pipeline_wait", w)
     plan.cache["jumped_units"] = run.jumped_units
     clock = run.clock

@@ -27,7 +27,7 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from simddp.sim.pipeline import PipeOp, Schedule, dependency, last_backward
+from simddp.sim.pipeline import PipeOp, Schedule, decode, last_backward, op_code
 
 #: Cycle lengths (in units) tried when comparing cuts; max-plus systems can be periodic with cyclicity > 1.
 MAX_CYCLE = 3
@@ -90,18 +90,40 @@ def steady(ops: Sequence[Sequence[PipeOp]]) -> Steady | None:
     return Steady(start=warm, pairs=pairs, offset=offset, limit=limit, unit=unit, shift=shift)
 
 
+@dataclass
+class Linear:
+    """A recurrence whose operations take per-(rank, slot) constants: what the runner evaluates inline, with no
+    call per operation (the fast engine's step and the bounds' schedules are of this form).
+
+    An operation of rank r in slot s (:func:`simddp.sim.pipeline.op_code`) that has a dependency starts at
+    ``max(clock, arrival + pre[r][s])``, else at its rank's clock; then ``mid[r][s]`` is added (operations
+    with a dependency only), ``on_start[r][position]`` is called with that time, and ``hold[r][s]``,
+    ``tail[r][s]`` and ``extra[r][position]`` are added, in that order (float sums, as the step functions
+    they replace add them). A slot's lists run over ``2 V`` slots, V virtual stages.
+    """
+
+    pre: list[list[float]]
+    mid: list[list[float]]
+    hold: list[list[float]]
+    tail: list[list[float]]
+    extra: list[dict[int, float]]
+    on_start: list[dict[int, Callable[[float], None]]] | None = None
+
+
 class ScheduleRun:
     """Greedy max-plus runs of per-rank operation lists, optionally extended over their periodic steady state.
 
     Each of ``steps`` is one recurrence over the same operations (the fast engine's step and the two bounds
     of :func:`simddp.sim.step._pipeline_ends`): which operations can run depends only on the dependency
-    graph, never on the times, so one traversal evaluates them all. ``steps[k]`` times one operation (and
-    records whatever its caller accounts); ``accumulators`` returns the caller's running totals as one flat
-    list and ``add`` adds a list of that shape ``times`` times, so a jump can add a cycle's increments. After
-    :meth:`run`, ``clocks[k][r]`` is rank r's last arrival in recurrence k.
+    graph, never on the times, so one traversal evaluates them all. A step is a :class:`Linear` recurrence,
+    evaluated inline, or a :data:`StepFn` called per operation (recording whatever its caller accounts:
+    ``accumulators`` returns the caller's running totals as one flat list and ``add`` adds a list of that
+    shape ``times`` times, so a jump can add a cycle's increments). With :class:`Linear` steps the runner
+    keeps the first recurrence's waits per rank itself (``waits``: how long each rank's operations waited for
+    their dependency). After :meth:`run`, ``clocks[k][r]`` is rank r's last arrival in recurrence k.
     """
 
-    def __init__(self, ops: Sequence[Sequence[PipeOp]], num_virtual_stages: int, steps: Sequence[StepFn],
+    def __init__(self, ops: Sequence[Sequence[PipeOp]], num_virtual_stages: int, steps: Sequence[StepFn | Linear],
                  accumulators: Callable[[], list[float]] | None = None,
                  add: Callable[[list[float], float], None] | None = None,
                  max_operations: int | None = None) -> None:
@@ -109,12 +131,22 @@ class ScheduleRun:
         self.max_operations = max_operations  # run() raises TooManyOperations rather than run more one by one
         self.ran = 0
         self.num_vs = num_virtual_stages
+        self.linear = all(isinstance(s, Linear) for s in steps)
+        if not self.linear and any(isinstance(s, Linear) for s in steps):
+            raise TypeError("steps are all Linear or all step functions")
+        self.count = len(steps)
         self.steps = list(steps)
-        self.accumulators = accumulators or (lambda: [])
-        self.add = add or (lambda _delta, _times: None)
+        self.waits = [0.0] * len(ops)
+        if self.linear:
+            self.steps += [self.steps[-1]] * (3 - len(self.steps))  # the inline loop runs three
+            self.accumulators: Callable[[], list[float]] = lambda: list(self.waits)
+            self.add: Callable[[list[float], float], None] = self._add_waits
+        else:
+            self.accumulators = accumulators or (lambda: [])
+            self.add = add or (lambda _delta, _times: None)
         self.pos = [0] * len(ops)
         self.clocks = [[0.0] * len(ops) for _ in self.steps]
-        self.arrival: dict[tuple[str, int, int], tuple[float, ...]] = {}
+        self.arrival: dict[int, tuple[float, ...]] = {}  # op code -> its arrival in each recurrence
         self.jumped_units = 0  # for tests and benchmarks: how much of the steady state was extended
         self.detected_at: tuple[int, int] | None = None  # (units run, cycle) when the repeat was found
 
@@ -130,6 +162,17 @@ class ScheduleRun:
         if self.max_operations is not None and self.ran + left > self.max_operations:
             raise TooManyOperations(f"{self.ran + left:,} operations, over {self.max_operations:,}")
         self.advance([len(o) for o in self.ops])
+        del self.clocks[self.count:]
+
+    def _add_waits(self, increment: list[float], times: float) -> None:
+        for r, x in enumerate(increment):
+            self.waits[r] += x * times
+
+    def _codes(self, r: int, start: int, stop: int) -> list[int]:
+        ops = self.ops[r]
+        if isinstance(ops, Schedule):
+            return [ops.code_at(i) for i in range(start, stop)]
+        return [op_code(ops[i], self.num_vs) for i in range(start, stop)]
 
     def advance(self, limits: Sequence[int]) -> None:
         """Run every rank up to position ``limits[r]`` (a cut closed under dependencies, or the end).
@@ -137,20 +180,91 @@ class ScheduleRun:
         A rank runs until it needs an arrival that is not there yet; it then waits on that operation, and
         the rank that completes it wakes it up, so every operation is read about once.
         """
-        pos, clocks, arrival, steps = self.pos, self.clocks, self.arrival, self.steps
-        num_vs = self.num_vs
-        getters = [o.op_at if isinstance(o, Schedule) else o.__getitem__ for o in self.ops]
-        waiting: dict[tuple[str, int, int], int] = {}
-        ready = deque(range(len(getters)))
-        nothing = (None,) * len(steps)
-        combined = _combine(steps)
+        bases = list(self.pos)  # codes[r][k] is the operation at bases[r] + k
+        codes = [self._codes(r, p, lim) for r, (p, lim) in enumerate(zip(bases, limits, strict=True))]
+        (self._advance_linear if self.linear else self._advance_calls)(limits, bases, codes)
+        if any(p < lim for p, lim in zip(self.pos, limits, strict=True)):
+            raise RuntimeError("pipeline schedule deadlocks")  # a schedule bug, not user input
+
+    def _advance_linear(self, limits: Sequence[int], bases: list[int], codes: list[list[int]]) -> None:
+        pos, arrival, waits = self.pos, self.arrival, self.waits
+        c0, c1, c2 = self.clocks
+        s0, s1, s2 = self.steps
+        two = 2 * self.num_vs
+        # A forward's dependency is the code 2 below, a backward's 2 above; the first forward and the last
+        # backward have none.
+        delta = [(-2 if s % 2 == 0 else 2) for s in range(two)]
+        delta[0] = delta[two - 1] = 0
+        waiting: dict[int, int] = {}
+        ready = deque(range(len(pos)))
         while ready:
             r = ready.popleft()
-            get, i, lim = getters[r], pos[r], limits[r]
+            i, lim, base, rc = pos[r], limits[r], bases[r], codes[r]
+            t0, t1, t2, w = c0[r], c1[r], c2[r], waits[r]
+            pre0, pre1, pre2 = s0.pre[r], s1.pre[r], s2.pre[r]
+            mid0, mid1, mid2 = s0.mid[r], s1.mid[r], s2.mid[r]
+            hold0, hold1, hold2 = s0.hold[r], s1.hold[r], s2.hold[r]
+            tail0, tail1, tail2 = s0.tail[r], s1.tail[r], s2.tail[r]
+            special = set(s0.extra[r]) | set(s1.extra[r]) | set(s2.extra[r])
+            if s0.on_start is not None:
+                special |= set(s0.on_start[r])
+            while i < lim:
+                code = rc[i - base]
+                slot = code % two
+                d = delta[slot]
+                if d:
+                    got = arrival.get(code + d)
+                    if got is None:
+                        waiting[code + d] = r
+                        break
+                    a0, a1, a2 = got
+                    a0 += pre0[slot]
+                    if a0 > t0:
+                        w += a0 - t0
+                        t0 = a0
+                    a1 += pre1[slot]
+                    if a1 > t1:
+                        t1 = a1
+                    a2 += pre2[slot]
+                    if a2 > t2:
+                        t2 = a2
+                    t0 += mid0[slot]
+                    t1 += mid1[slot]
+                    t2 += mid2[slot]
+                if i in special:
+                    if s0.on_start is not None and i in s0.on_start[r]:
+                        s0.on_start[r][i](t0)
+                    t0 = t0 + hold0[slot] + tail0[slot] + s0.extra[r].get(i, 0.0)
+                    t1 = t1 + hold1[slot] + tail1[slot] + s1.extra[r].get(i, 0.0)
+                    t2 = t2 + hold2[slot] + tail2[slot] + s2.extra[r].get(i, 0.0)
+                else:
+                    t0 = t0 + hold0[slot] + tail0[slot]
+                    t1 = t1 + hold1[slot] + tail1[slot]
+                    t2 = t2 + hold2[slot] + tail2[slot]
+                arrival[code] = (t0, t1, t2)
+                i += 1
+                if waiting and code in waiting:
+                    ready.append(waiting.pop(code))
+            self.ran += i - pos[r]
+            pos[r] = i
+            c0[r], c1[r], c2[r], waits[r] = t0, t1, t2, w
+
+    def _advance_calls(self, limits: Sequence[int], bases: list[int], codes: list[list[int]]) -> None:
+        pos, clocks, arrival, num_vs = self.pos, self.clocks, self.arrival, self.num_vs
+        steps = self.steps
+        waiting: dict[int, int] = {}
+        ready = deque(range(len(pos)))
+        nothing = (None,) * len(steps)
+        combined = _combine(steps)  # type: ignore[arg-type]
+        two = 2 * num_vs
+        while ready:
+            r = ready.popleft()
+            i, lim, base, rc = pos[r], limits[r], bases[r], codes[r]
             ts = tuple(c[r] for c in clocks)
             while i < lim:
-                op = get(i)
-                dep = dependency(op, num_vs)
+                code = rc[i - base]
+                slot = code % two
+                dep = None if slot in (0, two - 1) else (code - 2 if slot % 2 == 0 else code + 2)
                 if dep is None:
                     arrived: tuple[float | None, ...] = nothing
                 else:
@@ -159,28 +273,22 @@ class ScheduleRun:
                         waiting[dep] = r
                         break
                     arrived = got
-                ts = combined(r, i, op, ts, arrived)
-                arrival[op] = ts  # a PipeOp is the tuple (kind, micro-batch, virtual stage)
+                ts = combined(r, i, decode(code, num_vs), ts, arrived)
+                arrival[code] = ts
                 i += 1
-                if waiting and op in waiting:
-                    ready.append(waiting.pop(op))
+                if waiting and code in waiting:
+                    ready.append(waiting.pop(code))
             self.ran += i - pos[r]
             pos[r] = i
             for c, t in zip(clocks, ts, strict=True):
                 c[r] = t
-        if any(p < lim for p, lim in zip(pos, limits, strict=True)):
-            raise RuntimeError("pipeline schedule deadlocks")  # a schedule bug, not user input
 
     def _cut(self, shape: Steady, units: int) -> list[int]:
         return [s + 2 * (units * shape.unit + o) for s, o in zip(shape.start, shape.offset, strict=True)]
 
-    def _frontier(self, cut: list[int]) -> list[tuple[str, int, int]]:
-        """The keys of each rank's last forward and backward before ``cut`` (in its last steady pair)."""
-        keys = []
-        for r, c in enumerate(cut):
-            for op in (self.ops[r][c - 2], self.ops[r][c - 1]):
-                keys.append((op.kind, op.micro_batch, op.virtual_stage))
-        return keys
+    def _frontier(self, cut: list[int]) -> list[int]:
+        """The codes of each rank's last forward and backward before ``cut`` (in its last steady pair)."""
+        return [code for r, c in enumerate(cut) for code in self._codes(r, c - 2, c)]
 
     def _state(self, cut: list[int]) -> list[list[float]]:
         """Per recurrence: the clocks, then the frontier's arrivals."""
@@ -215,10 +323,9 @@ class ScheduleRun:
               increment: list[float]) -> None:
         """Move from the cut ``units`` in over ``cycles`` repeats of ``cycle`` units, each adding ``deltas``."""
         advance_units = cycle * cycles
-        micro = shape.shift * advance_units
+        moved = (shape.shift * advance_units * self.num_vs) << 1  # the same operation, micro-batches later
         for k in self._frontier(self._cut(shape, units)):
-            self.arrival[(k[0], k[1] + micro, k[2])] = tuple(
-                a + d * cycles for a, d in zip(self.arrival[k], deltas, strict=True))
+            self.arrival[k + moved] = tuple(a + d * cycles for a, d in zip(self.arrival[k], deltas, strict=True))
         self.clocks = [[c + d * cycles for c in clock] for clock, d in zip(self.clocks, deltas, strict=True)]
         self.pos = self._cut(shape, units + advance_units)
         self.add(increment, float(cycles))
@@ -244,4 +351,4 @@ def _shifted(before: list[float], now: list[float], delta: float) -> bool:
     return all(abs(b - a - delta) <= tol for a, b in zip(before, now, strict=True))
 
 
-__all__ = ["MAX_CYCLE", "ScheduleRun", "Steady", "StepFn", "TooManyOperations", "steady"]
+__all__ = ["MAX_CYCLE", "Linear", "ScheduleRun", "Steady", "StepFn", "TooManyOperations", "steady"]

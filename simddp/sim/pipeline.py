@@ -113,6 +113,26 @@ class Schedule(Sequence[PipeOp]):
             op = self._read[i] = self._compute(i)
         return op
 
+    def code_at(self, i: int) -> int:
+        """The operation at position ``i`` as one integer, :func:`op_code` (what the runner keys times by)."""
+        w, total, b = self.warmup, self.total, 0
+        if i < w:
+            k = i
+        elif i < 2 * total - w:
+            j = i - w
+            if j & 1:
+                b, k = 1, j >> 1
+            else:
+                k = w + (j >> 1)
+        else:
+            b, k = 1, i - total
+        p, v = self.p, self.v
+        if not self.interleaved:
+            return ((k * p * v + self.rank) << 1) | b
+        c = (k % (p * v)) // p
+        vs = (v - c - 1 if b else c) * p + self.rank
+        return ((((k // (p * v)) * p + k % p) * p * v + vs) << 1) | b
+
     def _compute(self, i: int) -> PipeOp:
         w, total = self.warmup, self.total
         if i < w:
@@ -147,6 +167,19 @@ class Schedule(Sequence[PipeOp]):
 def schedule(name: str, num_stages: int, num_micro: int, rank: int, num_chunks: int = 1) -> Schedule:
     """The operation order of ``rank`` under schedule ``name``."""
     return Schedule(name, num_stages, num_micro, rank, num_chunks)
+
+
+def op_code(op: PipeOp, num_virtual_stages: int) -> int:
+    """``op`` as one integer: ``2 (micro_batch V + virtual_stage) + (1 if backward)``, V virtual stages. Its
+    dependency is the code 2 below (a forward's) or above (a backward's), and ``code % 2V`` its *slot*
+    ``2 virtual_stage + (1 if backward)``, which fixes its duration on its rank."""
+    return ((op.micro_batch * num_virtual_stages + op.virtual_stage) << 1) | (op.kind == "B")
+
+
+def decode(code: int, num_virtual_stages: int) -> PipeOp:
+    """The operation of :func:`op_code` ``code``."""
+    q = code >> 1
+    return PipeOp("B" if code & 1 else "F", q // num_virtual_stages, q % num_virtual_stages)
 
 
 def dependency(op: PipeOp, num_virtual_stages: int) -> tuple[str, int, int] | None:

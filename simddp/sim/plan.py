@@ -50,7 +50,7 @@ def rank_gradients(scenario: Scenario, workload: Workload, index: int = 0,
     global_ids = sorted({i for layer in layers for i in layer.param_indices})
     local = {g: k for k, g in enumerate(global_ids)}
     params = [grad_reduce_spec(workload.parameters[g], rule.reduce_in_fp32) for g in global_ids]
-    ready_order = [local[g] for g in workload.grad_ready_order if g in local]
+    ready_order = [local[g] for g in _ready_sorted(workload, global_ids)]
     if params and searches_unused(scenario):  # torch never rebuilds these buckets (bucketing.ddp_initial_buckets)
         buckets = [BucketSpec(b.index, b.param_indices, b.size_bytes, b.dtype, b.cap_bytes)
                    for b in ddp_initial_buckets(params, scenario.ddp.bucket_cap_mb)]
@@ -59,6 +59,15 @@ def rank_gradients(scenario: Scenario, workload: Workload, index: int = 0,
     else:
         buckets = gradient_buckets(rule, params, ready_order, layers, global_ids) if params else []
     return RankGradients(global_ids, params, ready_order, buckets)
+
+
+def _ready_sorted(workload: Workload, ids: Sequence[int]) -> list[int]:
+    """``ids`` in the workload's gradient-ready order (the order filtered to them), without walking every
+    parameter of the model once per pipeline rank: positions in the order are computed once per workload."""
+    position = workload.memo.get(("ready_position",))
+    if position is None:
+        position = workload.memo[("ready_position",)] = {g: k for k, g in enumerate(workload.grad_ready_order)}
+    return sorted((g for g in ids if g in position), key=position.__getitem__)
 
 
 def searches_unused(scenario: Scenario) -> bool:
@@ -183,15 +192,19 @@ def _tp_costs(colls: Sequence[Collective], where: str, tp: CommGroup) -> tuple[C
     return tuple(collective_cost(c.op, c.size_bytes, tp) for c in colls if c.where == where)
 
 
-def layer_plans(scenario: Scenario, layers: Sequence[Layer]) -> list[LayerPlan]:
-    """Kernel times and TP collective costs of ``layers``."""
+def layer_plans(scenario: Scenario, layers: Sequence[Layer],
+                seen: dict[tuple[Any, ...], LayerPlan] | None = None) -> list[LayerPlan]:
+    """Kernel times and TP collective costs of ``layers``.
+
+    ``seen`` keeps each distinct layer's plan across calls (pipeline ranks of one plan share their blocks'
+    kernel tuples, so a 64-stage pipeline times its ~8 distinct layers once, not once per rank)."""
     tr, par = scenario.training, scenario.parallelism
     gpu = scenario.cluster.gpu
     eff = scenario.model.compute_efficiency or 1.0
     tp = tp_group(scenario)
     out = []
     # Identical blocks have identical kernels: time each distinct layer once.
-    seen: dict[tuple[Any, ...], LayerPlan] = {}
+    seen = {} if seen is None else seen
     for layer in layers:
         # Identical blocks share their kernel and collective tuples (simddp.workload): identity identifies them.
         key = (id(layer.fwd), id(layer.dgrad), id(layer.wgrad), id(layer.collectives), layer.recompute,
@@ -247,6 +260,8 @@ def build_plan(scenario: Scenario, workload: Workload | None = None) -> StepPlan
     rounds = m if (rule.every_micro_batch and mode == "dp") else 1
     unused = set(scenario.model.unused_parameters or ())
     reduces: dict[int, CollectiveCost] = {}  # bucket size -> its reduction (most buckets have the cap's size)
+    timed: dict[tuple[Any, ...], LayerPlan] = {}  # distinct layer -> its plan, shared by every rank
+    passes: dict[int, tuple[float, ...]] = {}  # distinct timing -> its pass values (_stage_passes)
     ranks = []
     for r in range(par.pp):
         layers = workload.rank_layers(r, par.pp)
@@ -271,14 +286,14 @@ def build_plan(scenario: Scenario, workload: Workload | None = None) -> StepPlan
         gather_after = None
         if grads.params and mode != "fsdp" and not rule.overlap_param_gather:
             gather_after = _param_sync(rule, working, dp)
-        rank = RankPlan(r, layers, layer_plans(scenario, layers), grads, bucket_of_layer, buckets, rounds,
+        rank = RankPlan(r, layers, layer_plans(scenario, layers, timed), grads, bucket_of_layer, buckets, rounds,
                         opt_s, gather_after, _embedding_sync(scenario, workload, r, rule), overlap=rule.overlap)
         _ddp_options(scenario, rank, unused, dp)
         stages = sorted({la.stage for la in layers})
         for vs in stages:
             stage_plans = rank.plans if len(stages) == 1 else [rank.plans[i] for i, la in enumerate(layers)
                                                                if la.stage == vs]
-            _stage_passes(rank, vs, stage_plans, par.tp_comm_overlap, cluster.comm_compute_interference)
+            _stage_passes(rank, vs, stage_plans, par.tp_comm_overlap, cluster.comm_compute_interference, passes)
         if mode == "fsdp":
             rank.fsdp_units, rank.fsdp_root = _fsdp_plans(workload, rank, dp, rule)
         ranks.append(rank)
@@ -295,11 +310,12 @@ def build_plan(scenario: Scenario, workload: Workload | None = None) -> StepPlan
                     cluster.comm_compute_interference, rule)
 
 
-def _stage_passes(rank: RankPlan, vs: int, plans: Sequence[LayerPlan], overlap: str, interference: float) -> None:
+def _stage_passes(rank: RankPlan, vs: int, plans: Sequence[LayerPlan], overlap: str, interference: float,
+                  per_timing: dict[int, tuple[float, ...]]) -> None:
     """Forward and backward of virtual stage ``vs`` on an idle GPU (:func:`simddp.sim.layers.pass_alone`) and
     their kernel sums, in one pass over its layers; layers of identical blocks share one timing object, whose
-    numbers are worked out once. The sums run in layer order, as ``sum()`` over the layers would."""
-    per_timing: dict[int, tuple[float, float, float, float, float, float, float]] = {}
+    numbers are worked out once per plan (``per_timing``, shared by the ranks: the timing objects live as long
+    as the plan's layer plans do). The sums run in layer order, as ``sum()`` over the layers would."""
     fwd_alone = fwd_busy = bwd_alone = bwd_busy = fwd_work = bwd_work = recompute = 0.0
     for plan in plans:
         key = id(plan.timing)

@@ -39,7 +39,7 @@ from simddp.config import Scenario
 from simddp.memory import memory_breakdown
 from simddp.results import BREAKDOWN_PARTS, Bounds, BucketTiming, Span, StepPart, StepResult, Trace
 from simddp.sim.layers import LayerPlan, Recorder, backward, forward, pass_alone_s
-from simddp.sim.periodic import ScheduleRun, StepFn, steady
+from simddp.sim.periodic import Linear, ScheduleRun, steady
 from simddp.sim.pipeline import PipeOp, dependency, last_backward
 from simddp.sim.plan import FsdpUnitPlan, RankPlan, StepPlan, build_plan
 from simddp.sim.resources import Gpu
@@ -715,7 +715,7 @@ def record_pipeline_ends(plan: StepPlan, serial: list[float], kernels: list[floa
     plan.cache["pipeline_ends"] = {True: serial, False: kernels}
 
 
-def bound_steps(plan: StepPlan) -> tuple[StepFn, StepFn]:
+def bound_steps(plan: StepPlan) -> tuple[Linear, Linear]:
     """The operation steps of the two bounds' schedules: TP and send/recv serialised, and kernels only.
 
     Serialised, a rank whose gradient reduction overlaps its last backward passes pays that reduction once,
@@ -755,22 +755,27 @@ def bound_steps(plan: StepPlan) -> tuple[StepFn, StepFn]:
                         work, comm = costs[r][(kind, vs)]
                         costs[r][(kind, vs)] = (work, comm + i * (shared + 1) * send.time_s)
 
-    delay = []
+    two = 2 * num_vs
+    serial = Linear(pre=[], mid=[], hold=[], tail=[], extra=[])
+    kernels = Linear(pre=[], mid=[], hold=[], tail=[], extra=[])
     for r, rp in enumerate(plan.ranks):
         reduce = sum(b.reduce.time_s for b in rp.buckets)
         after = sum(costs[r][(op.kind, op.virtual_stage)][1] for op in plan.ops[r][first_release[r]:])
-        delay.append((1 + 2 * i) * (reduce + after) if rp.overlap else 0.0)
-
-    def serial(r: int, position: int, op: PipeOp, clock: float, arrived: float | None) -> float:
-        work, comm = costs[r][(op.kind, op.virtual_stage)]
-        extra = delay[r] if position == first_release[r] else 0.0
-        if arrived is not None and late:
-            arrived += late.get((op.kind, op.virtual_stage), 0.0)
-        return (clock if arrived is None else max(clock, arrived)) + work + comm + extra
-
-    def kernels(r: int, _position: int, op: PipeOp, clock: float, arrived: float | None) -> float:
-        return (clock if arrived is None else max(clock, arrived)) + costs[r][(op.kind, op.virtual_stage)][0]
-
+        work, comm, pre = [0.0] * two, [0.0] * two, [0.0] * two
+        for (kind, vs), (w, c) in costs[r].items():
+            slot = 2 * vs + (kind == "B")
+            work[slot], comm[slot], pre[slot] = w, c, late.get((kind, vs), 0.0)
+        zeros = [0.0] * two
+        serial.pre.append(pre)
+        serial.hold.append(work)
+        serial.tail.append(comm)
+        serial.extra.append({first_release[r]: (1 + 2 * i) * (reduce + after)} if rp.overlap else {})
+        kernels.pre.append(zeros)
+        kernels.hold.append(work)
+        kernels.tail.append(zeros)
+        kernels.extra.append({})
+        for rec in (serial, kernels):
+            rec.mid.append(zeros)
     return serial, kernels
 
 
