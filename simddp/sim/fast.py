@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from simddp.results import StepResult
 from simddp.sim.layers import layer_alone, layer_release_s
 from simddp.sim.periodic import Linear, ScheduleRun, steady
-from simddp.sim.pipeline import PipeOp, last_backward
+from simddp.sim.pipeline import last_backward
 from simddp.sim.plan import RankPlan, StepPlan
 
 #: Work below this many seconds counts as done (as the simpy engine's fluid server does).
