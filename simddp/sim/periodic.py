@@ -131,21 +131,22 @@ class ScheduleRun:
         self.max_operations = max_operations  # run() raises TooManyOperations rather than run more one by one
         self.ran = 0
         self.num_vs = num_virtual_stages
-        self.linear = all(isinstance(s, Linear) for s in steps)
-        if not self.linear and any(isinstance(s, Linear) for s in steps):
-            raise TypeError("steps are all Linear or all step functions")
+        self.recurrences = [s for s in steps if isinstance(s, Linear)]
+        self.steps = [s for s in steps if not isinstance(s, Linear)]
+        self.linear = bool(self.recurrences)
+        if (self.linear and self.steps) or len(self.recurrences) > 3:
+            raise TypeError("steps are up to three Linear recurrences, or step functions")
         self.count = len(steps)
-        self.steps = list(steps)
         self.waits = [0.0] * len(ops)
         if self.linear:
-            self.steps += [self.steps[-1]] * (3 - len(self.steps))  # the inline loop runs three
+            self.recurrences += [self.recurrences[-1]] * (3 - len(self.recurrences))  # the inline loop runs three
             self.accumulators: Callable[[], list[float]] = lambda: list(self.waits)
             self.add: Callable[[list[float], float], None] = self._add_waits
         else:
             self.accumulators = accumulators or (lambda: [])
             self.add = add or (lambda _delta, _times: None)
         self.pos = [0] * len(ops)
-        self.clocks = [[0.0] * len(ops) for _ in self.steps]
+        self.clocks = [[0.0] * len(ops) for _ in range(3 if self.linear else self.count)]
         self.arrival: dict[int, tuple[float, ...]] = {}  # op code -> its arrival in each recurrence
         self.jumped_units = 0  # for tests and benchmarks: how much of the steady state was extended
         self.detected_at: tuple[int, int] | None = None  # (units run, cycle) when the repeat was found
@@ -171,7 +172,7 @@ class ScheduleRun:
     def _codes(self, r: int, start: int, stop: int) -> list[int]:
         ops = self.ops[r]
         if isinstance(ops, Schedule):
-            return [ops.code_at(i) for i in range(start, stop)]
+            return ops.codes(start, stop)
         return [op_code(ops[i], self.num_vs) for i in range(start, stop)]
 
     def advance(self, limits: Sequence[int]) -> None:
@@ -189,7 +190,7 @@ class ScheduleRun:
     def _advance_linear(self, limits: Sequence[int], bases: list[int], codes: list[list[int]]) -> None:
         pos, arrival, waits = self.pos, self.arrival, self.waits
         c0, c1, c2 = self.clocks
-        s0, s1, s2 = self.steps
+        s0, s1, s2 = self.recurrences
         two = 2 * self.num_vs
         # A forward's dependency is the code 2 below, a backward's 2 above; the first forward and the last
         # backward have none.
@@ -255,7 +256,7 @@ class ScheduleRun:
         waiting: dict[int, int] = {}
         ready = deque(range(len(pos)))
         nothing = (None,) * len(steps)
-        combined = _combine(steps)  # type: ignore[arg-type]
+        combined = _combine(steps)
         two = 2 * num_vs
         while ready:
             r = ready.popleft()

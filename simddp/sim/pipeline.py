@@ -133,6 +133,21 @@ class Schedule(Sequence[PipeOp]):
         vs = (v - c - 1 if b else c) * p + self.rank
         return ((((k // (p * v)) * p + k % p) * p * v + vs) << 1) | b
 
+    def codes(self, start: int, stop: int) -> list[int]:
+        """:meth:`code_at` of positions ``start`` to ``stop`` (one list built per phase of a 1F1B or GPipe
+        schedule: its forwards, alternating pairs and backwards)."""
+        if self.interleaved:
+            return [self.code_at(i) for i in range(start, stop)]
+        w, total, step, own = self.warmup, self.total, 2 * self.p * self.v, 2 * self.rank
+        pairs_end = 2 * total - w
+        out = [step * k + own for k in range(start, min(stop, w))]  # warm-up forwards k = i
+        lo, hi = max(start, w), min(stop, pairs_end)
+        for i in range(lo, hi):  # forward w + j/2 at even j = i - w, backward j // 2 at odd j
+            j = i - w
+            out.append(step * (j >> 1) + own + 1 if j & 1 else step * (w + (j >> 1)) + own)
+        out += [step * (i - total) + own + 1 for i in range(max(start, pairs_end), stop)]  # drain backwards
+        return out
+
     def _compute(self, i: int) -> PipeOp:
         w, total = self.warmup, self.total
         if i < w:

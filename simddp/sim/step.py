@@ -761,17 +761,17 @@ def bound_steps(plan: StepPlan) -> tuple[Linear, Linear]:
     for r, rp in enumerate(plan.ranks):
         reduce = sum(b.reduce.time_s for b in rp.buckets)
         after = sum(costs[r][(op.kind, op.virtual_stage)][1] for op in plan.ops[r][first_release[r]:])
-        work, comm, pre = [0.0] * two, [0.0] * two, [0.0] * two
+        works, comms, lates = [0.0] * two, [0.0] * two, [0.0] * two  # by slot: 2 virtual stage + 1 if backward
         for (kind, vs), (w, c) in costs[r].items():
             slot = 2 * vs + (kind == "B")
-            work[slot], comm[slot], pre[slot] = w, c, late.get((kind, vs), 0.0)
+            works[slot], comms[slot], lates[slot] = w, c, late.get((kind, vs), 0.0)
         zeros = [0.0] * two
-        serial.pre.append(pre)
-        serial.hold.append(work)
-        serial.tail.append(comm)
+        serial.pre.append(lates)
+        serial.hold.append(works)
+        serial.tail.append(comms)
         serial.extra.append({first_release[r]: (1 + 2 * i) * (reduce + after)} if rp.overlap else {})
         kernels.pre.append(zeros)
-        kernels.hold.append(work)
+        kernels.hold.append(works)
         kernels.tail.append(zeros)
         kernels.extra.append({})
         for rec in (serial, kernels):
