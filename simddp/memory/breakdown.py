@@ -17,7 +17,7 @@ from simddp.memory.activations import (
     transformer_output_activation_bytes,
 )
 from simddp.memory.buffers import buffer_items
-from simddp.memory.items import MemoryBreakdown, MemoryItem
+from simddp.memory.items import Item, MemoryBreakdown, MemoryItem
 from simddp.memory.states import OPTIMIZER_STATE_BYTES_PER_PARAM, model_states_bytes
 from simddp.units import fmt_bytes
 from simddp.workload import PRECISION_ACT_BYTES, Workload, build_workload, uses_dropout
@@ -67,7 +67,7 @@ def memory_breakdown(scenario: Scenario, workload: Workload | None = None, stage
         fits=total <= capacity,
         headroom_bytes=capacity - total,
         stage_total_bytes=totals,
-        items=items,
+        items=[MemoryItem(category=i.category, name=i.name, size_bytes=i.size_bytes, note=i.note) for i in items],
         notes=_notes(scenario) + list(workload.notes),
     )
 
@@ -99,7 +99,7 @@ def _find_stage_params(scenario: Scenario, workload: Workload, stage: int) -> li
     return ids
 
 
-def _stage_items(scenario: Scenario, workload: Workload, stage: int) -> tuple[list[MemoryItem], int, float]:
+def _stage_items(scenario: Scenario, workload: Workload, stage: int) -> tuple[list[Item], int, float]:
     tr, par, mem = scenario.training, scenario.parallelism, scenario.memory
     dp, zero = scenario.dp, par.zero_stage
     rule = zero_rule(scenario)
@@ -112,16 +112,16 @@ def _stage_items(scenario: Scenario, workload: Workload, stage: int) -> tuple[li
     states = model_states_bytes(params, tr.precision, tr.optimizer, zero, dp, fp32_grads)
     shard = f" / {dp} dp ranks" if dp > 1 else ""
     items = [
-        MemoryItem(category="params", name="parameters", size_bytes=states.params_bytes,
+        Item(category="params", name="parameters", size_bytes=states.params_bytes,
                    note=f"{num_params:,} params" + (shard if zero >= 3 else "")),
-        MemoryItem(category="grads", name="gradients", size_bytes=states.grads_bytes,
+        Item(category="grads", name="gradients", size_bytes=states.grads_bytes,
                    note=("fp32 main grads" if fp32_grads else "param dtype") + (shard if zero >= 2 else "")),
     ]
     if states.master_bytes:
-        items.append(MemoryItem(category="optimizer", name="fp32 master weights", size_bytes=states.master_bytes,
+        items.append(Item(category="optimizer", name="fp32 master weights", size_bytes=states.master_bytes,
                                 note="4 B/param" + (shard if zero >= 1 else "")))
     if states.optimizer_state_bytes or not states.master_bytes:
-        items.append(MemoryItem(category="optimizer", name=f"{tr.optimizer} states",
+        items.append(Item(category="optimizer", name=f"{tr.optimizer} states",
                                 size_bytes=states.optimizer_state_bytes,
                                 note=_state_note(tr.optimizer) + (shard if zero >= 1 else "")))
     in_flight = in_flight_micro_batches(par.pipeline_schedule, par.pp, stage, scenario.num_micro_batches,
@@ -129,9 +129,9 @@ def _stage_items(scenario: Scenario, workload: Workload, stage: int) -> tuple[li
     items += _activation_items(scenario, workload, stage, in_flight)
     items += buffer_items(scenario, workload, stage, ids)
     transient = sum(i.size_bytes for i in items if i.category in ("activations", "buffers") and i.name != "NCCL")
-    items.append(MemoryItem(category="overhead", name="CUDA context", size_bytes=mem.cuda_context_bytes,
+    items.append(Item(category="overhead", name="CUDA context", size_bytes=mem.cuda_context_bytes,
                             note="memory.cuda_context_bytes"))
-    items.append(MemoryItem(category="overhead", name="allocator fragmentation",
+    items.append(Item(category="overhead", name="allocator fragmentation",
                             size_bytes=round(mem.fragmentation_fraction * transient),
                             note=f"{mem.fragmentation_fraction:.0%} of activations and buffers"))
     return items, num_params, in_flight
@@ -144,14 +144,14 @@ def _state_note(optimizer: str) -> str:
     return f"{per_param} B/param"
 
 
-def _activation_items(scenario: Scenario, workload: Workload, stage: int, in_flight: float) -> list[MemoryItem]:
+def _activation_items(scenario: Scenario, workload: Workload, stage: int, in_flight: float) -> list[Item]:
     tr, par = scenario.training, scenario.parallelism
     layers = workload.rank_layers(stage, scenario.parallelism.pp)
     spec = scenario.model.transformer
     k = f"x {in_flight:g} micro-batch{'es' if in_flight != 1 else ''}"
     if spec is None:
         per_mb = sum(layer.activation_bytes for layer in layers)
-        return [MemoryItem(category="activations", name="layer activations", size_bytes=round(per_mb * in_flight),
+        return [Item(category="activations", name="layer activations", size_bytes=round(per_mb * in_flight),
                            note=f"{len(layers)} layers' activation_numel_per_sample {k}")]
     shape: dict[str, Any] = {
         "seq_len": tr.seq_len,
@@ -164,12 +164,12 @@ def _activation_items(scenario: Scenario, workload: Workload, stage: int, in_fli
     blocks = {layer.block for layer in layers if layer.block is not None}
     per_layer = transformer_layer_activation_bytes(spec, **shape, recompute=tr.recompute, act_bytes=act,
                                                    dropout=dropout, attention=tr.attention)
-    items = [MemoryItem(category="activations", name="transformer layers",
+    items = [Item(category="activations", name="transformer layers",
                         size_bytes=round(len(blocks) * per_layer * in_flight),
                         note=f"{len(blocks)} layers x {fmt_bytes(per_layer)} {k} (recompute {tr.recompute})")]
     if stage == 0:
         emb = transformer_embedding_activation_bytes(spec, **shape, dropout=dropout)
-        items.append(MemoryItem(category="activations", name="embedding", size_bytes=round(emb * in_flight),
+        items.append(Item(category="activations", name="embedding", size_bytes=round(emb * in_flight),
                                 note=f"token ids{', dropout mask' if dropout else ''} {k}"))
     if stage == par.pp - 1:
         out = transformer_output_activation_bytes(spec, **shape, act_bytes=act, cross_entropy=tr.cross_entropy)
@@ -177,13 +177,13 @@ def _activation_items(scenario: Scenario, workload: Workload, stage: int, in_fli
         # The loss sits in the last virtual stage, whose micro-batches run forward then backward at once
         # (1F1B, interleaved); only GPipe keeps every micro-batch's (interleaving holds other chunks' layers).
         out_flight = in_flight if par.pipeline_schedule == "gpipe" else 1.0
-        items.append(MemoryItem(category="activations", name="output layer and loss",
+        items.append(Item(category="activations", name="output layer and loss",
                                 size_bytes=round(out * out_flight),
                                 note=f"norm/head inputs, {what} x {out_flight:g} micro-batch"
                                 + ("es" if out_flight != 1 else "")))
     if tr.recompute != "none" and blocks:
         full = transformer_layer_activation_bytes(spec, **shape, recompute="none", act_bytes=act, dropout=dropout,
                                                   attention=tr.attention)
-        items.append(MemoryItem(category="activations", name="recompute working set", size_bytes=full - per_layer,
+        items.append(Item(category="activations", name="recompute working set", size_bytes=full - per_layer,
                                 note="one layer re-created in backward"))
     return items

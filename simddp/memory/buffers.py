@@ -26,15 +26,15 @@ from collections.abc import Sequence
 
 from simddp.bucketing import ParamLike
 from simddp.config import Scenario
-from simddp.memory.items import MemoryItem
+from simddp.memory.items import Item
 from simddp.units import dtype_bytes
 from simddp.workload import PRECISION_ACT_BYTES, Layer, Workload
 from simddp.zero import ZeroRule, param_bytes, param_units, reduce_specs, stage_gradient_buckets, zero_rule
 
 
-def buffer_items(scenario: Scenario, workload: Workload, stage: int, ids: list[int]) -> list[MemoryItem]:
+def buffer_items(scenario: Scenario, workload: Workload, stage: int, ids: list[int]) -> list[Item]:
     tr, par, mem = scenario.training, scenario.parallelism, scenario.memory
-    items: list[MemoryItem] = []
+    items: list[Item] = []
     if ids and scenario.dp > 1:  # one data-parallel rank needs no data-parallel wrapper
         items += data_parallel_buffers(zero_rule(scenario), scenario, workload, stage, ids)
     spec = scenario.model.transformer
@@ -42,18 +42,18 @@ def buffer_items(scenario: Scenario, workload: Workload, stage: int, ids: list[i
         sp = par.tp if par.sequence_parallel else 1
         tokens = tr.seq_len * tr.micro_batch_size
         p2p = round(2 * PRECISION_ACT_BYTES[tr.precision] * spec.hidden_size * tokens / sp)
-        items.append(MemoryItem(category="buffers", name="pipeline send/recv", size_bytes=p2p,
+        items.append(Item(category="buffers", name="pipeline send/recv", size_bytes=p2p,
                                 note="one activation sent, one gradient received"))
     comms = [name for name, size in (("dp", scenario.dp), ("tp", par.tp), ("pp", par.pp)) if size > 1]
     if comms:
         nccl = len(comms) * mem.nccl_bytes_per_communicator
-        items.append(MemoryItem(category="buffers", name="NCCL", size_bytes=nccl,
+        items.append(Item(category="buffers", name="NCCL", size_bytes=nccl,
                                 note=f"{len(comms)} ({', '.join(comms)}) x memory.nccl_bytes_per_communicator"))
     return items
 
 
 def data_parallel_buffers(rule: ZeroRule, scenario: Scenario, workload: Workload, stage: int,
-                          ids: list[int]) -> list[MemoryItem]:
+                          ids: list[int]) -> list[Item]:
     """The gradient and parameter buffers ``rule`` keeps on a GPU of pipeline ``stage`` holding ``ids``."""
     params = workload.parameters
     grads = reduce_specs(rule, [params[i] for i in ids])
@@ -62,10 +62,10 @@ def data_parallel_buffers(rule: ZeroRule, scenario: Scenario, workload: Workload
     if rule.unsharded_across_micro_batches:
         out = []
         if rule.stage == 3:
-            out.append(MemoryItem(category="buffers", name="FSDP unsharded parameters",
+            out.append(Item(category="buffers", name="FSDP unsharded parameters",
                                   size_bytes=param_bytes(params, ids),
                                   note="pipeline: not resharded between micro-batches"))
-        out.append(MemoryItem(category="buffers", name="FSDP unsharded gradients", size_bytes=_bytes(grads),
+        out.append(Item(category="buffers", name="FSDP unsharded gradients", size_bytes=_bytes(grads),
                               note="pipeline: accumulated unsharded until the last micro-batch"))
         return out
     if rule.sharded_params:
@@ -78,27 +78,27 @@ def data_parallel_buffers(rule: ZeroRule, scenario: Scenario, workload: Workload
     buckets = stage_gradient_buckets(rule, workload, stage, ids, grads, order, layers)
     out = []
     if rule.bucket_copies:
-        out.append(MemoryItem(category="buffers", name="DDP bucket copies",
+        out.append(Item(category="buffers", name="DDP bucket copies",
                               size_bytes=sum(b.size_bytes for b in buckets),
                               note=f"{len(buckets)} buckets; none with gradient_as_bucket_view"))
     if rule.reduce_buffers:
         assert rule.bucket_numel is not None
         size = rule.reduce_buffers * rule.bucket_numel * dtype_bytes(params[ids[0]].dtype)  # the model's dtype
-        out.append(MemoryItem(category="buffers", name="DeepSpeed reduce buffers", size_bytes=size,
+        out.append(Item(category="buffers", name="DeepSpeed reduce buffers", size_bytes=size,
                               note=f"{rule.reduce_buffers} x reduce_bucket_size {rule.bucket_numel:,} elements"
                               + (" (overlap_comm)" if rule.reduce_buffers > 1 else "")))
     if rule.flatten_copy:
-        out.append(MemoryItem(category="buffers", name="DeepSpeed flattened bucket",
+        out.append(Item(category="buffers", name="DeepSpeed flattened bucket",
                               size_bytes=max(b.size_bytes for b in buckets),
                               note="largest bucket, flattened for its all-reduce"))
     if rule.implementation == "deepspeed" and rule.stage == 1:
-        out.append(MemoryItem(category="buffers", name="ZeRO-1 gradient partition", size_bytes=-(-_bytes(grads) // dp),
+        out.append(Item(category="buffers", name="ZeRO-1 gradient partition", size_bytes=-(-_bytes(grads) // dp),
                               note=f"this rank's gradients copied out of the reduced buckets (1/{dp})"))
     return out
 
 
 def _unit_buffers(rule: ZeroRule, workload: Workload, layers: Sequence[Layer], ids: list[int],
-                  dp: int) -> list[MemoryItem]:
+                  dp: int) -> list[Item]:
     params = workload.parameters
     units = param_units(rule, layers, params)
     out = []
@@ -112,32 +112,32 @@ def _unit_buffers(rule: ZeroRule, workload: Workload, layers: Sequence[Layer], i
             f"stage3_prefetch_bucket_size {rule.prefetch_numel:,} elements"
         kept_note = " + root unit" if rule.unit_rule == "block" else \
             f" + {sum(not u.gather_bwd for u in units.units)} modules kept (stage3_max_reuse_distance)"
-        out.append(MemoryItem(category="buffers", name="ZeRO-3 gathered parameters", size_bytes=kept + root + window,
+        out.append(Item(category="buffers", name="ZeRO-3 gathered parameters", size_bytes=kept + root + window,
                               note=f"largest unit + {ahead}{kept_note}"))
     reduce_bytes = 4 if rule.reduce_in_fp32 else 2
     largest = max((sum(params[g].numel for g in u.param_ids) for u in units.units), default=0)
     own = max((param_bytes(params, u.param_ids) for u in units.units), default=0)
     if rule.unit_rule == "block":
-        out.append(MemoryItem(category="buffers", name="ZeRO-3 unsharded gradients" if rule.stage == 3 else
+        out.append(Item(category="buffers", name="ZeRO-3 unsharded gradients" if rule.stage == 3 else
                               "FSDP unsharded gradients", size_bytes=own + largest * reduce_bytes,
                               note="unit computing + unit reduce-scattering, largest unit"))
         if units.root is not None and units.units:
             first = units.units[0].positions[0]
             held = [g for i in units.root.positions if i > first for g in layers[i].param_indices]
             if held:  # e.g. an untied output layer: its gradients wait for the root's reduce-scatter
-                out.append(MemoryItem(category="buffers", name="FSDP root gradients",
+                out.append(Item(category="buffers", name="FSDP root gradients",
                                       size_bytes=param_bytes(params, held),
                                       note="root parameters after the blocks, held until the root's reduce-scatter"))
         return out
     assert rule.bucket_numel is not None
-    out.append(MemoryItem(category="buffers", name="ZeRO-3 unsharded gradients", size_bytes=own,
+    out.append(Item(category="buffers", name="ZeRO-3 unsharded gradients", size_bytes=own,
                           note="largest module's gradients before they enter the reduce buffer"))
-    out.append(MemoryItem(category="buffers", name="DeepSpeed reduce buffers",
+    out.append(Item(category="buffers", name="DeepSpeed reduce buffers",
                           size_bytes=rule.bucket_numel * dtype_bytes(params[ids[0]].dtype),
                           note=f"reduce_bucket_size {rule.bucket_numel:,} elements"))
     if units.persistent_ids:
         persistent = param_bytes(params, units.persistent_ids)
-        out.append(MemoryItem(category="buffers", name="ZeRO-3 persistent parameters",
+        out.append(Item(category="buffers", name="ZeRO-3 persistent parameters",
                               size_bytes=persistent - -(-persistent // dp),
                               note=f"{len(units.persistent_ids)} tensors under stage3_param_persistence_threshold "
                               f"{rule.persistence_threshold_numel:,}, never partitioned"))

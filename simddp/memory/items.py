@@ -2,13 +2,23 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from simddp.units import fmt_bytes
 
 Category = Literal["params", "grads", "optimizer", "activations", "buffers", "overhead"]
+
+
+class Item(NamedTuple):
+    """A line of a stage's breakdown before it is typed: the breakdown sizes every pipeline stage and types the
+    lines of the one it reports (:class:`MemoryItem`, validated), not the 64 stages of a 1T model's."""
+
+    category: Category
+    name: str
+    size_bytes: int
+    note: str = ""
 
 
 class _Frozen(BaseModel):
