@@ -668,7 +668,7 @@ def fsdp_unit_layers(layers: tuple[Layer, ...]) -> tuple[list[list[int]], list[i
 
 def copy_with(obj: _D, **changes: Any) -> _D:
     """``dataclasses.replace(obj, **changes)`` without re-running the dataclass constructor: for the frozen
-    layers and layer plans copied once per layer of every block, where the constructor is the cost. The
+    layers copied once per layer of every block, where the constructor is the cost. The
     other fields, kernel and collective tuples included, are shared with ``obj``."""
     new = object.__new__(type(obj))
     new.__dict__.update(obj.__dict__, **changes)

@@ -42,11 +42,12 @@ class LayerPlan:
     dgrad_post: tuple[CollectiveCost, ...] = ()
     wgrad_pre: tuple[CollectiveCost, ...] = ()
     recompute_comm: bool = False  # recompute repeats the forward collectives
-    layer_name: str = ""  # the layer's own name when its timing is shared with identical layers
 
     @property
     def name(self) -> str:
-        return self.layer_name or self.timing.name
+        """The first layer it was made for: identical layers share one plan, so a layer's own name is its
+        :class:`simddp.workload.Layer`'s (``RankPlan.layers``)."""
+        return self.timing.name
 
     @property
     def tp_comm_s(self) -> float:
@@ -87,31 +88,34 @@ def _kernels(gpu: Gpu, work_s: float, rec: Recorder, name: str) -> simpy.events.
 
 
 def forward(gpu: Gpu, plan: LayerPlan, overlap: str, rec: Recorder, label: str = "forward",
-            work_s: float | None = None) -> simpy.events.ProcessGenerator:
-    """The layer's forward (or its recomputation: ``label='recompute'``, ``work_s`` its kernel time)."""
+            work_s: float | None = None, name: str | None = None) -> simpy.events.ProcessGenerator:
+    """The layer's forward (or its recomputation: ``label='recompute'``, ``work_s`` its kernel time).
+
+    ``name`` labels its spans (default: the plan's; identical layers share one plan, each with its name)."""
     env = gpu.env
     work = plan.timing.fwd_s if work_s is None else work_s
+    name = plan.name if name is None else name
     if overlap == "full":
-        comm = env.process(_comms(gpu, plan.fwd_pre + plan.fwd_post, rec, plan.name))
-        yield from _kernels(gpu, work, rec, f"{label} {plan.name}")
+        comm = env.process(_comms(gpu, plan.fwd_pre + plan.fwd_post, rec, name))
+        yield from _kernels(gpu, work, rec, f"{label} {name}")
         yield comm
         return
-    yield from _comms(gpu, plan.fwd_pre, rec, plan.name)
-    yield from _kernels(gpu, work, rec, f"{label} {plan.name}")
-    yield from _comms(gpu, plan.fwd_post, rec, plan.name)
+    yield from _comms(gpu, plan.fwd_pre, rec, name)
+    yield from _kernels(gpu, work, rec, f"{label} {name}")
+    yield from _comms(gpu, plan.fwd_post, rec, name)
 
 
 def backward(gpu: Gpu, plan: LayerPlan, overlap: str, rec: Recorder,
-             on_wgrad_done: Callable[[], None] | None = None) -> simpy.events.ProcessGenerator:
+             on_wgrad_done: Callable[[], None] | None = None, name: str | None = None) -> simpy.events.ProcessGenerator:
     """The layer's backward: recompute, input-grad, weight-grad, with its TP collectives."""
     env = gpu.env
     t = plan.timing
+    name = plan.name if name is None else name
     if t.recompute_s > 0:
         if plan.recompute_comm:
-            yield from forward(gpu, plan, overlap, rec, "recompute", t.recompute_s)
+            yield from forward(gpu, plan, overlap, rec, "recompute", t.recompute_s, name)
         else:
-            yield from _kernels(gpu, t.recompute_s, rec, f"recompute {plan.name}")
-    name = plan.name
+            yield from _kernels(gpu, t.recompute_s, rec, f"recompute {name}")
     if overlap == "none":
         yield from _comms(gpu, plan.bwd_pre, rec, name)
         yield from _kernels(gpu, t.dgrad_s, rec, f"dgrad {name}")

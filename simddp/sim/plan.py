@@ -19,7 +19,7 @@ from simddp.sim.layers import LayerPlan, layer_alone
 from simddp.sim.pipeline import PipeOp, schedule
 from simddp.topology import CommGroup, dp_group, group, pp_boundary_group, tp_group
 from simddp.units import dtype_bytes
-from simddp.workload import Collective, Layer, Param, Workload, build_workload, copy_with, grad_reduce_spec
+from simddp.workload import Collective, Layer, Param, Workload, build_workload, grad_reduce_spec
 from simddp.zero import (
     ParamUnit,
     ZeroRule,
@@ -220,8 +220,7 @@ def layer_plans(scenario: Scenario, layers: Sequence[Layer],
                 )
             else:
                 seen[key] = LayerPlan(t)
-        template = seen[key]
-        out.append(template if template.timing.name == layer.name else copy_with(template, layer_name=layer.name))
+        out.append(seen[key])  # shared by identical layers: a layer's name is its Layer's (RankPlan.layers)
     return out
 
 

@@ -174,17 +174,20 @@ def _layer_forward(st: _Rank, positions: list[int], gate: Callable[[int], simpy.
             t0 = st.gpu.env.now
             yield wait
             st.add("dp_comm", st.gpu.env.now - t0)
-        yield from _booked_layer(st, forward(st.gpu, p.plans[i], st.overlap, st.rec), p.plans[i], "F")
+        name = p.layers[i].name
+        yield from _booked_layer(st, forward(st.gpu, p.plans[i], st.overlap, st.rec, name=name), p.plans[i], "F", name)
 
 
 def _layer_backward(st: _Rank, positions: list[int], rnd: int | None) -> ProcessGen:
     p = st.plan
     for i in reversed(positions):
         done = (lambda i=i: st.release(rnd, i)) if rnd is not None else None
-        yield from _booked_layer(st, backward(st.gpu, p.plans[i], st.overlap, st.rec, done), p.plans[i], "B")
+        name = p.layers[i].name
+        yield from _booked_layer(st, backward(st.gpu, p.plans[i], st.overlap, st.rec, done, name), p.plans[i], "B",
+                                 name)
 
 
-def _booked_layer(st: _Rank, gen: ProcessGen, plan: LayerPlan, kind: str) -> ProcessGen:
+def _booked_layer(st: _Rank, gen: ProcessGen, plan: LayerPlan, kind: str, name: str) -> ProcessGen:
     """Run one layer pass and book its time: kernels at full speed, their slowdown, and TP waits."""
     env = st.gpu.env
     start = env.now
@@ -198,7 +201,7 @@ def _booked_layer(st: _Rank, gen: ProcessGen, plan: LayerPlan, kind: str) -> Pro
     st.add("recompute", recompute)
     st.add("interference", max(0.0, ran - work))
     st.add("tp_comm", max(0.0, (env.now - start) - ran))
-    st.rec.add(f"{'fwd' if kind == 'F' else 'bwd'} {plan.name}", "compute", start, env.now, keep_empty=True)
+    st.rec.add(f"{'fwd' if kind == 'F' else 'bwd'} {name}", "compute", start, env.now, keep_empty=True)
 
 
 def _dp_comm(st: _Rank, rounds: int, start_after: simpy.Event | None) -> ProcessGen:
