@@ -415,20 +415,23 @@ def best(
 ) -> CollectiveCost:
     """The fastest (algorithm, protocol) among those allowed, as NCCL's tuner picks."""
     protos: tuple[Protocol, ...] = PROTOCOLS if protocol == "auto" else (protocol,)
-    candidates: list[CollectiveCost] = []
+    # (time, algorithm, protocol, (latency, transfer)) of each candidate; only the fastest becomes a cost.
+    candidates: list[tuple[float, str, str, tuple[float, float]]] = []
     for proto in protos:
         if algorithm in ("auto", "ring"):
-            candidates.append(_cost(op, size_bytes, group, "ring", proto, _ring(op, size_bytes, group, proto)))
+            parts = _ring(op, size_bytes, group, proto)
+            candidates.append((parts[0] + parts[1], "ring", proto, parts))
         if op == "all-reduce" and algorithm in ("auto", "tree"):
-            candidates.append(_cost(op, size_bytes, group, "tree", proto, _tree(size_bytes, group, proto)))
+            parts = _tree(size_bytes, group, proto)
+            candidates.append((parts[0] + parts[1], "tree", proto, parts))
     if op in NVLS_OPS and algorithm in ("auto", "nvls") and allow_nvls and protocol in ("auto", "Simple"):
         parts = _nvls(op, size_bytes, group)
         if math.isfinite(parts[0]):
-            name = "nvls" if group.num_nodes == 1 else "nvls-tree"
-            candidates.append(_cost(op, size_bytes, group, name, "Simple", parts))
+            candidates.append((parts[0] + parts[1], "nvls" if group.num_nodes == 1 else "nvls-tree", "Simple", parts))
     if not candidates:
         raise ValueError(f"no algorithm runs {op} with algorithm={algorithm}, protocol={protocol} on this group")
-    return min(candidates, key=lambda c: c.time_s)
+    _, name, proto_name, parts = min(candidates, key=lambda c: c[0])  # the first of equals, as NCCL's tuner
+    return _cost(op, size_bytes, group, name, proto_name, parts)
 
 
 __all__ = [
