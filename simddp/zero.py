@@ -246,13 +246,14 @@ def stage_gradient_buckets(rule: ZeroRule, workload: Workload, stage: int, ids: 
     """:func:`gradient_buckets` of pipeline rank ``stage`` (its ``layers``) holding ``ids``, where ``order``
     lists every local index in gradient-ready order; the simulator and the memory model ask for the same.
 
-    The buckets of the size-and-order rules (torch, megatron), which depend on nothing else, are computed
-    once per workload (kept in its ``memo``).
+    The buckets of the size-and-order rules (torch, megatron) depend on nothing else: they are computed once
+    per workload for each distinct (sizes, order), kept in its ``memo``, so the identical middle stages of a
+    pipeline share one assignment.
     """
     if rule.bucket_rule not in ("torch", "megatron"):
         return gradient_buckets(rule, grads, order, layers, ids)
-    key = ("gradient buckets", stage, rule.bucket_rule, rule.bucket_cap_mb, rule.bucket_numel,
-           rule.gradient_dtype_bytes, rule.reduce_in_fp32, tuple(ids))
+    key = ("gradient buckets", rule.bucket_rule, rule.bucket_cap_mb, rule.bucket_numel, rule.gradient_dtype_bytes,
+           tuple((g.numel, g.dtype) for g in grads), tuple(order))
     if key not in workload.memo:
         workload.memo[key] = gradient_buckets(rule, grads, order)
     return workload.memo[key]  # type: ignore[no-any-return]
