@@ -21,7 +21,7 @@ from simddp.memory.items import Item, MemoryBreakdown, MemoryItem
 from simddp.memory.states import OPTIMIZER_STATE_BYTES_PER_PARAM, model_states_bytes
 from simddp.units import fmt_bytes
 from simddp.workload import PRECISION_ACT_BYTES, Workload, build_workload, uses_dropout
-from simddp.zero import describe, zero_rule
+from simddp.zero import ZeroRule, describe, zero_rule
 
 
 def memory_breakdown(scenario: Scenario, workload: Workload | None = None, stage: int | None = None) -> MemoryBreakdown:
@@ -30,7 +30,8 @@ def memory_breakdown(scenario: Scenario, workload: Workload | None = None, stage
     if stage is not None and not 0 <= stage < par.pp:
         raise ValueError(f"stage({stage}) must be in 0..{par.pp - 1} for pp({par.pp})")
     workload = workload or build_workload(scenario)
-    stages = [_stage_items(scenario, workload, s) for s in range(par.pp)]
+    rule = zero_rule(scenario)
+    stages = [_stage_items(scenario, workload, s, rule) for s in range(par.pp)]
     totals = [sum(i.size_bytes for i in items) for items, _, _ in stages]
     chosen = stage if stage is not None else max(range(par.pp), key=lambda s: (totals[s], -s))
     items, num_params, in_flight = stages[chosen]
@@ -99,10 +100,10 @@ def _find_stage_params(scenario: Scenario, workload: Workload, stage: int) -> li
     return ids
 
 
-def _stage_items(scenario: Scenario, workload: Workload, stage: int) -> tuple[list[Item], int, float]:
+def _stage_items(scenario: Scenario, workload: Workload, stage: int,
+                 rule: ZeroRule) -> tuple[list[Item], int, float]:
     tr, par, mem = scenario.training, scenario.parallelism, scenario.memory
     dp, zero = scenario.dp, par.zero_stage
-    rule = zero_rule(scenario)
     # FSDP keeps fp32 sharded parameters (the master weights) and fp32 sharded gradients whatever dtype it
     # reduces in: the ZeRO paper's 16 bytes per parameter (states.py); reduce_in_fp32 adds no gradient bytes.
     fp32_grads = rule.reduce_in_fp32 and not (rule.implementation == "torch" and zero >= 2)
@@ -127,7 +128,7 @@ def _stage_items(scenario: Scenario, workload: Workload, stage: int) -> tuple[li
     in_flight = in_flight_micro_batches(par.pipeline_schedule, par.pp, stage, scenario.num_micro_batches,
                                         par.virtual_stages)
     items += _activation_items(scenario, workload, stage, in_flight)
-    items += buffer_items(scenario, workload, stage, ids)
+    items += buffer_items(scenario, workload, stage, ids, rule)
     transient = sum(i.size_bytes for i in items if i.category in ("activations", "buffers") and i.name != "NCCL")
     items.append(Item(category="overhead", name="CUDA context", size_bytes=mem.cuda_context_bytes,
                             note="memory.cuda_context_bytes"))

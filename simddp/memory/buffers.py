@@ -32,11 +32,12 @@ from simddp.workload import PRECISION_ACT_BYTES, Layer, Workload
 from simddp.zero import ZeroRule, param_bytes, param_units, reduce_specs, stage_gradient_buckets, zero_rule
 
 
-def buffer_items(scenario: Scenario, workload: Workload, stage: int, ids: list[int]) -> list[Item]:
+def buffer_items(scenario: Scenario, workload: Workload, stage: int, ids: list[int],
+                 rule: ZeroRule | None = None) -> list[Item]:
     tr, par, mem = scenario.training, scenario.parallelism, scenario.memory
     items: list[Item] = []
     if ids and scenario.dp > 1:  # one data-parallel rank needs no data-parallel wrapper
-        items += data_parallel_buffers(zero_rule(scenario), scenario, workload, stage, ids)
+        items += data_parallel_buffers(rule or zero_rule(scenario), scenario, workload, stage, ids)
     spec = scenario.model.transformer
     if par.pp > 1 and spec is not None:
         sp = par.tp if par.sequence_parallel else 1
