@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass, field, replace
-from typing import Any, Literal, TypeVar
+from typing import Any, Literal, NamedTuple, TypeVar
 
 from simddp.config import Scenario, TransformerSpec
 from simddp.units import dtype_bytes
@@ -56,9 +56,9 @@ _MASK_BYTES = 1  # a dropout mask is one byte per element (torch's native_dropou
 _FP32 = 4
 
 
-@dataclass(frozen=True, slots=True)
-class Param:
-    """A parameter as the engine sees it: name, elements, torch dtype name (a light ``ParameterSpec``)."""
+class Param(NamedTuple):
+    """A parameter as the engine sees it: name, elements, torch dtype name (a light ``ParameterSpec``; a tuple,
+    built 1,500 times per evaluation of a 1T model)."""
 
     name: str
     numel: int
