@@ -732,6 +732,7 @@ def bound_steps(plan: StepPlan) -> tuple[Linear, Linear]:
     i = plan.interference
     first_release = [min(last_backward(ops, par.virtual_stages).values(), default=len(ops)) for ops in plan.ops]
     costs: list[dict[tuple[str, int], tuple[float, float]]] = []
+    tp_part: dict[tuple[int, str], float] = {}  # identical layers share one plan object (layer_plans)
     for rp in plan.ranks:
         per: dict[tuple[str, int], tuple[float, float]] = {}
         for vs in rp.fwd_work_s:
@@ -740,7 +741,14 @@ def bound_steps(plan: StepPlan) -> tuple[Linear, Linear]:
                 send = plan.p2p.get(vs if kind == "F" else vs - 1)
                 received = (vs > 0) if kind == "F" else (vs < num_vs - 1)
                 gather = plan.p2p_gather.time_s if (plan.p2p_gather is not None and received) else 0.0
-                comm = sum(_tp_part(p, kind) for p in plans) + (send.time_s if send is not None else 0.0) + gather
+                tp = 0.0  # summed in layer order, as sum() would
+                for p in plans:
+                    key = (id(p), kind)
+                    part = tp_part.get(key)
+                    if part is None:
+                        part = tp_part[key] = _tp_part(p, kind)
+                    tp += part
+                comm = tp + (send.time_s if send is not None else 0.0) + gather
                 per[(kind, vs)] = ((rp.fwd_work_s if kind == "F" else rp.bwd_work_s)[vs], comm)
         costs.append(per)
     late: dict[tuple[str, int], float] = {}  # (kind, receiving virtual stage) -> extra arrival delay
