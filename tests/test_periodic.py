@@ -18,7 +18,7 @@ from test_fast import _equal
 from simddp import simulate
 from simddp.scenario_io import scenario_from_dict
 from simddp.sim import build_plan
-from simddp.sim.periodic import ScheduleRun, steady
+from simddp.sim.periodic import Linear, ScheduleRun, steady
 from simddp.sim.pipeline import PipeOp, makespan, schedule
 
 durations = st.floats(min_value=0.05, max_value=3.0, allow_nan=False)
@@ -51,11 +51,29 @@ def _runs(name: str, p: int, m: int, v: int, times: dict, send: float) -> tuple[
     return reference, run
 
 
+def _linear_run(name: str, p: int, m: int, v: int, times: dict, send: float) -> ScheduleRun:
+    """The same recurrence as data (:class:`Linear`), evaluated by the runner's inline loop: the send as the
+    dependency's delay (``pre``), durations by slot (2 virtual stage + 1 for a backward)."""
+    ops = [schedule(name, p, m, r, v) for r in range(p)]
+    two = 2 * p * v
+    hold = [[0.0] * two for _ in range(p)]
+    for (r, kind, vs), t in times.items():
+        hold[r][2 * vs + (kind == "B")] = t
+    zeros = [[0.0] * two for _ in range(p)]
+    step = Linear(pre=[[send] * two for _ in range(p)], mid=zeros, hold=hold, tail=zeros, extra=[{} for _ in range(p)])
+    run = ScheduleRun(ops, p * v, [step])
+    run.run(steady(ops))
+    return run
+
+
 @settings(max_examples=300, deadline=None)
 @given(schedules())
 def test_extension_equals_every_operation(case: tuple) -> None:
     reference, run = _runs(*case)
     assert all(math.isclose(a, b, rel_tol=1e-9) for a, b in zip(run.clock, reference, strict=True))
+    linear = _linear_run(*case)  # the engines' inline loop: the same ends, the same jump
+    assert all(math.isclose(a, b, rel_tol=1e-9) for a, b in zip(linear.clock, reference, strict=True))
+    assert linear.jumped_units == run.jumped_units
 
 
 def test_long_schedules_jump_over_most_of_the_steady_state() -> None:
