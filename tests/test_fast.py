@@ -96,7 +96,8 @@ def pipelines(draw: st.DrawFn) -> dict:
                         "zero_stage": draw(st.sampled_from([0, 1]))},
         "training": {"micro_batch_size": 1, "global_batch_size": max(1, micro * dp), "seq_len": 512,
                      "recompute": draw(st.sampled_from(["none", "selective", "full"]))},
-        # None: the implementation's default (torch overlaps; taken by the fast engine with dp = 1 only)
+        # None: the implementation's default (torch overlaps: the fast engine runs the schedule's tail, from each
+        # rank's first release of gradients, in simpy)
         "ddp": {"overlap": draw(st.sampled_from([False, None]))},
     }
 

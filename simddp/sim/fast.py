@@ -24,12 +24,13 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from typing import Any
 
 from simddp.results import StepResult
 from simddp.sim.layers import layer_alone, layer_release_s
 from simddp.sim.periodic import Linear, ScheduleRun, steady
-from simddp.sim.pipeline import last_backward
+from simddp.sim.pipeline import PipeOp, Schedule, decode, last_backward, op_code
 from simddp.sim.plan import RankPlan, StepPlan
 
 #: Work below this many seconds counts as done (as the simpy engine's fluid server does).
@@ -70,9 +71,8 @@ def supported(plan: StepPlan) -> bool:
         no_tp = all(not (p.fwd_pre or p.fwd_post or p.bwd_pre or p.dgrad_post or p.wgrad_pre)
                     for r in plan.ranks for p in r.plans)
         return no_tp and not any(b.gather for r in plan.ranks for b in r.buckets)
-    if plan.mode == "pipeline":
-        reduces = any(r.buckets for r in plan.ranks) and scenario.dp > 1
-        return not par.pp_p2p_overlap and not (plan.rule.overlap and reduces)
+    if plan.mode == "pipeline":  # overlapped reduction: the tail of the schedule in simpy (_run_pipeline)
+        return not par.pp_p2p_overlap
     return False
 
 
@@ -256,42 +256,59 @@ def _release(out: Outcome, vs: int, start: float, counts: dict[int, int], overla
 
 
 def _run_pipeline(plan: StepPlan, max_operations: int | None = None) -> list[Outcome]:
-    from simddp.sim.step import bound_steps, record_pipeline_ends
+    """The pipeline step: the schedule's max-plus recurrence, then each rank's reduction, sync, step, gather.
+
+    With overlapped gradient reduction (torch DDP, ZeRO-1/2 under pipelines), a rank's reductions start during
+    its last backward of a virtual stage (its *release*) and share its GPU with what it still runs. Nothing is
+    in flight before a rank's first release, so the recurrence times every operation before it exactly, and
+    the simpy simulation runs the rest (the *tail*: the cool-down backwards from there, a few per rank) from
+    the recurrence's state (:func:`simddp.sim.step.pipeline_tail`)."""
+    from simddp.sim.step import bound_steps, pipeline_tail, record_pipeline_ends
 
     par = plan.scenario.parallelism
     num_vs = par.pp * par.virtual_stages
+    two = 2 * num_vs
     outs = [Outcome(r) for r in plan.ranks]
     gather = plan.p2p_gather.time_s if plan.p2p_gather is not None and plan.p2p_gather.time_s > 0 else 0.0
     gather_transfer = plan.p2p_gather.transfer_s if gather and plan.p2p_gather is not None else 0.0
     gather_tier = plan.p2p_gather.tier if plan.p2p_gather is not None else "intra"
     last_b = [last_backward(ops, par.virtual_stages) for ops in plan.ops]
     m = plan.num_micro_batches
-    # Per rank and (kind, virtual stage): the time an operation holds its rank once it may start (its kernels
-    # and TP collectives alone, then its blocking send). Everything but the waits is the same for each of the
-    # m micro-batches, so it is booked once, m times, below; the run books only the waits.
-    two = 2 * num_vs
-    hold: list[list[float]] = []  # per rank and slot (2 virtual stage + 1 for a backward)
+    overlapped = plan.rule.overlap and any(r.buckets for r in plan.ranks) and plan.scenario.dp > 1
+    cut = [min(lb.values(), default=len(ops)) if overlapped else len(ops)  # where each rank's tail starts
+           for lb, ops in zip(last_b, plan.ops, strict=True)]
+    # Operations of each slot (2 virtual stage + 1 for a backward) the recurrence times: all m, less the tail's.
+    timed = [[m] * two for _ in outs]
+    for r, ops in enumerate(plan.ops):
+        for i in range(cut[r], len(ops)):
+            op = ops[i]
+            timed[r][2 * op.virtual_stage + (op.kind == "B")] -= 1
+    # Per rank and slot: the time an operation holds its rank once it may start (its kernels and TP collectives
+    # alone, then its blocking send). Everything but the waits is the same for each of the operations, so it
+    # is booked once, times their number, below; the run books only the waits.
+    hold: list[list[float]] = []
     for r, rp in enumerate(plan.ranks):
         out, per = outs[r], [0.0] * two
         for vs in rp.fwd_alone_s:
             for kind, alone, busy, work, recompute in (
                     ("F", rp.fwd_alone_s[vs], rp.fwd_busy_s[vs], rp.fwd_work_s[vs], 0.0),
                     ("B", rp.bwd_alone_s[vs], rp.bwd_busy_s[vs], rp.bwd_work_s[vs], rp.bwd_recompute_s[vs])):
-                out.add("compute", m * (work - recompute))
-                out.add("recompute", m * recompute)
-                out.add("interference", m * (busy - work))
-                out.add("tp_comm", m * (alone - busy))
+                n = timed[r][2 * vs + (kind == "B")]
+                out.add("compute", n * (work - recompute))
+                out.add("recompute", n * recompute)
+                out.add("interference", n * (busy - work))
+                out.add("tp_comm", n * (alone - busy))
                 received = vs > 0 if kind == "F" else vs < num_vs - 1
                 if received and gather:
-                    out.add("tp_comm", m * gather)
-                    out.link_busy_s[gather_tier] += m * gather_transfer
-                    out.link_work_s[gather_tier] += m * gather_transfer
+                    out.add("tp_comm", n * gather)
+                    out.link_busy_s[gather_tier] += n * gather_transfer
+                    out.link_work_s[gather_tier] += n * gather_transfer
                 send = plan.p2p.get(vs if kind == "F" else vs - 1)
                 sent = send.time_s if send is not None and send.time_s > 0 else 0.0
                 if send is not None and sent:
-                    out.add("pipeline_wait", m * sent)
-                    out.link_busy_s[send.tier] += m * send.transfer_s
-                    out.link_work_s[send.tier] += m * send.transfer_s
+                    out.add("pipeline_wait", n * sent)
+                    out.link_busy_s[send.tier] += n * send.transfer_s
+                    out.link_work_s[send.tier] += n * send.transfer_s
                 per[2 * vs + (kind == "B")] = alone + sent
         hold.append(per)
     counts = [{b.index: b.num_params for b in r.buckets} for r in plan.ranks]
@@ -303,22 +320,50 @@ def _run_pipeline(plan: StepPlan, max_operations: int | None = None) -> list[Out
         return lambda t: _release(outs[r], vs, t, counts[r], plan.overlap, plan.interference, seen)
 
     zeros = [0.0] * two
+    releases = [{} if overlapped else {i: release(r, vs) for vs, i in last_b[r].items()} for r in range(len(outs))]
     step = Linear(pre=[zeros] * len(outs), mid=[[gather] * two] * len(outs), hold=hold, tail=[zeros] * len(outs),
-                  extra=[{} for _ in outs],
-                  on_start=[{i: release(r, vs) for vs, i in last_b[r].items()} for r in range(len(outs))])
+                  extra=[{} for _ in outs], on_start=releases)
     # The two bounds' schedules (simddp.sim.step._bounds) ride along: same operations, same traversal.
     serial, kernels = bound_steps(plan)
     run = ScheduleRun(plan.ops, num_vs, [step, serial, kernels], max_operations=max_operations)
-    run.run(steady(plan.ops))
+    shape = steady(plan.ops)
+    needed = _tail_needs(plan, cut) if overlapped else {}
+    if shape is not None and needed:  # run the tail's inputs one by one, so that their times are kept
+        limit = list(shape.limit)
+        for r, position in needed.values():
+            limit[r] = min(limit[r], position)
+        shape = replace(shape, limit=limit)
+    at_cut: dict[str, Any] = {}
+
+    def keep() -> None:
+        at_cut.update(clock=list(run.clock), waits=list(run.waits),
+                      arrived={decode(c, num_vs): run.arrival[c][0] for c in needed})
+
+    run.run(shape, cut if overlapped else None, keep)
     record_pipeline_ends(plan, run.clocks[1], run.clocks[2])
+    plan.cache["jumped_units"] = run.jumped_units
+    if overlapped:
+        for out, w, st in zip(outs, at_cut["waits"], pipeline_tail(plan, cut, at_cut["clock"], at_cut["arrived"]),
+                              strict=True):
+            out.add("pipeline_wait", w)
+            for key, seconds in st.acct.items():
+                out.add(key, seconds)
+            for tier, busy in st.link_busy_s.items():
+                out.link_busy_s[tier] += busy
+            for tier, work in st.link_work_s.items():
+                out.link_work_s[tier] += work
+            out.dp_comm_s += st.dp_comm_s
+            out.ready_at.update(st.ready_at)
+            out.reduced.update(st.reduced)
+            out.compute_end_s, out.end_s = st.compute_end_s, st.end_s
+        return outs
     for out, w in zip(outs, run.waits, strict=True):
         out.add("pipeline_wait", w)
-    plan.cache["jumped_units"] = run.jumped_units
     clock = run.clock
     for r, out in enumerate(outs):
         out.compute_end_s = clock[r]
-        # Buckets one after another on the DP stream: after the schedule, or (overlap on, which supported()
-        # allows only with nothing to reduce) each as soon as it is ready.
+        # Buckets one after another on the DP stream: after the schedule, or (overlap on, with nothing to
+        # reduce: a zero-cost reduction) each as soon as it is ready.
         t = 0.0 if out.plan.overlap else clock[r]
         for b in out.plan.buckets:
             cost = b.reduce
@@ -331,6 +376,30 @@ def _run_pipeline(plan: StepPlan, max_operations: int | None = None) -> list[Out
             out.reduced[(0, b.index)] = (start, t)
         _finish(out, max(t, clock[r]))
     return outs
+
+
+def _tail_needs(plan: StepPlan, cut: list[int]) -> dict[int, tuple[int, int]]:
+    """The operations before the cut whose arrival an operation after it waits for: code -> (rank, position).
+
+    The tail of 1F1B and interleaved 1F1B is cool-down backwards; each waits for the next virtual stage's
+    backward of its micro-batch, which is in the tail too (1F1B) or just before it (interleaved)."""
+    par = plan.scenario.parallelism
+    num_vs = par.pp * par.virtual_stages
+    needs: dict[int, tuple[int, int]] = {}
+    for r, ops in enumerate(plan.ops):
+        for i in range(cut[r], len(ops)):
+            op = ops[i]
+            if op.kind != "B":
+                raise RuntimeError("a forward after a rank's first release")  # a schedule bug, not user input
+            if op.virtual_stage == num_vs - 1:
+                continue
+            owner = (op.virtual_stage + 1) % par.pp
+            theirs = plan.ops[owner]
+            assert isinstance(theirs, Schedule)
+            position = theirs.backward_position(op.micro_batch, op.virtual_stage + 1)
+            if position < cut[owner]:
+                needs[op_code(PipeOp("B", op.micro_batch, op.virtual_stage + 1), num_vs)] = (owner, position)
+    return needs
 
 
 __all__ = ["Outcome", "run", "supported"]

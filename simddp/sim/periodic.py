@@ -156,12 +156,20 @@ class ScheduleRun:
         """Each rank's last arrival in the first recurrence."""
         return self.clocks[0]
 
-    def run(self, shape: Steady | None) -> None:
+    def run(self, shape: Steady | None, cut: Sequence[int] | None = None,
+            at_cut: Callable[[], None] | None = None) -> None:
+        """Run every operation (extending the steady state of ``shape``). With ``cut`` (a position per rank,
+        closed under dependencies and not before the jump's limit), ``at_cut`` is called once every rank
+        reached it, before the rest runs."""
         if shape is not None:
             self._extend(shape)
         left = sum(len(o) - p for o, p in zip(self.ops, self.pos, strict=True))
         if self.max_operations is not None and self.ran + left > self.max_operations:
             raise TooManyOperations(f"{self.ran + left:,} operations, over {self.max_operations:,}")
+        if cut is not None:
+            self.advance(cut)
+            if at_cut is not None:
+                at_cut()
         self.advance([len(o) for o in self.ops])
         del self.clocks[self.count:]
 

@@ -133,6 +133,16 @@ class Schedule(Sequence[PipeOp]):
         vs = (v - c - 1 if b else c) * p + self.rank
         return ((((k // (p * v)) * p + k % p) * p * v + vs) << 1) | b
 
+    def backward_position(self, micro_batch: int, virtual_stage: int) -> int:
+        """The position of the backward of ``micro_batch`` through ``virtual_stage`` (one of this rank's)."""
+        p, v = self.p, self.v
+        if self.interleaved:  # groups of p micro-batches, chunks in reverse order within a group
+            k = (micro_batch // p) * p * v + (v - 1 - virtual_stage // p) * p + micro_batch % p
+        else:
+            k = micro_batch
+        w, total = self.warmup, self.total
+        return w + 2 * k + 1 if k < total - w else total + k
+
     def codes(self, start: int, stop: int) -> list[int]:
         """:meth:`code_at` of positions ``start`` to ``stop`` (one list built per phase of a 1F1B or GPipe
         schedule: its forwards, alternating pairs and backwards)."""
