@@ -548,8 +548,9 @@ def _transformer_workload(scenario: Scenario, spec: TransformerSpec) -> Workload
         renamed = names.block.format(i=i)
         shift = i * per_block
         for la in first:
+            own = la.param_indices
             layers.append(copy_with(la, name=renamed + la.name[len(prefix):], block=i, stage=stage,
-                                    param_indices=tuple(g + shift for g in la.param_indices)))
+                                    param_indices=tuple([g + shift for g in own]) if own else own))
     last_stage, end_of_blocks = num_stages - 1, len(layers)
     if spec.final_norm:
         layers.append(elementwise(names.final_norm, names.final_norm, norm_fwd, norm_bwd, h, t_sp, None))

@@ -252,10 +252,13 @@ def stage_gradient_buckets(rule: ZeroRule, workload: Workload, stage: int, ids: 
     """
     if rule.bucket_rule not in ("torch", "megatron"):
         return gradient_buckets(rule, grads, order, layers, ids)
-    key = ("gradient buckets", rule.bucket_rule, rule.bucket_cap_mb, rule.bucket_numel, rule.gradient_dtype_bytes,
-           tuple((g.numel, g.dtype) for g in grads), tuple(order))
+    rule_key = (rule.bucket_rule, rule.bucket_cap_mb, rule.bucket_numel, rule.gradient_dtype_bytes, rule.reduce_in_fp32)
+    key = ("stage buckets", stage, *rule_key, tuple(ids))  # the plan's and the memory model's question
     if key not in workload.memo:
-        workload.memo[key] = gradient_buckets(rule, grads, order)
+        content = ("gradient buckets", *rule_key, tuple((g.numel, g.dtype) for g in grads), tuple(order))
+        if content not in workload.memo:
+            workload.memo[content] = gradient_buckets(rule, grads, order)
+        workload.memo[key] = workload.memo[content]
     return workload.memo[key]  # type: ignore[no-any-return]
 
 

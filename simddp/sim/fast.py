@@ -12,12 +12,14 @@ Two cases are covered:
   jobs, each cut where a bucket completes, follows both streams exactly: a reduction can only be in flight
   during a job if its bucket was ready before the job started, so the reductions that can slow a job are
   already scheduled when it runs.
-* **Pipelines whose operations do not overlap communication** (Megatron's defaults: synchronous send/recv,
-  gradient reduction after the schedule, or none with dp = 1): every operation takes its time on an idle
+* **Pipelines with synchronous send/recv** (Megatron's default): every operation takes its time on an idle
   GPU (its own TP collectives included), a send blocks its sender, a receiver all-gathers the slices of
   what arrived; the schedule is the max-plus recurrence of :class:`simddp.sim.periodic.ScheduleRun` (its
   periodic steady state extended exactly), then each rank reduces its buckets one after another, syncs a
-  tied embedding, steps and gathers.
+  tied embedding, steps and gathers. Where the gradient reduction overlaps backward (torch DDP, ZeRO-1/2
+  with dp > 1), nothing is in flight beside a rank's operations before its first release of gradients, so
+  the recurrence is exact up to there; the simpy simulation runs the rest (a few cool-down backwards per
+  rank, its reductions beside them) from the recurrence's state.
 """
 
 from __future__ import annotations
