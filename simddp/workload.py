@@ -32,6 +32,7 @@ Models given as a parameter list use their layer FLOP when given, else the dense
 from __future__ import annotations
 
 import functools
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal, NamedTuple, TypeVar
 
@@ -165,6 +166,14 @@ class Workload:
     def stage_layers(self, stage: int) -> tuple[Layer, ...]:
         """Layers of one virtual stage, in forward order."""
         return tuple(layer for layer in self.layers if layer.stage == stage)
+
+    def ready_sorted(self, ids: Sequence[int]) -> list[int]:
+        """``ids`` in gradient-ready order (the order filtered to them), without a walk over every parameter of
+        the model per pipeline rank: positions in the order are computed once per workload."""
+        position = self.memo.get(("ready position",))
+        if position is None:
+            position = self.memo[("ready position",)] = {g: k for k, g in enumerate(self.grad_ready_order)}
+        return sorted((g for g in ids if g in position), key=position.__getitem__)
 
     def rank_layers(self, rank: int, pp: int) -> tuple[Layer, ...]:
         """Layers held by pipeline rank ``rank`` (all its virtual stages), in forward order."""

@@ -72,7 +72,7 @@ def data_parallel_buffers(rule: ZeroRule, scenario: Scenario, workload: Workload
     if rule.sharded_params:
         return _unit_buffers(rule, workload, layers, ids, dp)
     local = {g: k for k, g in enumerate(ids)}
-    order = [local[g] for g in workload.grad_ready_order if g in local]
+    order = [local[g] for g in workload.ready_sorted(ids)]
     seen = set(order)
     order += [k for k in range(len(ids)) if k not in seen]  # a tied copy not in this stage's order
     # Size buckets over the ready order: the same for every ZeRO stage and layout sharing this workload.

@@ -50,7 +50,7 @@ def rank_gradients(scenario: Scenario, workload: Workload, index: int = 0,
     global_ids = sorted({i for layer in layers for i in layer.param_indices})
     local = {g: k for k, g in enumerate(global_ids)}
     params = [grad_reduce_spec(workload.parameters[g], rule.reduce_in_fp32) for g in global_ids]
-    ready_order = [local[g] for g in _ready_sorted(workload, global_ids)]
+    ready_order = [local[g] for g in workload.ready_sorted(global_ids)]
     if params and searches_unused(scenario):  # torch never rebuilds these buckets (bucketing.ddp_initial_buckets)
         buckets = [BucketSpec(b.index, b.param_indices, b.size_bytes, b.dtype, b.cap_bytes)
                    for b in ddp_initial_buckets(params, scenario.ddp.bucket_cap_mb)]
@@ -59,15 +59,6 @@ def rank_gradients(scenario: Scenario, workload: Workload, index: int = 0,
     else:
         buckets = gradient_buckets(rule, params, ready_order, layers, global_ids) if params else []
     return RankGradients(global_ids, params, ready_order, buckets)
-
-
-def _ready_sorted(workload: Workload, ids: Sequence[int]) -> list[int]:
-    """``ids`` in the workload's gradient-ready order (the order filtered to them), without walking every
-    parameter of the model once per pipeline rank: positions in the order are computed once per workload."""
-    position = workload.memo.get(("ready_position",))
-    if position is None:
-        position = workload.memo[("ready_position",)] = {g: k for k, g in enumerate(workload.grad_ready_order)}
-    return sorted((g for g in ids if g in position), key=position.__getitem__)
 
 
 def searches_unused(scenario: Scenario) -> bool:
