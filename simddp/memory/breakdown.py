@@ -31,7 +31,8 @@ def memory_breakdown(scenario: Scenario, workload: Workload | None = None, stage
         raise ValueError(f"stage({stage}) must be in 0..{par.pp - 1} for pp({par.pp})")
     workload = workload or build_workload(scenario)
     rule = zero_rule(scenario)
-    stages = [_stage_items(scenario, workload, s, rule) for s in range(par.pp)]
+    same: dict[tuple[object, ...], Any] = {}  # what every stage computes alike, computed once
+    stages = [_stage_items(scenario, workload, s, rule, same) for s in range(par.pp)]
     totals = [sum(i.size_bytes for i in items) for items, _, _ in stages]
     chosen = stage if stage is not None else max(range(par.pp), key=lambda s: (totals[s], -s))
     items, num_params, in_flight = stages[chosen]
@@ -100,8 +101,8 @@ def _find_stage_params(scenario: Scenario, workload: Workload, stage: int) -> li
     return ids
 
 
-def _stage_items(scenario: Scenario, workload: Workload, stage: int,
-                 rule: ZeroRule) -> tuple[list[Item], int, float]:
+def _stage_items(scenario: Scenario, workload: Workload, stage: int, rule: ZeroRule,
+                 same: dict[tuple[object, ...], Any]) -> tuple[list[Item], int, float]:
     tr, par, mem = scenario.training, scenario.parallelism, scenario.memory
     dp, zero = scenario.dp, par.zero_stage
     # FSDP keeps fp32 sharded parameters (the master weights) and fp32 sharded gradients whatever dtype it
@@ -110,7 +111,11 @@ def _stage_items(scenario: Scenario, workload: Workload, stage: int,
     ids = _stage_params(scenario, workload, stage)
     params = [workload.parameters[i] for i in ids]
     num_params = sum(p.numel for p in params)
-    states = model_states_bytes(params, tr.precision, tr.optimizer, zero, dp, fp32_grads)
+    # Stages holding the same parameter sizes (a pipeline's middle stages) hold the same states.
+    key = ("states", tuple((p.numel, p.dtype) for p in params))
+    states = same.get(key)
+    if states is None:
+        states = same[key] = model_states_bytes(params, tr.precision, tr.optimizer, zero, dp, fp32_grads)
     shard = f" / {dp} dp ranks" if dp > 1 else ""
     items = [
         Item(category="params", name="parameters", size_bytes=states.params_bytes,
@@ -127,7 +132,7 @@ def _stage_items(scenario: Scenario, workload: Workload, stage: int,
                                 note=_state_note(tr.optimizer) + (shard if zero >= 1 else "")))
     in_flight = in_flight_micro_batches(par.pipeline_schedule, par.pp, stage, scenario.num_micro_batches,
                                         par.virtual_stages)
-    items += _activation_items(scenario, workload, stage, in_flight)
+    items += _activation_items(scenario, workload, stage, in_flight, same)
     items += buffer_items(scenario, workload, stage, ids, rule)
     transient = sum(i.size_bytes for i in items if i.category in ("activations", "buffers") and i.name != "NCCL")
     items.append(Item(category="overhead", name="CUDA context", size_bytes=mem.cuda_context_bytes,
@@ -145,7 +150,8 @@ def _state_note(optimizer: str) -> str:
     return f"{per_param} B/param"
 
 
-def _activation_items(scenario: Scenario, workload: Workload, stage: int, in_flight: float) -> list[Item]:
+def _activation_items(scenario: Scenario, workload: Workload, stage: int, in_flight: float,
+                      same: dict[tuple[object, ...], Any]) -> list[Item]:
     tr, par = scenario.training, scenario.parallelism
     layers = workload.rank_layers(stage, scenario.parallelism.pp)
     spec = scenario.model.transformer
@@ -163,8 +169,11 @@ def _activation_items(scenario: Scenario, workload: Workload, stage: int, in_fli
     act = PRECISION_ACT_BYTES[tr.precision]
     dropout = uses_dropout(scenario)
     blocks = {layer.block for layer in layers if layer.block is not None}
-    per_layer = transformer_layer_activation_bytes(spec, **shape, recompute=tr.recompute, act_bytes=act,
-                                                   dropout=dropout, attention=tr.attention)
+    if ("layer", tr.recompute) not in same:
+        for recompute in {tr.recompute, "none"}:
+            same[("layer", recompute)] = transformer_layer_activation_bytes(
+                spec, **shape, recompute=recompute, act_bytes=act, dropout=dropout, attention=tr.attention)
+    per_layer = same[("layer", tr.recompute)]
     items = [Item(category="activations", name="transformer layers",
                         size_bytes=round(len(blocks) * per_layer * in_flight),
                         note=f"{len(blocks)} layers x {fmt_bytes(per_layer)} {k} (recompute {tr.recompute})")]
@@ -183,8 +192,7 @@ def _activation_items(scenario: Scenario, workload: Workload, stage: int, in_fli
                                 note=f"norm/head inputs, {what} x {out_flight:g} micro-batch"
                                 + ("es" if out_flight != 1 else "")))
     if tr.recompute != "none" and blocks:
-        full = transformer_layer_activation_bytes(spec, **shape, recompute="none", act_bytes=act, dropout=dropout,
-                                                  attention=tr.attention)
+        full = same[("layer", "none")]
         items.append(Item(category="activations", name="recompute working set", size_bytes=full - per_layer,
                                 note="one layer re-created in backward"))
     return items
