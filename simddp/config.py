@@ -550,6 +550,12 @@ class Training(_Frozen):
         description="Dropout on attention probabilities and residual branches (kernels and saved masks); "
         "null = on for GPT/BERT-style models, off for Llama-style (gated MLP) models.",
     )
+    optimizer_impl: Literal["fused", "foreach"] | None = Field(
+        default=None,
+        description="How the optimizer step runs: fused (one kernel per step: apex/DeepSpeed FusedAdam, Megatron, "
+        "torch's fused=True) or foreach (torch.optim's default on GPUs: one multi-tensor kernel per elementwise "
+        "operation, each a pass over the states); null = foreach with ddp.implementation torch, else fused.",
+    )
     optimizer_time_s: float | None = Field(
         default=None,
         ge=0,

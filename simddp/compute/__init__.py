@@ -10,10 +10,12 @@ from simddp.compute.attention import flash_s
 from simddp.compute.elementwise import memory_s
 from simddp.compute.gemm import dense_s, gemm_s
 from simddp.compute.layer import (
+    FOREACH_OPTIMIZER_BYTES_PER_PARAM,
     OPTIMIZER_BYTES_PER_PARAM,
     LayerTiming,
     kernel_s,
     layer_timing,
+    optimizer_impl,
     optimizer_step_s,
     param_bytes,
     pass_s,
@@ -22,6 +24,7 @@ from simddp.compute.layer import (
 )
 
 __all__ = [
+    "FOREACH_OPTIMIZER_BYTES_PER_PARAM",
     "OPTIMIZER_BYTES_PER_PARAM",
     "LayerTiming",
     "dense_s",
@@ -30,6 +33,7 @@ __all__ = [
     "kernel_s",
     "layer_timing",
     "memory_s",
+    "optimizer_impl",
     "optimizer_step_s",
     "param_bytes",
     "pass_s",

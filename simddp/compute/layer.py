@@ -27,6 +27,17 @@ from simddp.workload import PRECISION_ACT_BYTES, Kernel, Layer, Workload
 #: factored second moments (~param + grad + update, 3 reads 1 write).
 OPTIMIZER_BYTES_PER_PARAM = {"adamw": 28, "adam": 28, "sgd": 12, "sgd-momentum": 20, "adafactor": 16}
 
+#: The same for torch.optim's foreach path (its default on GPUs; torch/optim/adam.py ``_multi_tensor_adam``,
+#: adamw.py, sgd.py ``_multi_tensor_sgd``): one multi-tensor kernel per elementwise operation, each reading
+#: its fp32 operands and writing its result (4 B each per parameter). Adam: ``_foreach_lerp_(m, g)`` 12,
+#: ``_foreach_mul_(v)`` 8, ``_foreach_addcmul_(v, g, g)`` 16 (both g operands are loaded), ``_foreach_sqrt(v)``
+#: into a new list 8, ``_foreach_div_`` 8 and ``_foreach_add_(eps)`` 8 on it, ``_foreach_addcdiv_(p, m, denom)``
+#: 16: 76 B. AdamW first decays the params, ``_foreach_mul_(p)`` 8: 84 B. SGD: ``_foreach_add_(p, g)`` 12;
+#: with momentum ``_foreach_mul_(buf)`` 8 and ``_foreach_add_(buf, g)`` 12 before it: 32 B. Adafactor has no
+#: foreach path here (its fused figure). torch AMP keeps fp32 params, grads and states, so mixed precision
+#: moves the same bytes.
+FOREACH_OPTIMIZER_BYTES_PER_PARAM = {"adamw": 84, "adam": 76, "sgd": 12, "sgd-momentum": 32, "adafactor": 16}
+
 
 @dataclass(frozen=True)
 class LayerTiming:
@@ -99,8 +110,10 @@ def workload_timings(workload: Workload, gpu: GPU, training: Training, stage: in
     return [layer_timing(layer, gpu, training) for layer in workload.stage_layers(stage)]
 
 
-def optimizer_step_s(workload: Workload, gpu: GPU, training: Training, shard: int = 1) -> float:
-    """Optimizer step over this GPU's parameters (divided by ``shard`` under ZeRO), memory-bound.
+def optimizer_step_s(workload: Workload, gpu: GPU, training: Training, shard: int = 1,
+                     impl: str = "fused") -> float:
+    """Optimizer step over this GPU's parameters (divided by ``shard`` under ZeRO), memory-bound: the bytes
+    the ``impl`` path (``fused`` or torch's ``foreach``, :func:`optimizer_impl`) moves per parameter.
 
     A measured ``training.optimizer_time_s`` (calibration, whole unsharded model) is used instead when set;
     ZeRO divides it by ``shard`` like the bytes, since the step is elementwise over the parameters.
@@ -108,8 +121,17 @@ def optimizer_step_s(workload: Workload, gpu: GPU, training: Training, shard: in
     if training.optimizer_time_s is not None:
         return training.optimizer_time_s / shard
     num_params = workload.num_params / shard
-    num_bytes = num_params * OPTIMIZER_BYTES_PER_PARAM[training.optimizer]
-    return num_bytes / gpu.streaming_bandwidth_bytes_per_s
+    table = FOREACH_OPTIMIZER_BYTES_PER_PARAM if impl == "foreach" else OPTIMIZER_BYTES_PER_PARAM
+    return num_params * table[training.optimizer] / gpu.streaming_bandwidth_bytes_per_s
+
+
+def optimizer_impl(training: Training, implementation: str) -> str:
+    """``training.optimizer_impl``, or the data-parallel implementation's default: torch.optim's foreach path
+    under torch (DDP, ZeroRedundancyOptimizer and FSDP wrap a torch optimizer), the fused kernels of
+    Megatron-LM and DeepSpeed (apex FusedAdam, DeepSpeed's FusedAdam)."""
+    if training.optimizer_impl is not None:
+        return training.optimizer_impl
+    return "foreach" if implementation == "torch" else "fused"
 
 
 def param_bytes(workload: Workload) -> int:

@@ -13,7 +13,7 @@ from typing import Any
 
 from simddp.bucketing import BucketSpec, ParamLike, ddp_initial_buckets
 from simddp.collectives import CollectiveCost, Op, collective_cost
-from simddp.compute import LayerTiming, layer_timing, memory_s, optimizer_step_s
+from simddp.compute import LayerTiming, layer_timing, memory_s, optimizer_impl, optimizer_step_s
 from simddp.config import Scenario
 from simddp.sim.layers import LayerPlan, layer_alone
 from simddp.sim.pipeline import PipeOp, schedule
@@ -245,6 +245,7 @@ def build_plan(scenario: Scenario, workload: Workload | None = None) -> StepPlan
     op = rule.reduce_op
     algorithm = ddp.algorithm if op == "all-reduce" else "auto"
     shard = scenario.dp if par.zero_stage >= 1 else 1
+    impl = optimizer_impl(tr, ddp.implementation)
     # ZeRO-2 (DeepSpeed) keeps only its gradient shard, so it reduces every micro-batch; DDP, ZeRO-1 and
     # Megatron accumulate locally (no_sync) and communicate on the last micro-batch only.
     rounds = m if (rule.every_micro_batch and mode == "dp") else 1
@@ -272,7 +273,7 @@ def build_plan(scenario: Scenario, workload: Workload | None = None) -> StepPlan
                 reduce = reduces[b.size_bytes] = dp_collective(scenario, op, b.size_bytes, dp, algorithm)
             buckets.append(BucketPlan(b.index, b.size_bytes, len(b.param_indices), reduce, gather))
         stage_workload = replace(workload, parameters=tuple(grads.params))
-        opt_s = optimizer_step_s(stage_workload, cluster.gpu, tr, shard=shard) if grads.params else 0.0
+        opt_s = optimizer_step_s(stage_workload, cluster.gpu, tr, shard, impl) if grads.params else 0.0
         gather_after = None
         if grads.params and mode != "fsdp" and not rule.overlap_param_gather:
             gather_after = _param_sync(rule, working, dp)
