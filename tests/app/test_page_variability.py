@@ -28,7 +28,7 @@ def test_histogram_with_p50_and_p99_and_the_numbers_of_simddp() -> None:
     assert table["synchronisation point"].iloc[0] == "data-parallel gradient reduction"
 
 
-def test_p99_grows_with_the_gpus_and_matches_simddp() -> None:
+def test_p99_tail_grows_with_the_gpus_and_matches_simddp() -> None:
     at = open_page(start(), "variability")
     at.slider(key="var_cv").set_value(5.0).run()
     at.select_slider(key="var_max_nodes").set_value(8).run()
@@ -36,10 +36,13 @@ def test_p99_grows_with_the_gpus_and_matches_simddp() -> None:
     gpus = fig["data"][0]["x"]
     assert gpus == [8, 16, 32, 64]
     p99 = fig["data"][0]["y"]
-    assert p99 == sorted(p99)
     data = deep_merge(at.session_state["scenario"], {"variability": {"jitter_cv": 0.05, "mean_seq_len": 1024}})
     ref = tails_vs_ranks(scenario_from_dict(data), [1, 2, 4, 8], 200)
     assert p99 == pytest.approx([p.p99_s * 1e3 for p in ref], rel=1e-9)
+    # More ranks wait for the slowest of more draws: the p99 beyond the simulated step grows with the GPUs
+    # (the step itself shrinks a little, ZeRO-1 sharding the optimizer over more of them).
+    excess = [p.p99_s - p.deterministic_step_s for p in ref]
+    assert excess == sorted(excess)
 
 
 def test_keeping_the_settings_writes_the_scenario() -> None:
