@@ -2,7 +2,8 @@
 
 Generated over the cases the fast engine takes (data parallel without TP: DDP, ZeRO-1/2, gradient
 accumulation, overlap on and off, interference, several clusters and bucket caps; pipelines of every
-schedule, interleaving, TP and sequence parallelism, with Megatron's synchronous send/recv), and over
+schedule, interleaving, TP and sequence parallelism, every ZeRO stage and data-parallel implementation,
+with Megatron's synchronous send/recv and gradient reduction overlapped or not), and over
 scenarios it declines, which must fall back to the simpy engine.
 """
 
@@ -93,12 +94,13 @@ def pipelines(draw: st.DrawFn) -> dict:
         "parallelism": {"tp": tp, "pp": pp, "pipeline_schedule": schedule, "virtual_stages": v,
                         "sequence_parallel": tp > 1 and draw(st.booleans()),
                         "tp_comm_overlap": draw(st.sampled_from(["none", "backward", "full"])),
-                        "zero_stage": draw(st.sampled_from([0, 1]))},
+                        "zero_stage": draw(st.sampled_from([0, 1, 2, 3]))},
         "training": {"micro_batch_size": 1, "global_batch_size": max(1, micro * dp), "seq_len": 512,
                      "recompute": draw(st.sampled_from(["none", "selective", "full"]))},
         # None: the implementation's default (torch overlaps: the fast engine runs the schedule's tail, from each
         # rank's first release of gradients, in simpy)
-        "ddp": {"overlap": draw(st.sampled_from([False, None]))},
+        "ddp": {"overlap": draw(st.sampled_from([False, None])),
+                "implementation": draw(st.sampled_from(["torch", "deepspeed", "megatron"]))},
     }
 
 
