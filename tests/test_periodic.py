@@ -35,35 +35,28 @@ def schedules(draw: st.DrawFn) -> tuple[str, int, int, int, dict, float]:
     return name, p, m, v, times, draw(st.sampled_from([0.0, 0.01, 0.3]))
 
 
+def _linear(p: int, v: int, times: dict, send: float) -> Linear:
+    """The recurrence as the runner takes it (:class:`Linear`): the send as the dependency's delay (``pre``),
+    durations by slot (2 virtual stage + 1 for a backward)."""
+    two = 2 * p * v
+    hold = [[0.0] * two for _ in range(p)]
+    for (r, kind, vs), t in times.items():
+        hold[r][2 * vs + (kind == "B")] = t
+    zeros = [[0.0] * two for _ in range(p)]
+    return Linear(pre=[[send] * two for _ in range(p)], mid=zeros, hold=hold, tail=zeros, extra=[{} for _ in range(p)])
+
+
 def _runs(name: str, p: int, m: int, v: int, times: dict, send: float) -> tuple[list[float], ScheduleRun]:
+    """The plain recurrence over every operation (:func:`makespan`), and the runner's extended run."""
     ops = [schedule(name, p, m, r, v) for r in range(p)]
 
     def duration(r: int, op: PipeOp) -> float:
         return times[(r, op.kind, op.virtual_stage)]
 
     reference = makespan(ops, p * v, duration, lambda op: send)
-
-    def step(r: int, _pos: int, op: PipeOp, clock: float, arrived: float | None) -> float:
-        return (clock if arrived is None else max(clock, arrived + send)) + duration(r, op)
-
-    run = ScheduleRun(ops, p * v, [step])
+    run = ScheduleRun(ops, p * v, [_linear(p, v, times, send)])
     run.run(steady(ops))
     return reference, run
-
-
-def _linear_run(name: str, p: int, m: int, v: int, times: dict, send: float) -> ScheduleRun:
-    """The same recurrence as data (:class:`Linear`), evaluated by the runner's inline loop: the send as the
-    dependency's delay (``pre``), durations by slot (2 virtual stage + 1 for a backward)."""
-    ops = [schedule(name, p, m, r, v) for r in range(p)]
-    two = 2 * p * v
-    hold = [[0.0] * two for _ in range(p)]
-    for (r, kind, vs), t in times.items():
-        hold[r][2 * vs + (kind == "B")] = t
-    zeros = [[0.0] * two for _ in range(p)]
-    step = Linear(pre=[[send] * two for _ in range(p)], mid=zeros, hold=hold, tail=zeros, extra=[{} for _ in range(p)])
-    run = ScheduleRun(ops, p * v, [step])
-    run.run(steady(ops))
-    return run
 
 
 @settings(max_examples=300, deadline=None)
@@ -71,9 +64,6 @@ def _linear_run(name: str, p: int, m: int, v: int, times: dict, send: float) -> 
 def test_extension_equals_every_operation(case: tuple) -> None:
     reference, run = _runs(*case)
     assert all(math.isclose(a, b, rel_tol=1e-9) for a, b in zip(run.clock, reference, strict=True))
-    linear = _linear_run(*case)  # the engines' inline loop: the same ends, the same jump
-    assert all(math.isclose(a, b, rel_tol=1e-9) for a, b in zip(linear.clock, reference, strict=True))
-    assert linear.jumped_units == run.jumped_units
 
 
 def test_long_schedules_jump_over_most_of_the_steady_state() -> None:
@@ -166,9 +156,7 @@ def test_a_runner_refuses_to_run_more_operations_one_by_one_than_allowed() -> No
 
     ops = [schedule("interleaved-1f1b", 4, 64, r, 2) for r in range(4)]
     times = {(r, k, vs): (0.5 if r == 0 else 1.0) for r in range(4) for k in "FB" for vs in range(r, 8, 4)}
-
-    def step(r: int, _pos: int, op: PipeOp, clock: float, arrived: float | None) -> float:
-        return (clock if arrived is None else max(clock, arrived)) + times[(r, op.kind, op.virtual_stage)]
+    step = _linear(4, 2, times, 0.0)
 
     run = ScheduleRun(ops, 8, [step], max_operations=200)
     with pytest.raises(TooManyOperations):

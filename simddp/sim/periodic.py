@@ -14,8 +14,8 @@ dependencies (nothing before it needs anything after it). Everything after a cut
 only through each rank's clock and the last forward and backward it ran (its *frontier*); :func:`steady`'s
 offsets make that so for 1F1B and interleaved 1F1B. When the frontier and clocks at cut ``J + c P`` are those
 at cut ``J`` plus one constant ``Δ``, the remaining steady units repeat them exactly (max-plus operations
-commute with adding a constant), so the run jumps ``N`` cycles ahead: clocks and frontier plus ``N Δ``, every
-accumulator plus ``N`` times its increment over the cycle. The transient, the compared cuts and the drain are
+commute with adding a constant), so the run jumps ``N`` cycles ahead: clocks and frontier plus ``N Δ``, the
+waits plus ``N`` times their increment over the cycle. The transient, the compared cuts and the drain are
 run operation by operation. Evaluation cost then depends on the number of stages, not of micro-batches;
 ``tests/test_periodic.py`` checks the extension against the plain recurrence on random schedules and the
 fast engine against the simpy simulation of every micro-batch.
@@ -27,16 +27,12 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from simddp.sim.pipeline import PipeOp, Schedule, decode, last_backward, op_code
+from simddp.sim.pipeline import PipeOp, Schedule, last_backward, op_code
 
 #: Cycle lengths (in units) tried when comparing cuts; max-plus systems can be periodic with cyclicity > 1.
 MAX_CYCLE = 3
 #: Relative tolerance of "the same state plus a constant" (float rounding of sums of times, not modelling).
 _REL_TOL = 1e-12
-
-#: step(rank, position, op, clock, dependency arrival or None) -> the op's arrival time (its rank's new clock).
-StepFn = Callable[[int, int, PipeOp, float, "float | None"], float]
-
 
 class TooManyOperations(Exception):
     """More operations would run one by one than the caller allows (no repeating steady state was found)."""
@@ -113,40 +109,27 @@ class Linear:
 class ScheduleRun:
     """Greedy max-plus runs of per-rank operation lists, optionally extended over their periodic steady state.
 
-    Each of ``steps`` is one recurrence over the same operations (the fast engine's step and the two bounds
-    of :func:`simddp.sim.step._pipeline_ends`): which operations can run depends only on the dependency
-    graph, never on the times, so one traversal evaluates them all. A step is a :class:`Linear` recurrence,
-    evaluated inline, or a :data:`StepFn` called per operation (recording whatever its caller accounts:
-    ``accumulators`` returns the caller's running totals as one flat list and ``add`` adds a list of that
-    shape ``times`` times, so a jump can add a cycle's increments). With :class:`Linear` steps the runner
-    keeps the first recurrence's waits per rank itself (``waits``: how long each rank's operations waited for
-    their dependency). After :meth:`run`, ``clocks[k][r]`` is rank r's last arrival in recurrence k.
+    Each of ``steps`` (one to three :class:`Linear` recurrences, evaluated inline) is one recurrence over the
+    same operations (the fast engine's step and the two bounds of :func:`simddp.sim.step._pipeline_ends`):
+    which operations can run depends only on the dependency graph, never on the times, so one traversal
+    evaluates them all. The runner keeps the first recurrence's waits per rank (``waits``: how long each rank's
+    operations waited for their dependency), which a jump advances by their increment over the cycle. After
+    :meth:`run`, ``clocks[k][r]`` is rank r's last arrival in recurrence k.
     """
 
-    def __init__(self, ops: Sequence[Sequence[PipeOp]], num_virtual_stages: int, steps: Sequence[StepFn | Linear],
-                 accumulators: Callable[[], list[float]] | None = None,
-                 add: Callable[[list[float], float], None] | None = None,
+    def __init__(self, ops: Sequence[Sequence[PipeOp]], num_virtual_stages: int, steps: Sequence[Linear],
                  max_operations: int | None = None) -> None:
+        if not 1 <= len(steps) <= 3:
+            raise TypeError("one to three Linear recurrences")
         self.ops = ops
         self.max_operations = max_operations  # run() raises TooManyOperations rather than run more one by one
         self.ran = 0
         self.num_vs = num_virtual_stages
-        self.recurrences = [s for s in steps if isinstance(s, Linear)]
-        self.steps = [s for s in steps if not isinstance(s, Linear)]
-        self.linear = bool(self.recurrences)
-        if (self.linear and self.steps) or len(self.recurrences) > 3:
-            raise TypeError("steps are up to three Linear recurrences, or step functions")
         self.count = len(steps)
+        self.recurrences = list(steps) + [steps[-1]] * (3 - len(steps))  # the inline loop runs three
         self.waits = [0.0] * len(ops)
-        if self.linear:
-            self.recurrences += [self.recurrences[-1]] * (3 - len(self.recurrences))  # the inline loop runs three
-            self.accumulators: Callable[[], list[float]] = lambda: list(self.waits)
-            self.add: Callable[[list[float], float], None] = self._add_waits
-        else:
-            self.accumulators = accumulators or (lambda: [])
-            self.add = add or (lambda _delta, _times: None)
         self.pos = [0] * len(ops)
-        self.clocks = [[0.0] * len(ops) for _ in range(3 if self.linear else self.count)]
+        self.clocks = [[0.0] * len(ops) for _ in range(3)]
         self.arrival: dict[int, tuple[float, ...]] = {}  # op code -> its arrival in each recurrence
         self.jumped_units = 0  # for tests and benchmarks: how much of the steady state was extended
         self.detected_at: tuple[int, int] | None = None  # (units run, cycle) when the repeat was found
@@ -191,7 +174,7 @@ class ScheduleRun:
         """
         bases = list(self.pos)  # codes[r][k] is the operation at bases[r] + k
         codes = [self._codes(r, p, lim) for r, (p, lim) in enumerate(zip(bases, limits, strict=True))]
-        (self._advance_linear if self.linear else self._advance_calls)(limits, bases, codes)
+        self._advance_linear(limits, bases, codes)
         if any(p < lim for p, lim in zip(self.pos, limits, strict=True)):
             raise RuntimeError("pipeline schedule deadlocks")  # a schedule bug, not user input
 
@@ -258,40 +241,6 @@ class ScheduleRun:
             pos[r] = i
             c0[r], c1[r], c2[r], waits[r] = t0, t1, t2, w
 
-    def _advance_calls(self, limits: Sequence[int], bases: list[int], codes: list[list[int]]) -> None:
-        pos, clocks, arrival, num_vs = self.pos, self.clocks, self.arrival, self.num_vs
-        steps = self.steps
-        waiting: dict[int, int] = {}
-        ready = deque(range(len(pos)))
-        nothing = (None,) * len(steps)
-        combined = _combine(steps)
-        two = 2 * num_vs
-        while ready:
-            r = ready.popleft()
-            i, lim, base, rc = pos[r], limits[r], bases[r], codes[r]
-            ts = tuple(c[r] for c in clocks)
-            while i < lim:
-                code = rc[i - base]
-                slot = code % two
-                dep = None if slot in (0, two - 1) else (code - 2 if slot % 2 == 0 else code + 2)
-                if dep is None:
-                    arrived: tuple[float | None, ...] = nothing
-                else:
-                    got = arrival.get(dep)
-                    if got is None:
-                        waiting[dep] = r
-                        break
-                    arrived = got
-                ts = combined(r, i, decode(code, num_vs), ts, arrived)
-                arrival[code] = ts
-                i += 1
-                if waiting and code in waiting:
-                    ready.append(waiting.pop(code))
-            self.ran += i - pos[r]
-            pos[r] = i
-            for c, t in zip(clocks, ts, strict=True):
-                c[r] = t
-
     def _cut(self, shape: Steady, units: int) -> list[int]:
         return [s + 2 * (units * shape.unit + o) for s, o in zip(shape.start, shape.offset, strict=True)]
 
@@ -313,7 +262,7 @@ class ScheduleRun:
             if self.max_operations is not None and sum(cut) > self.max_operations:
                 return  # no repeat within the allowed operations: run() refuses the rest
             self.advance(cut)
-            state, acc = self._state(cut), self.accumulators()
+            state, acc = self._state(cut), list(self.waits)
             history.append((state, acc))
             for c in range(1, min(MAX_CYCLE, len(history) - 1) + 1):
                 before, acc_a = history[-1 - c]
@@ -337,21 +286,8 @@ class ScheduleRun:
             self.arrival[k + moved] = tuple(a + d * cycles for a, d in zip(self.arrival[k], deltas, strict=True))
         self.clocks = [[c + d * cycles for c in clock] for clock, d in zip(self.clocks, deltas, strict=True)]
         self.pos = self._cut(shape, units + advance_units)
-        self.add(increment, float(cycles))
+        self._add_waits(increment, float(cycles))
         self.jumped_units = advance_units
-
-
-def _combine(steps: list[StepFn]) -> Callable[[int, int, PipeOp, tuple[float, ...], tuple[float | None, ...]],
-                                               tuple[float, ...]]:
-    """One call that runs every recurrence's step (unrolled for the one and three the engines use)."""
-    if len(steps) == 1:
-        (s0,) = steps
-        return lambda r, i, op, ts, a: (s0(r, i, op, ts[0], a[0]),)
-    if len(steps) == 3:
-        s0, s1, s2 = steps
-        return lambda r, i, op, ts, a: (s0(r, i, op, ts[0], a[0]), s1(r, i, op, ts[1], a[1]),
-                                        s2(r, i, op, ts[2], a[2]))
-    return lambda r, i, op, ts, a: tuple(step(r, i, op, t, x) for step, t, x in zip(steps, ts, a, strict=True))
 
 
 def _shifted(before: list[float], now: list[float], delta: float) -> bool:
@@ -360,4 +296,4 @@ def _shifted(before: list[float], now: list[float], delta: float) -> bool:
     return all(abs(b - a - delta) <= tol for a, b in zip(before, now, strict=True))
 
 
-__all__ = ["MAX_CYCLE", "Linear", "ScheduleRun", "Steady", "StepFn", "TooManyOperations", "steady"]
+__all__ = ["MAX_CYCLE", "Linear", "ScheduleRun", "Steady", "TooManyOperations", "steady"]
