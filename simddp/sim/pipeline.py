@@ -100,18 +100,13 @@ class Schedule(Sequence[PipeOp]):
         else:
             raise ValueError(f"unknown pipeline schedule {name!r}")
         self.length = 2 * self.total
-        self._read: dict[int, PipeOp] = {}
 
     def __len__(self) -> int:
         return self.length
 
     def op_at(self, i: int) -> PipeOp:
-        """The operation at position ``0 <= i < len(self)`` (no slice or negative index: the engines' path);
-        kept once read, since the fast engine and both bounds read the same positions."""
-        op = self._read.get(i)
-        if op is None:
-            op = self._read[i] = self._compute(i)
-        return op
+        """The operation at position ``0 <= i < len(self)`` (no slice or negative index: the engines' path)."""
+        return decode(self.code_at(i), self.p * self.v)
 
     def code_at(self, i: int) -> int:
         """The operation at position ``i`` as one integer, :func:`op_code` (what the runner keys times by)."""
@@ -157,21 +152,6 @@ class Schedule(Sequence[PipeOp]):
             out.append(step * (j >> 1) + own + 1 if j & 1 else step * (w + (j >> 1)) + own)
         out += [step * (i - total) + own + 1 for i in range(max(start, pairs_end), stop)]  # drain backwards
         return out
-
-    def _compute(self, i: int) -> PipeOp:
-        w, total = self.warmup, self.total
-        if i < w:
-            kind, k = "F", i
-        elif i < 2 * total - w:
-            j = i - w
-            kind, k = ("F", w + (j >> 1)) if j % 2 == 0 else ("B", j >> 1)
-        else:
-            kind, k = "B", i - total
-        if not self.interleaved:
-            return PipeOp(kind, k, self.rank)
-        p, v = self.p, self.v
-        c = (k % (p * v)) // p
-        return PipeOp(kind, (k // (p * v)) * p + k % p, (c if kind == "F" else v - c - 1) * p + self.rank)
 
     @overload
     def __getitem__(self, i: int) -> PipeOp: ...
