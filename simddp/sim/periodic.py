@@ -94,8 +94,9 @@ class Linear:
     An operation of rank r in slot s (:func:`simddp.sim.pipeline.op_code`) that has a dependency starts at
     ``max(clock, arrival + pre[r][s])``, else at its rank's clock; then ``mid[r][s]`` is added (operations
     with a dependency only), ``on_start[r][position]`` is called with that time, and ``hold[r][s]``,
-    ``tail[r][s]`` and ``extra[r][position]`` are added, in that order (float sums, as the step functions
-    they replace add them). A slot's lists run over ``2 V`` slots, V virtual stages.
+    ``tail[r][s]`` and ``extra[r][position]`` are added, in that order (float sums in the order the engines
+    book them, so results do not depend on how the runner groups them). A slot's lists run over ``2 V`` slots,
+    V virtual stages.
     """
 
     pre: list[list[float]]
