@@ -30,6 +30,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from simddp.results import StepResult
+from simddp.sim import fluid
 from simddp.sim.layers import layer_alone, layer_release_s
 from simddp.sim.periodic import Linear, ScheduleRun, steady
 from simddp.sim.pipeline import PipeOp, Schedule, decode, last_backward, op_code
@@ -69,10 +70,8 @@ def supported(plan: StepPlan) -> bool:
     if any(r.traversal_s or r.unused_per_bucket or r.unused_map_reduce or r.clip_reduces or r.clip_norm_s
            for r in plan.ranks) or ddp.backend != "nccl":
         return False  # DDP knobs (simddp.knobs): the simpy engine alone times them
-    if plan.mode == "dp":
-        no_tp = all(not (p.fwd_pre or p.fwd_post or p.bwd_pre or p.dgrad_post or p.wgrad_pre)
-                    for r in plan.ranks for p in r.plans)
-        return no_tp and not any(b.gather for r in plan.ranks for b in r.buckets)
+    if plan.mode in ("dp", "fsdp"):  # layer by layer beside the collectives (simddp.sim.fluid) when not simple
+        return True
     if plan.mode == "pipeline":  # overlapped reduction: the tail of the schedule in simpy (_run_pipeline)
         return not par.pp_p2p_overlap
     return False
@@ -85,8 +84,23 @@ def run(plan: StepPlan, max_operations: int | None = None) -> StepResult:
     :class:`simddp.sim.periodic.TooManyOperations` instead of running more than that one by one."""
     from simddp.sim.step import _result
 
-    outcomes = _run_dp(plan) if plan.mode == "dp" else _run_pipeline(plan, max_operations)
+    if plan.mode == "pipeline":
+        outcomes = _run_pipeline(plan, max_operations)
+    elif plan.mode == "fsdp":
+        outcomes = fluid.run_fsdp(plan)
+    elif _simple_dp(plan):
+        outcomes = _run_dp(plan)
+    else:
+        outcomes = fluid.run_dp(plan)
     return _result(plan, outcomes, None)
+
+
+def _simple_dp(plan: StepPlan) -> bool:
+    """Data parallel whose layers have no collectives of their own and whose forward waits for no parameter
+    gather: compute is one sequence of kernels, run by :func:`_run_dp` without events."""
+    no_tp = all(not (p.fwd_pre or p.fwd_post or p.bwd_pre or p.dgrad_post or p.wgrad_pre)
+                for r in plan.ranks for p in r.plans)
+    return no_tp and not any(b.gather for r in plan.ranks for b in r.buckets)
 
 
 # ------------------------------------------------------------------------------------- data parallel

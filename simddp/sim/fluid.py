@@ -1,0 +1,545 @@
+"""The layer-by-layer step of :mod:`simddp.sim.step`, followed directly instead of in simpy.
+
+Same model, same resources (:mod:`simddp.sim.resources`), for the steps whose collectives run beside the
+layers: data parallel with tensor parallelism or overlapped parameter gathers, and ZeRO-3 / FSDP. One GPU
+stands for all (every rank of a data-parallel step behaves the same). Two parts:
+
+* :class:`Comms`, every collective of the GPU: one FIFO queue per NCCL stream (a collective at a time), a
+  collective's latency, then its transfer on its link, the transfers in flight on a link progressing together
+  at ``1 / n`` each (processor sharing). What it does depends only on when collectives are issued, so it is
+  advanced event by event up to the time the compute stream has reached, and no further.
+* the compute stream, one process run as straight-line code (:class:`Engine`): kernels advance through the
+  collectives' events at ``1 / (1 + i)`` while any NCCL collective is in flight; a wait jumps to a
+  collective's end. A layer that runs while nothing else is queued or in flight, and releases no gradient,
+  takes its closed form (:func:`simddp.sim.layers.layer_alone`), as the simpy engine would give it.
+
+``tests/test_fast.py`` checks every number of the result against the simpy engine to 1e-9 on generated
+scenarios; :mod:`simddp.sim.fast` dispatches here.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from collections import deque
+from collections.abc import Callable, Sequence
+
+from simddp.collectives import CollectiveCost
+from simddp.sim.layers import TP_STREAM, LayerPlan, layer_alone
+from simddp.sim.plan import FsdpUnitPlan, StepPlan
+
+#: Work below this many seconds counts as done, or below this fraction of the time (simddp.sim.resources).
+_EPS_S = 1e-15
+_EPS_REL = 1e-13
+DP_STREAM = "dp"
+
+
+def _eps(t: float) -> float:
+    return max(_EPS_S, t * _EPS_REL)
+
+
+class _Coll:
+    """One collective: its stream, then (start, end) once known."""
+
+    __slots__ = ("cost", "end", "issued", "remaining", "slows", "start", "stream")
+
+    def __init__(self, cost: CollectiveCost, stream: str, issued: float) -> None:
+        self.cost = cost
+        self.stream = stream
+        self.issued = issued
+        self.slows = 1 if cost.sm_interference else 0
+        self.start = -1.0
+        self.end = -1.0
+        self.remaining = 0.0
+
+
+class Comms:
+    """The GPU's streams and links (see the module docstring), settled up to ``now``."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+        self.queues: dict[str, deque[_Coll]] = {}
+        self.latency: list[tuple[float, int, _Coll]] = []  # (end of its latency, issue order, collective)
+        self.links: dict[str, list[_Coll]] = {"intra": [], "inter": []}
+        self.busy_s = {"intra": 0.0, "inter": 0.0}
+        self.work_s = {"intra": 0.0, "inter": 0.0}
+        self.in_flight = 0  # NCCL collectives past their stream's queue and not done
+        self.queued = 0  # collectives issued and not done
+        self._order = 0
+        self._next: float | None = None  # time of the next event, while the jobs in flight stay the same
+
+    def issue(self, cost: CollectiveCost, stream: str, t: float) -> _Coll:
+        """Issue ``cost`` on ``stream`` at ``t`` (not before what is settled)."""
+        self.settle(t)
+        job = _Coll(cost, stream, t)
+        queue = self.queues.get(stream)
+        if queue is None:
+            queue = self.queues[stream] = deque()
+        queue.append(job)
+        self.queued += 1
+        if len(queue) == 1:
+            self._start(job, t)
+        return job
+
+    def alone(self, costs: Sequence[CollectiveCost]) -> None:
+        """Collectives that ran alone on their links (a layer's closed form): the links' busy time and work."""
+        for c in costs:
+            if c.time_s > 0:
+                transfer = c.transfer_s
+                if transfer > 0:
+                    self.busy_s[c.tier] += transfer
+                    self.work_s[c.tier] += transfer
+
+    def _start(self, job: _Coll, t: float) -> None:
+        job.start = t
+        cost = job.cost
+        if cost.time_s <= 0:
+            self._done(job, t)
+            return
+        self.in_flight += job.slows
+        if cost.latency_s > 0:
+            self._order += 1
+            heapq.heappush(self.latency, (t + cost.latency_s, self._order, job))
+            self._next = None
+        else:
+            self._transfer(job, t)
+
+    def _transfer(self, job: _Coll, t: float) -> None:
+        transfer = job.cost.transfer_s
+        if transfer <= 0:
+            self._done(job, t)
+            return
+        self.work_s[job.cost.tier] += transfer
+        if transfer <= _eps(t):
+            self._done(job, t)
+            return
+        job.remaining = transfer
+        self.links[job.cost.tier].append(job)
+        self._next = None
+
+    def _done(self, job: _Coll, t: float) -> None:
+        job.end = t
+        if job.start >= 0 and job.cost.time_s > 0:
+            self.in_flight -= job.slows
+        self.queued -= 1
+        queue = self.queues[job.stream]
+        queue.popleft()
+        if queue:
+            self._start(queue[0], t)
+
+    def next_s(self) -> float:
+        """Time of the next event (a latency ending, a transfer ending); inf when nothing is in flight.
+
+        A transfer's end, ``now + remaining x n``, does not move while the transfers on its link stay the same,
+        so the answer is kept until a collective starts or ends."""
+        nxt = self._next
+        if nxt is not None:
+            return nxt
+        nxt = self.latency[0][0] if self.latency else math.inf
+        now = self.now
+        for jobs in self.links.values():
+            if jobs:
+                end = now + min(j.remaining for j in jobs) * len(jobs)
+                if end < nxt:
+                    nxt = end
+        self._next = nxt
+        return nxt
+
+    def _progress(self, t: float) -> None:
+        dt = t - self.now
+        if dt > 0:
+            for tier, jobs in self.links.items():
+                if jobs:
+                    share = dt / len(jobs)
+                    for j in jobs:
+                        j.remaining -= share
+                    self.busy_s[tier] += dt
+        self.now = t
+
+    def step(self) -> None:
+        """Run the next event (and every other one at the same time)."""
+        t = self.next_s()
+        self._progress(t)
+        self._next = None
+        while self.latency and self.latency[0][0] <= t:
+            self._transfer(heapq.heappop(self.latency)[2], t)
+        eps = t * _EPS_REL if t * _EPS_REL > _EPS_S else _EPS_S
+        for jobs in self.links.values():
+            if jobs and min(j.remaining for j in jobs) <= eps:
+                finished = [j for j in jobs if j.remaining <= eps]
+                jobs[:] = [j for j in jobs if j.remaining > eps]
+                for j in finished:
+                    self._done(j, t)
+        self._next = None
+
+    def settle(self, t: float) -> None:
+        """Run every event up to and at ``t``; the links' progress up to ``t``."""
+        if not self.queued:
+            if t > self.now:
+                self.now = t
+            return
+        while self.queued and self.next_s() <= t:
+            self.step()
+        if t > self.now:
+            self._progress(t)
+
+    def wait(self, job: _Coll) -> float:
+        """The end of ``job``, running the events before it."""
+        while job.end < 0:
+            self.step()
+        return job.end
+
+
+class Engine:
+    """One GPU's compute stream beside its :class:`Comms`, with the simpy engine's bookkeeping."""
+
+    def __init__(self, plan: StepPlan) -> None:
+        self.comms = Comms()
+        self.i = plan.interference
+        self.rate_in = 1.0 / (1.0 + plan.interference)
+        self.overlap = plan.overlap
+        self.busy_s = 0.0  # compute stream busy
+        self.acct: dict[str, float] = {}
+        self._alone: dict[tuple[int, str], tuple[float, float, tuple[CollectiveCost, ...]]] = {}
+
+    def add(self, key: str, seconds: float) -> None:
+        self.acct[key] = self.acct.get(key, 0.0) + seconds
+
+    def run(self, t: float, work: float) -> float:
+        """Kernels worth ``work`` seconds started at ``t``: when they end."""
+        if work <= _eps(t):
+            return t
+        comms = self.comms
+        comms.settle(t)
+        while True:
+            rate = self.rate_in if comms.in_flight else 1.0
+            nxt = comms.next_s() if comms.queued else math.inf
+            end = t + work / rate
+            if end <= nxt:
+                self.busy_s += end - t
+                return end
+            work -= (nxt - t) * rate
+            self.busy_s += nxt - t
+            t = nxt
+            comms.step()
+            if work <= _eps(t):
+                return t
+
+    def block(self, costs: Sequence[CollectiveCost], t: float) -> float:
+        """TP collectives issued together, the compute stream waiting for them."""
+        last = self.issue(costs, t)
+        return self.comms.wait(last) if last is not None else t
+
+    def issue(self, costs: Sequence[CollectiveCost], t: float, stream: str = TP_STREAM) -> _Coll | None:
+        """Collectives issued together on ``stream``: they run back to back (FIFO); the last of them."""
+        last = None
+        for c in costs:
+            last = self.comms.issue(c, stream, t)
+        return last
+
+    def joined(self, job: _Coll | None, t: float) -> float:
+        """``t``, or the end of ``job`` if later."""
+        return max(t, self.comms.wait(job)) if job is not None else t
+
+    # ---------------------------------------------------------------- one layer (simddp.sim.layers)
+    def forward(self, p: LayerPlan, t: float, work: float) -> float:
+        if self.overlap == "full":
+            comm = self.issue(p.fwd_pre + p.fwd_post, t)
+            return self.joined(comm, self.run(t, work))
+        t = self.block(p.fwd_pre, t)
+        t = self.run(t, work)
+        return self.block(p.fwd_post, t)
+
+    def backward(self, p: LayerPlan, t: float, release: Callable[[float], None] | None) -> float:
+        tm = p.timing
+        if tm.recompute_s > 0:
+            t = self.forward(p, t, tm.recompute_s) if p.recompute_comm else self.run(t, tm.recompute_s)
+        if self.overlap == "none":
+            t = self.block(p.bwd_pre, t)
+            t = self.run(t, tm.dgrad_s)
+            t = self.block(p.dgrad_post + p.wgrad_pre, t)
+            t = self.run(t, tm.wgrad_s)
+            if release is not None:
+                release(t)
+            return t
+        if self.overlap == "full":
+            comm = self.issue(p.bwd_pre + p.wgrad_pre + p.dgrad_post, t)
+            t = self.run(self.run(t, tm.dgrad_s), tm.wgrad_s)
+            if release is not None:
+                release(t)
+            return self.joined(comm, t)
+        t = self.block(p.bwd_pre, t)
+        gather = self.issue(p.wgrad_pre, t)
+        t = self.run(t, tm.dgrad_s)
+        reduce = self.issue(p.dgrad_post, t)
+        t = self.joined(gather, t)
+        t = self.run(t, tm.wgrad_s)
+        if release is not None:
+            release(t)
+        return self.joined(reduce, t)
+
+    def layer(self, p: LayerPlan, kind: str, t: float, release: Callable[[float], None] | None = None) -> float:
+        """One layer's forward (``F``) or backward (``B``) with the bookkeeping of ``step._booked_layer``."""
+        tm = p.timing
+        work = tm.fwd_s if kind == "F" else tm.bwd_s
+        recompute = tm.recompute_s if kind == "B" else 0.0
+        start, busy0 = t, self.busy_s
+        comms = self.comms
+        if release is None and comms.queued:
+            comms.settle(t)
+        if release is None and not comms.queued:
+            # Nothing else in flight or queued, and nothing issued during it: the layer's closed form.
+            key = (id(p), kind)
+            alone = self._alone.get(key)
+            if alone is None:
+                duration, busy = layer_alone(p, self.overlap, kind, self.i)
+                costs = p.fwd_pre + p.fwd_post
+                if kind == "B":
+                    redo = costs if p.recompute_comm and tm.recompute_s > 0 else ()
+                    costs = redo + p.bwd_pre + p.dgrad_post + p.wgrad_pre
+                alone = self._alone[key] = (duration, busy, costs)
+            t += alone[0]
+            self.busy_s += alone[1]
+            comms.alone(alone[2])
+        else:
+            t = self.forward(p, t, tm.fwd_s) if kind == "F" else self.backward(p, t, release)
+        ran = self.busy_s - busy0
+        self.add("compute", work - recompute)
+        self.add("recompute", recompute)
+        self.add("interference", max(0.0, ran - work))
+        self.add("tp_comm", max(0.0, (t - start) - ran))
+        return t
+
+    def waited(self, jobs: Sequence[_Coll], t: float) -> float:
+        """The compute stream waits for ``jobs`` (data-parallel collectives): booked as exposed DP comm."""
+        end = t
+        for job in jobs:
+            end = max(end, self.comms.wait(job))
+        self.add("dp_comm", end - t)
+        return end
+
+
+def _dp_total(jobs: Sequence[_Coll]) -> float:
+    return sum(j.end - j.start for j in jobs)
+
+
+def _finish(e: Engine, out: object, compute_end: float, comm_end: float) -> float:
+    """``step._finish`` (no clipping: the fast engine declines it): embedding sync, optimizer, gather."""
+    from simddp.sim.fast import Outcome
+
+    assert isinstance(out, Outcome)
+    p = out.plan
+    out.compute_end_s = compute_end
+    t = max(compute_end, comm_end)
+    e.add("dp_comm", t - compute_end)
+    if p.embedding_sync is not None:
+        job = e.comms.issue(p.embedding_sync, "embedding", t)
+        end = e.comms.wait(job)
+        out.dp_comm_s += job.end - job.start
+        e.add("dp_comm", end - t)
+        t = end
+    start = t
+    t = e.run(t, p.opt_s)
+    e.add("optimizer", p.opt_s)
+    e.add("interference", t - start - p.opt_s)
+    if p.gather_after_step is not None:
+        job = e.comms.issue(p.gather_after_step, DP_STREAM, t)
+        end = e.comms.wait(job)
+        out.dp_comm_s += job.end - job.start
+        e.add("dp_comm", end - t)
+        t = end
+    e.comms.settle(t)
+    out.end_s = t
+    out.acct = e.acct
+    out.link_busy_s = dict(e.comms.busy_s)
+    out.link_work_s = dict(e.comms.work_s)
+    return t
+
+
+def _fused(e: Engine, p: object, kind: str, times: int, t: float) -> float:
+    """``step._fused``: ``times`` passes that release nothing, as one piece of kernels, then the rest of
+    their time on an idle GPU (their TP collectives, not put on the links)."""
+    from simddp.sim.plan import RankPlan
+
+    assert isinstance(p, RankPlan)
+    alone = (p.fwd_alone_s if kind == "F" else p.bwd_alone_s)[0] * times
+    busy = (p.fwd_busy_s if kind == "F" else p.bwd_busy_s)[0] * times
+    work = (p.fwd_work_s if kind == "F" else p.bwd_work_s)[0] * times
+    recompute = 0.0 if kind == "F" else p.bwd_recompute_s[0] * times
+    end = e.run(t, work)
+    e.add("compute", work - recompute)
+    e.add("recompute", recompute)
+    e.add("interference", end - t - work)
+    if alone > work:
+        end += alone - work
+        e.add("interference", busy - work)
+        e.add("tp_comm", alone - busy)
+    return end
+
+
+def run_dp(plan: StepPlan) -> list[object]:
+    """``step._run_dp`` (pp = 1, DDP or ZeRO-1/2), with TP collectives and overlapped parameter gathers."""
+    from simddp.sim.fast import Outcome
+
+    p = plan.ranks[0]
+    out = Outcome(p)
+    e = Engine(plan)
+    m = plan.num_micro_batches
+    silent = m - p.rounds
+    remaining = {(rnd, b.index): b.num_params for rnd in range(p.rounds) for b in p.buckets}
+    order = [(rnd, b.index) for rnd in range(p.rounds) for b in p.buckets]
+    reductions: list[_Coll] = []
+    issued = [0]
+
+    def issue_ready(t: float) -> None:
+        k = issued[0]
+        while k < len(order) and order[k] in out.ready_at:
+            reductions.append(e.comms.issue(p.buckets[order[k][1]].reduce, DP_STREAM, t))
+            k += 1
+        issued[0] = k
+
+    def releaser(rnd: int, layer: int) -> Callable[[float], None]:
+        def release(t: float) -> None:
+            ready = False
+            for b in p.bucket_of_layer[layer]:
+                key = (rnd, b)
+                remaining[key] -= 1
+                if remaining[key] == 0:
+                    out.ready_at[key] = t
+                    ready = True
+            if ready and p.overlap:
+                issue_ready(t)
+        return release
+
+    gathers: dict[int, _Coll] = {}
+    if any(b.gather for b in p.buckets):
+        for b in reversed(p.buckets):  # the previous step's update, in forward order
+            assert b.gather is not None
+            gathers[b.index] = e.comms.issue(b.gather, DP_STREAM, 0.0)
+    bucket_sets = [sorted(set(bs)) for bs in p.bucket_of_layer]
+    positions = range(len(p.layers))
+
+    def forward(t: float, gated: bool) -> float:
+        for i in positions:
+            if gated and bucket_sets[i]:
+                t = e.waited([gathers[b] for b in bucket_sets[i]], t)
+            t = e.layer(p.plans[i], "F", t)
+        return t
+
+    def backward(t: float, rnd: int) -> float:
+        for i in reversed(positions):
+            t = e.layer(p.plans[i], "B", t, releaser(rnd, i) if p.bucket_of_layer[i] else None)
+        return t
+
+    t, j = 0.0, 0
+    if gathers:
+        t = forward(t, True)
+        t = _fused(e, p, "B", 1, t) if silent else backward(t, 0)
+        j = 1
+    quiet = max(0, silent - j)
+    if quiet:
+        t = _fused(e, p, "F", quiet, t)
+        t = _fused(e, p, "B", quiet, t)
+        j += quiet
+    for k in range(j, m):
+        t = forward(t, False)
+        t = backward(t, k - silent)
+    compute_end = t
+    if not p.overlap:
+        issue_ready(t)
+    comm_end = max((e.comms.wait(r) for r in reductions), default=0.0)
+    out.dp_comm_s = _dp_total(list(gathers.values())) + _dp_total(reductions)
+    for (rnd, b), job in zip(order, reductions, strict=True):
+        out.reduced[(rnd, b)] = (job.start, job.end)
+    _finish(e, out, compute_end, comm_end)
+    return [out]
+
+
+def run_fsdp(plan: StepPlan) -> list[object]:
+    """``step._run_fsdp``: every micro-batch gathers and reduce-scatters unit by unit; then the sharded step."""
+    from simddp.sim.fast import Outcome
+
+    p = plan.ranks[0]
+    out = Outcome(p)
+    e = Engine(plan)
+    m = plan.num_micro_batches
+    units, root = p.fsdp_units, p.fsdp_root
+    gathers: list[_Coll] = []
+    reduces: list[tuple[FsdpUnitPlan, _Coll, bool]] = []
+
+    def gather(unit: FsdpUnitPlan, t: float) -> _Coll:
+        job = e.comms.issue(unit.gather, "fsdp all-gather", t)
+        gathers.append(job)
+        return job
+
+    def forward(positions: Sequence[int], t: float) -> float:
+        for i in positions:
+            t = e.layer(p.plans[i], "F", t)
+        return t
+
+    def backward(positions: Sequence[int], t: float) -> float:
+        for i in reversed(positions):
+            t = e.layer(p.plans[i], "B", t)
+        return t
+
+    def reduce(unit: FsdpUnitPlan, last: bool, t: float) -> float:
+        assert unit.reduce is not None
+        job = e.comms.issue(unit.reduce, "fsdp reduce-scatter", t)
+        reduces.append((unit, job, last))
+        return e.waited([job], t) if unit.reduce_blocks else t
+
+    root_pos = list(root.layers) if root else []
+    head = [i for i in root_pos if units and i < units[0].layers[0]] if units else root_pos
+    tail = [i for i in root_pos if i not in head]
+    t = 0.0
+    for j in range(m):
+        last = j == m - 1
+        root_ready = gather(root, t) if root else None
+        fwd: dict[int, _Coll] = {}
+        bwd: dict[int, _Coll] = {}
+
+        def issue_fwd(k: int, t: float, fwd: dict[int, _Coll] = fwd) -> None:
+            if k < len(units) and k not in fwd:
+                fwd[k] = gather(units[k], t)
+
+        def issue_bwd(k: int, t: float, bwd: dict[int, _Coll] = bwd) -> None:
+            if k >= 0 and k not in bwd and units[k].gather_bwd:
+                bwd[k] = gather(units[k], t)
+
+        issue_fwd(0, t)
+        if root_ready is not None:
+            t = e.waited([root_ready], t)
+        t = forward(head, t)
+        for k, unit in enumerate(units):
+            issue_fwd(k, t)
+            t = e.waited([fwd[k]], t)
+            for ahead in range(k + 1, k + 1 + unit.prefetch_fwd):
+                issue_fwd(ahead, t)
+            t = forward(unit.layers, t)
+        t = forward(tail, t)
+        t = backward(tail, t)
+        issue_bwd(len(units) - 1, t)
+        for k in range(len(units) - 1, -1, -1):
+            issue_bwd(k, t)
+            if k in bwd:
+                t = e.waited([bwd[k]], t)
+            for ahead in range(k - 1, k - 1 - units[k].prefetch_bwd, -1):
+                issue_bwd(ahead, t)
+            t = backward(units[k].layers, t)
+            if units[k].reduce is not None:
+                t = reduce(units[k], last, t)
+        t = backward(head, t)
+        if root is not None and root.reduce is not None:
+            t = reduce(root, last, t)
+    compute_end = t
+    comm_end = max((e.comms.wait(job) for _, job, _ in reduces), default=0.0)
+    out.dp_comm_s = _dp_total(gathers) + _dp_total([job for _, job, _ in reduces])
+    for unit, job, last in reduces:
+        if last:
+            out.ready_at[(0, unit.index)] = job.issued
+            out.reduced[(0, unit.index)] = (job.start, job.end)
+    _finish(e, out, compute_end, comm_end)
+    return [out]
+
+
+__all__ = ["Comms", "Engine", "run_dp", "run_fsdp"]
