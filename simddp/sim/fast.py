@@ -26,41 +26,19 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from typing import Any
 
 from simddp.results import StepResult
 from simddp.sim import fluid
+from simddp.sim.fluid import Outcome
 from simddp.sim.layers import layer_alone, layer_release_s
 from simddp.sim.periodic import Linear, ScheduleRun, steady
 from simddp.sim.pipeline import PipeOp, Schedule, decode, last_backward, op_code
-from simddp.sim.plan import RankPlan, StepPlan
+from simddp.sim.plan import StepPlan
 
 #: Work below this many seconds counts as done (as the simpy engine's fluid server does).
 _EPS_S = 1e-15
-
-
-@dataclass
-class Outcome:
-    """One rank's result, in the fields :func:`simddp.sim.step._result` reads."""
-
-    plan: RankPlan
-    acct: dict[str, float] = field(default_factory=dict)
-    ready_at: dict[tuple[int, int], float] = field(default_factory=dict)
-    reduced: dict[tuple[int, int], tuple[float, float]] = field(default_factory=dict)
-    compute_end_s: float = 0.0
-    end_s: float = 0.0
-    dp_comm_s: float = 0.0
-    link_busy_s: dict[str, float] = field(default_factory=lambda: {"intra": 0.0, "inter": 0.0})
-    link_work_s: dict[str, float] = field(default_factory=lambda: {"intra": 0.0, "inter": 0.0})
-
-    def add(self, key: str, seconds: float) -> None:
-        self.acct[key] = self.acct.get(key, 0.0) + seconds
-
-    def transfer(self, tier: str, seconds: float) -> None:
-        """A transfer alone on a link: it is busy exactly that long."""
-        self.link_busy_s[tier] += seconds
-        self.link_work_s[tier] += seconds
 
 
 def supported(plan: StepPlan) -> bool:

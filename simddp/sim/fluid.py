@@ -19,19 +19,45 @@ scenarios; :mod:`simddp.sim.fast` dispatches here.
 
 from __future__ import annotations
 
+import bisect
 import heapq
 import math
 from collections import deque
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
+from typing import NamedTuple
 
 from simddp.collectives import CollectiveCost
 from simddp.sim.layers import TP_STREAM, LayerPlan, layer_alone
-from simddp.sim.plan import FsdpUnitPlan, StepPlan
+from simddp.sim.plan import FsdpUnitPlan, RankPlan, StepPlan
 
 #: Work below this many seconds counts as done, or below this fraction of the time (simddp.sim.resources).
 _EPS_S = 1e-15
 _EPS_REL = 1e-13
 DP_STREAM = "dp"
+
+
+@dataclass
+class Outcome:
+    """One rank's result, in the fields :func:`simddp.sim.step._result` reads."""
+
+    plan: RankPlan
+    acct: dict[str, float] = field(default_factory=dict)
+    ready_at: dict[tuple[int, int], float] = field(default_factory=dict)
+    reduced: dict[tuple[int, int], tuple[float, float]] = field(default_factory=dict)
+    compute_end_s: float = 0.0
+    end_s: float = 0.0
+    dp_comm_s: float = 0.0
+    link_busy_s: dict[str, float] = field(default_factory=lambda: {"intra": 0.0, "inter": 0.0})
+    link_work_s: dict[str, float] = field(default_factory=lambda: {"intra": 0.0, "inter": 0.0})
+
+    def add(self, key: str, seconds: float) -> None:
+        self.acct[key] = self.acct.get(key, 0.0) + seconds
+
+    def transfer(self, tier: str, seconds: float) -> None:
+        """A transfer alone on a link: it is busy exactly that long."""
+        self.link_busy_s[tier] += seconds
+        self.link_work_s[tier] += seconds
 
 
 def _eps(t: float) -> float:
@@ -41,7 +67,7 @@ def _eps(t: float) -> float:
 class _Coll:
     """One collective: its stream, then (start, end) once known."""
 
-    __slots__ = ("cost", "end", "issued", "remaining", "slows", "start", "stream")
+    __slots__ = ("cost", "end", "issued", "latency_end", "remaining", "slows", "start", "stream")
 
     def __init__(self, cost: CollectiveCost, stream: str, issued: float) -> None:
         self.cost = cost
@@ -51,6 +77,7 @@ class _Coll:
         self.start = -1.0
         self.end = -1.0
         self.remaining = 0.0
+        self.latency_end = -1.0  # while in its latency
 
 
 class Comms:
@@ -99,12 +126,14 @@ class Comms:
         self.in_flight += job.slows
         if cost.latency_s > 0:
             self._order += 1
-            heapq.heappush(self.latency, (t + cost.latency_s, self._order, job))
+            job.latency_end = t + cost.latency_s
+            heapq.heappush(self.latency, (job.latency_end, self._order, job))
             self._next = None
         else:
             self._transfer(job, t)
 
     def _transfer(self, job: _Coll, t: float) -> None:
+        job.latency_end = -1.0
         transfer = job.cost.transfer_s
         if transfer <= 0:
             self._done(job, t)
@@ -172,6 +201,37 @@ class Comms:
                     self._done(j, t)
         self._next = None
 
+    def in_flight_until(self, tiers: frozenset[str]) -> float:
+        """A time before which some NCCL collective stays in flight, if nothing more is issued: the longest
+        of each stream's queue run alone (sharing a link only delays), or of a link's work; -inf unless every
+        collective in flight or queued slows compute and stays off ``tiers`` and the TP stream (then it cannot
+        touch a layer's own collectives)."""
+        until = -math.inf
+        for name, queue in self.queues.items():
+            if not queue:
+                continue
+            if name == TP_STREAM:
+                return -math.inf
+            end = self.now
+            for k, job in enumerate(queue):
+                cost = job.cost
+                if not job.slows or cost.tier in tiers:
+                    return -math.inf
+                if k:
+                    end += cost.time_s
+                elif job.latency_end >= 0:
+                    end = job.latency_end + cost.transfer_s
+                else:
+                    end += job.remaining
+            if end > until:
+                until = end
+        for jobs in self.links.values():  # a shared link stays busy until all its work is done
+            if len(jobs) > 1:
+                end = self.now + sum(j.remaining for j in jobs)
+                if end > until:
+                    until = end
+        return until
+
     def settle(self, t: float) -> None:
         """Run every event up to and at ``t``; the links' progress up to ``t``."""
         if not self.queued:
@@ -190,6 +250,15 @@ class Comms:
         return job.end
 
 
+class _Closed(NamedTuple):
+    """A layer pass's closed forms (:meth:`Engine._closed_forms`): (duration, busy) alone and slowed."""
+
+    alone: tuple[float, float]
+    slowed: tuple[float, float]
+    costs: tuple[CollectiveCost, ...]
+    tiers: frozenset[str]
+
+
 class Engine:
     """One GPU's compute stream beside its :class:`Comms`, with the simpy engine's bookkeeping."""
 
@@ -200,7 +269,9 @@ class Engine:
         self.overlap = plan.overlap
         self.busy_s = 0.0  # compute stream busy
         self.acct: dict[str, float] = {}
-        self._alone: dict[tuple[int, str], tuple[float, float, tuple[CollectiveCost, ...]]] = {}
+        self._alone: dict[tuple[int, str], _Closed] = {}
+        self._passes: dict[object, tuple[tuple[list[list[float]], list[list[float]]], dict[str, list[float]],
+                                         frozenset[str]]] = {}
 
     def add(self, key: str, seconds: float) -> None:
         self.acct[key] = self.acct.get(key, 0.0) + seconds
@@ -285,23 +356,22 @@ class Engine:
         recompute = tm.recompute_s if kind == "B" else 0.0
         start, busy0 = t, self.busy_s
         comms = self.comms
-        if release is None and comms.queued:
-            comms.settle(t)
-        if release is None and not comms.queued:
-            # Nothing else in flight or queued, and nothing issued during it: the layer's closed form.
-            key = (id(p), kind)
-            alone = self._alone.get(key)
+        closed = None
+        if release is None:  # nothing is issued during the layer but its own TP collectives
+            alone = self._alone.get((id(p), kind))
             if alone is None:
-                duration, busy = layer_alone(p, self.overlap, kind, self.i)
-                costs = p.fwd_pre + p.fwd_post
-                if kind == "B":
-                    redo = costs if p.recompute_comm and tm.recompute_s > 0 else ()
-                    costs = redo + p.bwd_pre + p.dgrad_post + p.wgrad_pre
-                alone = self._alone[key] = (duration, busy, costs)
-            t += alone[0]
-            self.busy_s += alone[1]
-            comms.alone(alone[2])
-        else:
+                alone = self._alone[(id(p), kind)] = self._closed_forms(p, kind)
+            if comms.queued:
+                comms.settle(t)
+            if not comms.queued:
+                closed = alone.alone  # nothing else in flight: the layer alone
+            elif alone.slowed[0] <= comms.in_flight_until(alone.tiers) - t:
+                closed = alone.slowed  # others in flight throughout, on other links: kernels slowed all along
+            if closed is not None:
+                t += closed[0]
+                self.busy_s += closed[1]
+                comms.alone(alone.costs)
+        if closed is None:
             t = self.forward(p, t, tm.fwd_s) if kind == "F" else self.backward(p, t, release)
         ran = self.busy_s - busy0
         self.add("compute", work - recompute)
@@ -309,6 +379,90 @@ class Engine:
         self.add("interference", max(0.0, ran - work))
         self.add("tp_comm", max(0.0, (t - start) - ran))
         return t
+
+    def layers(self, plans: Sequence[LayerPlan], kind: str, t: float, key: object) -> float:
+        """:meth:`layer` for each of ``plans`` in turn (a unit's forward, or its backward in reverse order),
+        releasing no gradients: the runs of layers for which a closed form holds (nothing else in flight; or
+        other collectives in flight throughout, on other links) in one piece each, from running sums that
+        ``key`` names in the cache; the layer where the other collectives end, by :meth:`layer`."""
+        sums = self._passes.get(key)
+        if sums is None:
+            sums = self._passes[key] = self._running_sums(plans, kind)
+        cum, links, tiers = sums
+        comms = self.comms
+        n, j = len(plans), 0
+        while j < n:
+            if comms.queued:
+                comms.settle(t)
+            if not comms.queued:
+                k, which = n, 0
+            else:
+                which = 1
+                ends = cum[1][0]
+                k = bisect.bisect_right(ends, comms.in_flight_until(tiers) - t + ends[j], j, n + 1) - 1
+            if k > j:
+                dur, busy, *acct = cum[which]
+                t += dur[k] - dur[j]
+                self.busy_s += busy[k] - busy[j]
+                for name, values in zip(("compute", "recompute", "interference", "tp_comm"), acct, strict=True):
+                    self.acct[name] = self.acct.get(name, 0.0) + (values[k] - values[j])
+                for tier, values in links.items():
+                    delta = values[k] - values[j]
+                    comms.busy_s[tier] += delta
+                    comms.work_s[tier] += delta
+                j = k
+            if j < n:
+                t = self.layer(plans[j], kind, t)
+                j += 1
+        return t
+
+    def _running_sums(self, plans: Sequence[LayerPlan], kind: str) -> tuple[
+            tuple[list[list[float]], list[list[float]]], dict[str, list[float]], frozenset[str]]:
+        """For :meth:`layers`: running sums over ``plans`` of duration, busy time and the four booked parts,
+        alone and slowed throughout; of the transfers on each link; the links their collectives use."""
+        forms = []
+        for p in plans:
+            form = self._alone.get((id(p), kind))
+            if form is None:
+                form = self._alone[(id(p), kind)] = self._closed_forms(p, kind)
+            forms.append(form)
+        cum: list[list[list[float]]] = []
+        for which in (0, 1):
+            series = [[0.0] for _ in range(6)]
+            for p, form in zip(plans, forms, strict=True):
+                tm = p.timing
+                work = tm.fwd_s if kind == "F" else tm.bwd_s
+                recompute = tm.recompute_s if kind == "B" else 0.0
+                d, b = form.slowed if which else form.alone
+                for values, x in zip(series, (d, b, work - recompute, recompute, max(0.0, b - work),
+                                              max(0.0, d - b)), strict=True):
+                    values.append(values[-1] + x)
+            cum.append(series)
+        links = {tier: [0.0] for tier in ("intra", "inter")}
+        for form in forms:
+            moved = {tier: 0.0 for tier in links}
+            for c in form.costs:
+                if c.time_s > 0 and c.transfer_s > 0:
+                    moved[c.tier] += c.transfer_s
+            for tier, values in links.items():
+                values.append(values[-1] + moved[tier])
+        tiers = frozenset(tier for form in forms for tier in form.tiers)
+        return (cum[0], cum[1]), links, tiers
+
+    def _closed_forms(self, p: LayerPlan, kind: str) -> _Closed:
+        """(duration, busy) of the layer on an idle GPU, and with its kernels slowed throughout (at
+        ``1 / (1 + i)``: the layer alone with kernels ``1 + i`` times longer and no interference); its own
+        collectives; their links."""
+        tm = p.timing
+        costs = p.fwd_pre + p.fwd_post
+        if kind == "B":
+            redo = costs if p.recompute_comm and tm.recompute_s > 0 else ()
+            costs = redo + p.bwd_pre + p.dgrad_post + p.wgrad_pre
+        k = 1.0 + self.i
+        slowed = replace(p, timing=replace(tm, fwd_s=tm.fwd_s * k, dgrad_s=tm.dgrad_s * k, wgrad_s=tm.wgrad_s * k,
+                                           recompute_s=tm.recompute_s * k))
+        return _Closed(layer_alone(p, self.overlap, kind, self.i), layer_alone(slowed, self.overlap, kind, 0.0),
+                       costs, frozenset(c.tier for c in costs if c.time_s > 0))
 
     def waited(self, jobs: Sequence[_Coll], t: float) -> float:
         """The compute stream waits for ``jobs`` (data-parallel collectives): booked as exposed DP comm."""
@@ -323,11 +477,8 @@ def _dp_total(jobs: Sequence[_Coll]) -> float:
     return sum(j.end - j.start for j in jobs)
 
 
-def _finish(e: Engine, out: object, compute_end: float, comm_end: float) -> float:
+def _finish(e: Engine, out: Outcome, compute_end: float, comm_end: float) -> float:
     """``step._finish`` (no clipping: the fast engine declines it): embedding sync, optimizer, gather."""
-    from simddp.sim.fast import Outcome
-
-    assert isinstance(out, Outcome)
     p = out.plan
     out.compute_end_s = compute_end
     t = max(compute_end, comm_end)
@@ -356,12 +507,9 @@ def _finish(e: Engine, out: object, compute_end: float, comm_end: float) -> floa
     return t
 
 
-def _fused(e: Engine, p: object, kind: str, times: int, t: float) -> float:
+def _fused(e: Engine, p: RankPlan, kind: str, times: int, t: float) -> float:
     """``step._fused``: ``times`` passes that release nothing, as one piece of kernels, then the rest of
     their time on an idle GPU (their TP collectives, not put on the links)."""
-    from simddp.sim.plan import RankPlan
-
-    assert isinstance(p, RankPlan)
     alone = (p.fwd_alone_s if kind == "F" else p.bwd_alone_s)[0] * times
     busy = (p.fwd_busy_s if kind == "F" else p.bwd_busy_s)[0] * times
     work = (p.fwd_work_s if kind == "F" else p.bwd_work_s)[0] * times
@@ -377,10 +525,8 @@ def _fused(e: Engine, p: object, kind: str, times: int, t: float) -> float:
     return end
 
 
-def run_dp(plan: StepPlan) -> list[object]:
+def run_dp(plan: StepPlan) -> list[Outcome]:
     """``step._run_dp`` (pp = 1, DDP or ZeRO-1/2), with TP collectives and overlapped parameter gathers."""
-    from simddp.sim.fast import Outcome
-
     p = plan.ranks[0]
     out = Outcome(p)
     e = Engine(plan)
@@ -449,16 +595,14 @@ def run_dp(plan: StepPlan) -> list[object]:
         issue_ready(t)
     comm_end = max((e.comms.wait(r) for r in reductions), default=0.0)
     out.dp_comm_s = _dp_total(list(gathers.values())) + _dp_total(reductions)
-    for (rnd, b), job in zip(order, reductions, strict=True):
-        out.reduced[(rnd, b)] = (job.start, job.end)
+    for key, job in zip(order, reductions, strict=True):
+        out.reduced[key] = (job.start, job.end)
     _finish(e, out, compute_end, comm_end)
     return [out]
 
 
-def run_fsdp(plan: StepPlan) -> list[object]:
+def run_fsdp(plan: StepPlan) -> list[Outcome]:
     """``step._run_fsdp``: every micro-batch gathers and reduce-scatters unit by unit; then the sharded step."""
-    from simddp.sim.fast import Outcome
-
     p = plan.ranks[0]
     out = Outcome(p)
     e = Engine(plan)
@@ -472,15 +616,21 @@ def run_fsdp(plan: StepPlan) -> list[object]:
         gathers.append(job)
         return job
 
+    passes: dict[tuple[str, tuple[int, ...]], tuple[list[LayerPlan], tuple[object, ...]]] = {}
+
+    def run_pass(kind: str, positions: Sequence[int], t: float) -> float:
+        """A unit's layers forward, or backward in reverse, in order: units of identical layers share a key."""
+        seq = passes.get((kind, tuple(positions)))
+        if seq is None:
+            plans = [p.plans[i] for i in (positions if kind == "F" else reversed(positions))]
+            seq = passes[(kind, tuple(positions))] = (plans, (kind, *map(id, plans)))
+        return e.layers(seq[0], kind, t, seq[1])
+
     def forward(positions: Sequence[int], t: float) -> float:
-        for i in positions:
-            t = e.layer(p.plans[i], "F", t)
-        return t
+        return run_pass("F", positions, t)
 
     def backward(positions: Sequence[int], t: float) -> float:
-        for i in reversed(positions):
-            t = e.layer(p.plans[i], "B", t)
-        return t
+        return run_pass("B", positions, t)
 
     def reduce(unit: FsdpUnitPlan, last: bool, t: float) -> float:
         assert unit.reduce is not None
@@ -542,4 +692,4 @@ def run_fsdp(plan: StepPlan) -> list[object]:
     return [out]
 
 
-__all__ = ["Comms", "Engine", "run_dp", "run_fsdp"]
+__all__ = ["Comms", "Engine", "Outcome", "run_dp", "run_fsdp"]
