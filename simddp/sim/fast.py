@@ -3,7 +3,7 @@ simple enough to follow directly. ``tests/test_fast.py`` checks it equals the si
 generated scenarios; :func:`simddp.sim.step.simulate_step` uses it when :func:`supported` says so, and the
 simpy engine otherwise (and always with ``exact=True`` or when a trace is asked for).
 
-Two cases are covered:
+Three cases are covered:
 
 * **Data parallel without tensor parallelism** (pp = 1, DDP or ZeRO-1/2, no overlapped parameter gather):
   the compute stream runs kernels back to back; the gradient reductions run one at a time on the DP stream,
@@ -20,6 +20,10 @@ Two cases are covered:
   with dp > 1), nothing is in flight beside a rank's operations before its first release of gradients, so
   the recurrence is exact up to there; the simpy simulation runs the rest (a few cool-down backwards per
   rank, its reductions beside them) from the recurrence's state.
+* **Everything else at pp = 1** (data parallel with TP or Megatron's overlapped parameter gather, ZeRO-3 and
+  FSDP): the simpy processes' layer-by-layer step, followed directly by :mod:`simddp.sim.fluid` (its
+  collectives advanced event by event only as far as the compute stream has come, runs of layers in closed
+  form where nothing else can touch them).
 """
 
 from __future__ import annotations
