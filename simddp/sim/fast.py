@@ -261,7 +261,7 @@ def _run_pipeline(plan: StepPlan, max_operations: int | None = None) -> list[Out
     in flight before a rank's first release, so the recurrence times every operation before it exactly, and
     the simpy simulation runs the rest (the *tail*: the cool-down backwards from there, a few per rank) from
     the recurrence's state (:func:`simddp.sim.step.pipeline_tail`)."""
-    from simddp.sim.step import bound_steps, pipeline_tail, record_pipeline_ends
+    from simddp.sim.step import bound_steps, record_pipeline_ends
 
     par = plan.scenario.parallelism
     num_vs = par.pp * par.virtual_stages
@@ -341,7 +341,7 @@ def _run_pipeline(plan: StepPlan, max_operations: int | None = None) -> list[Out
     record_pipeline_ends(plan, run.clocks[1], run.clocks[2])
     plan.cache["jumped_units"] = run.jumped_units
     if overlapped:
-        for out, w, st in zip(outs, at_cut["waits"], pipeline_tail(plan, cut, at_cut["clock"], at_cut["arrived"]),
+        for out, w, st in zip(outs, at_cut["waits"], fluid.pipeline_tail(plan, cut, at_cut["clock"], at_cut["arrived"]),
                               strict=True):
             out.add("pipeline_wait", w)
             for key, seconds in st.acct.items():

@@ -29,6 +29,7 @@ from typing import NamedTuple
 
 from simddp.collectives import CollectiveCost
 from simddp.sim.layers import TP_STREAM, LayerPlan, layer_alone
+from simddp.sim.pipeline import PipeOp, dependency, last_backward
 from simddp.sim.plan import FsdpUnitPlan, RankPlan, StepPlan
 
 #: Work below this many seconds counts as done, or below this fraction of the time (simddp.sim.resources).
@@ -507,13 +508,13 @@ def _finish(e: Engine, out: Outcome, compute_end: float, comm_end: float) -> flo
     return t
 
 
-def _fused(e: Engine, p: RankPlan, kind: str, times: int, t: float) -> float:
-    """``step._fused``: ``times`` passes that release nothing, as one piece of kernels, then the rest of
-    their time on an idle GPU (their TP collectives, not put on the links)."""
-    alone = (p.fwd_alone_s if kind == "F" else p.bwd_alone_s)[0] * times
-    busy = (p.fwd_busy_s if kind == "F" else p.bwd_busy_s)[0] * times
-    work = (p.fwd_work_s if kind == "F" else p.bwd_work_s)[0] * times
-    recompute = 0.0 if kind == "F" else p.bwd_recompute_s[0] * times
+def _fused(e: Engine, p: RankPlan, kind: str, times: int, t: float, vs: int = 0) -> float:
+    """``step._fused``: ``times`` passes through virtual stage ``vs`` that release nothing, as one piece of
+    kernels, then the rest of their time on an idle GPU (their TP collectives, not put on the links)."""
+    alone = (p.fwd_alone_s if kind == "F" else p.bwd_alone_s)[vs] * times
+    busy = (p.fwd_busy_s if kind == "F" else p.bwd_busy_s)[vs] * times
+    work = (p.fwd_work_s if kind == "F" else p.bwd_work_s)[vs] * times
+    recompute = 0.0 if kind == "F" else p.bwd_recompute_s[vs] * times
     end = e.run(t, work)
     e.add("compute", work - recompute)
     e.add("recompute", recompute)
@@ -525,6 +526,53 @@ def _fused(e: Engine, p: RankPlan, kind: str, times: int, t: float) -> float:
     return end
 
 
+class _Reductions:
+    """A rank's gradient buckets on the DP stream (``step._dp_comm``): in (round, bucket) order, each issued once
+    its gradients are all released and the bucket before it was issued."""
+
+    def __init__(self, e: Engine, out: Outcome, rounds: int) -> None:
+        p = out.plan
+        self.e, self.out, self.plan = e, out, p
+        self.remaining = {(rnd, b.index): b.num_params for rnd in range(rounds) for b in p.buckets}
+        self.order = [(rnd, b.index) for rnd in range(rounds) for b in p.buckets]
+        self.jobs: list[_Coll] = []
+
+    def issue_ready(self, t: float) -> None:
+        order, jobs, ready_at = self.order, self.jobs, self.out.ready_at
+        k = len(jobs)
+        while k < len(order) and order[k] in ready_at:
+            jobs.append(self.e.comms.issue(self.plan.buckets[order[k][1]].reduce, DP_STREAM, t))
+            k += 1
+
+    def releaser(self, rnd: int, layer: int) -> Callable[[float], None] | None:
+        """What the end of ``layer``'s weight gradients does in round ``rnd`` (None: it releases nothing)."""
+        buckets = self.plan.bucket_of_layer[layer]
+        if not buckets:
+            return None
+
+        def release(t: float) -> None:
+            ready = False
+            for b in buckets:
+                key = (rnd, b)
+                self.remaining[key] -= 1
+                if self.remaining[key] == 0:
+                    self.out.ready_at[key] = t
+                    ready = True
+            if ready and self.plan.overlap:
+                self.issue_ready(t)
+        return release
+
+    def done(self, compute_end: float) -> float:
+        """After the compute stream ended: issue what waits for it (reduction not overlapped); the last end."""
+        if not self.plan.overlap:
+            self.issue_ready(compute_end)
+        end = max((self.e.comms.wait(job) for job in self.jobs), default=0.0)
+        for key, job in zip(self.order, self.jobs, strict=False):
+            self.out.reduced[key] = (job.start, job.end)
+        self.out.dp_comm_s += _dp_total(self.jobs)
+        return end
+
+
 def run_dp(plan: StepPlan) -> list[Outcome]:
     """``step._run_dp`` (pp = 1, DDP or ZeRO-1/2), with TP collectives and overlapped parameter gathers."""
     p = plan.ranks[0]
@@ -532,49 +580,29 @@ def run_dp(plan: StepPlan) -> list[Outcome]:
     e = Engine(plan)
     m = plan.num_micro_batches
     silent = m - p.rounds
-    remaining = {(rnd, b.index): b.num_params for rnd in range(p.rounds) for b in p.buckets}
-    order = [(rnd, b.index) for rnd in range(p.rounds) for b in p.buckets]
-    reductions: list[_Coll] = []
-    issued = [0]
-
-    def issue_ready(t: float) -> None:
-        k = issued[0]
-        while k < len(order) and order[k] in out.ready_at:
-            reductions.append(e.comms.issue(p.buckets[order[k][1]].reduce, DP_STREAM, t))
-            k += 1
-        issued[0] = k
-
-    def releaser(rnd: int, layer: int) -> Callable[[float], None]:
-        def release(t: float) -> None:
-            ready = False
-            for b in p.bucket_of_layer[layer]:
-                key = (rnd, b)
-                remaining[key] -= 1
-                if remaining[key] == 0:
-                    out.ready_at[key] = t
-                    ready = True
-            if ready and p.overlap:
-                issue_ready(t)
-        return release
-
+    reductions = _Reductions(e, out, p.rounds)
     gathers: dict[int, _Coll] = {}
     if any(b.gather for b in p.buckets):
-        for b in reversed(p.buckets):  # the previous step's update, in forward order
-            assert b.gather is not None
-            gathers[b.index] = e.comms.issue(b.gather, DP_STREAM, 0.0)
+        for bucket in reversed(p.buckets):  # the previous step's update, in forward order
+            assert bucket.gather is not None
+            gathers[bucket.index] = e.comms.issue(bucket.gather, DP_STREAM, 0.0)
     bucket_sets = [sorted(set(bs)) for bs in p.bucket_of_layer]
     positions = range(len(p.layers))
+    plans_fwd = list(p.plans)
+    key_fwd = ("F", *map(id, plans_fwd))
 
     def forward(t: float, gated: bool) -> float:
+        if not gated:
+            return e.layers(plans_fwd, "F", t, key_fwd)
         for i in positions:
-            if gated and bucket_sets[i]:
+            if bucket_sets[i]:
                 t = e.waited([gathers[b] for b in bucket_sets[i]], t)
             t = e.layer(p.plans[i], "F", t)
         return t
 
     def backward(t: float, rnd: int) -> float:
         for i in reversed(positions):
-            t = e.layer(p.plans[i], "B", t, releaser(rnd, i) if p.bucket_of_layer[i] else None)
+            t = e.layer(p.plans[i], "B", t, reductions.releaser(rnd, i))
         return t
 
     t, j = 0.0, 0
@@ -590,15 +618,71 @@ def run_dp(plan: StepPlan) -> list[Outcome]:
     for k in range(j, m):
         t = forward(t, False)
         t = backward(t, k - silent)
-    compute_end = t
-    if not p.overlap:
-        issue_ready(t)
-    comm_end = max((e.comms.wait(r) for r in reductions), default=0.0)
-    out.dp_comm_s = _dp_total(list(gathers.values())) + _dp_total(reductions)
-    for key, job in zip(order, reductions, strict=True):
-        out.reduced[key] = (job.start, job.end)
-    _finish(e, out, compute_end, comm_end)
+    out.dp_comm_s = _dp_total(list(gathers.values()))
+    comm_end = reductions.done(t)
+    _finish(e, out, t, comm_end)
     return [out]
+
+
+def pipeline_tail(plan: StepPlan, first: list[int], at: list[float],
+                  arrived: dict[PipeOp, float]) -> list[Outcome]:
+    """``step.pipeline_tail``: every rank's schedule from position ``first[r]`` on, started idle at ``at[r]``,
+    the earlier operations it waits for arrived at the times ``arrived`` (Megatron's synchronous send/recv:
+    a send blocks its sender; a receiver all-gathers the TP slices of what arrived). Each rank's GPU is its
+    own; ranks meet only through arrivals, so each runs as far as its arrivals are known, in turns."""
+    par = plan.scenario.parallelism
+    num_vs = par.pp * par.virtual_stages
+    arrivals: dict[tuple[str, int, int], float] = {tuple(op): t for op, t in arrived.items()}  # type: ignore[misc]
+    ranks = []
+    for r, rp in enumerate(plan.ranks):
+        e, out = Engine(plan), Outcome(rp)
+        by_stage: dict[int, list[int]] = {}
+        for i, layer in enumerate(rp.layers):
+            by_stage.setdefault(layer.stage, []).append(i)
+        ranks.append((e, out, _Reductions(e, out, 1), by_stage, last_backward(plan.ops[r], par.virtual_stages)))
+    position, clock = list(first), list(at)
+    left = [r for r in range(len(ranks)) if position[r] < len(plan.ops[r])]
+    while left:
+        moved = False
+        for r in left:
+            e, out, reductions, by_stage, last_b = ranks[r]
+            ops, i, t = plan.ops[r], position[r], clock[r]
+            while i < len(ops):
+                op = ops[i]
+                dep = dependency(op, num_vs)
+                if dep is not None:
+                    if dep not in arrivals:
+                        break
+                    t0, t = t, max(t, arrivals[dep])
+                    e.add("pipeline_wait", t - t0)
+                    if plan.p2p_gather is not None:  # reassemble the tp slices of what arrived
+                        t0, t = t, e.block((plan.p2p_gather,), t)
+                        e.add("tp_comm", t - t0)
+                vs = op.virtual_stage
+                if op.kind == "B" and last_b.get(vs) == i:
+                    for k in reversed(by_stage.get(vs, [])):
+                        t = e.layer(out.plan.plans[k], "B", t, reductions.releaser(0, k))
+                else:
+                    t = _fused(e, out.plan, op.kind, 1, t, vs)
+                cost = plan.p2p.get(vs if op.kind == "F" else vs - 1)
+                t0 = t
+                if cost is not None:  # one p2p stream per rank: its sends go out one after another
+                    t = e.comms.wait(e.comms.issue(cost, "p2p", t))
+                arrivals[(op.kind, op.micro_batch, vs)] = t
+                e.add("pipeline_wait", t - t0)
+                i += 1
+                moved = True
+            position[r], clock[r] = i, t
+        left = [r for r in left if position[r] < len(plan.ops[r])]
+        if left and not moved:
+            raise RuntimeError("the pipeline tail waits for an operation no rank runs")  # a schedule bug
+    outs = []
+    for r, (e, out, reductions, _, _) in enumerate(ranks):
+        e.add("pipeline_wait", 0.0)  # the schedule's wait for its sends: none are in flight (they block)
+        comm_end = reductions.done(clock[r])
+        _finish(e, out, clock[r], comm_end)
+        outs.append(out)
+    return outs
 
 
 def run_fsdp(plan: StepPlan) -> list[Outcome]:
@@ -692,4 +776,4 @@ def run_fsdp(plan: StepPlan) -> list[Outcome]:
     return [out]
 
 
-__all__ = ["Comms", "Engine", "Outcome", "run_dp", "run_fsdp"]
+__all__ = ["Comms", "Engine", "Outcome", "pipeline_tail", "run_dp", "run_fsdp"]
