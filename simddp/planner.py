@@ -25,7 +25,7 @@ from simddp.collectives import collective_cost
 from simddp.config import Scenario, ScenarioError
 from simddp.limits import MAX_GPUS
 from simddp.memory import memory_breakdown
-from simddp.sim.layers import pass_alone
+from simddp.sim.layers import LayerPlan, pass_alone
 from simddp.sim.plan import boundary_group, layer_plans
 from simddp.sim.step import simulate_step
 from simddp.topology import tp_group
@@ -181,9 +181,10 @@ def step_lower_bound(scenario: Scenario, workload: Workload) -> float:
     num_vs = workload.num_stages
     fwd = [0.0] * num_vs
     bwd = [0.0] * num_vs
+    seen: dict[tuple[Any, ...], LayerPlan] = {}  # ranks share their distinct layers' plans
     for r in range(par.pp):
         layers = workload.rank_layers(r, par.pp)
-        plans = layer_plans(scenario, layers)
+        plans = layer_plans(scenario, layers, seen)
         for vs in {layer.stage for layer in layers}:
             stage = [p for p, layer in zip(plans, layers, strict=True) if layer.stage == vs]
             fwd[vs] = pass_alone(stage, overlap, "F", interference)[0]
