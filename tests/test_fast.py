@@ -2,7 +2,7 @@
 
 Generated over the cases the fast engine takes (data parallel: DDP, ZeRO-1/2/3 and FSDP, TP with every
 overlap and sequence parallelism, Megatron's overlapped parameter gather, gradient accumulation, overlap on
-and off, interference, several clusters, bucket caps and prefetch depths; pipelines of every
+and off, interference, gradient clipping, several clusters, bucket caps and prefetch depths; pipelines of every
 schedule, interleaving, TP and sequence parallelism, every ZeRO stage and data-parallel implementation,
 with Megatron's synchronous send/recv and gradient reduction overlapped or not), and over
 scenarios it declines, which must fall back to the simpy engine.
@@ -80,7 +80,8 @@ def data_parallel(draw: st.DrawFn) -> dict:
         "training": {"micro_batch_size": mbs, "global_batch_size": micro * dp * mbs,
                      "seq_len": draw(st.sampled_from([256, 1024])),
                      "recompute": draw(st.sampled_from(["none", "selective", "full"])),
-                     "precision": draw(st.sampled_from(["bf16-mixed", "fp32"]))},
+                     "precision": draw(st.sampled_from(["bf16-mixed", "fp32"])),
+                     "grad_clip_norm": draw(st.sampled_from([None, 1.0]))},
         "ddp": {"implementation": implementation, "overlap": overlap,
                 "bucket_cap_mb": draw(st.sampled_from([0.5, 4, 25])),
                 "reduce_in_fp32": draw(st.booleans()),
@@ -110,7 +111,8 @@ def pipelines(draw: st.DrawFn) -> dict:
                         "tp_comm_overlap": draw(st.sampled_from(["none", "backward", "full"])),
                         "zero_stage": draw(st.sampled_from([0, 1, 2, 3]))},
         "training": {"micro_batch_size": 1, "global_batch_size": max(1, micro * dp), "seq_len": 512,
-                     "recompute": draw(st.sampled_from(["none", "selective", "full"]))},
+                     "recompute": draw(st.sampled_from(["none", "selective", "full"])),
+                     "grad_clip_norm": draw(st.sampled_from([None, 1.0]))},
         # None: the implementation's default (torch overlaps: the fast engine runs the schedule's tail, from each
         # rank's first release of gradients, in simpy)
         "ddp": {"overlap": draw(st.sampled_from([False, None])),
@@ -133,7 +135,8 @@ def test_fast_equals_simpy_pipelines(data: dict) -> None:
 
 
 def test_declined_scenarios_fall_back_to_simpy() -> None:
-    # Overlapped pipeline send/recv, DDP's graph search: the simpy engine answers, and equally.
+    # Overlapped pipeline send/recv, DDP's graph search: the simpy engine answers, and equally (gradient clipping
+    # is in the generators above).
     for extra in ({"parallelism": {"pp": 2, "pp_p2p_overlap": True}}, {"ddp": {"find_unused_parameters": True}}):
         base: dict = {"cluster": {"preset": "dgx-a100-80gb", "num_nodes": 1}, "model": {"preset": "gpt2"},
                       "training": {"seq_len": 512, "micro_batch_size": 2}}

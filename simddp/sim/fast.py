@@ -49,8 +49,7 @@ def supported(plan: StepPlan) -> bool:
     """Whether the fast engine follows this plan's dynamics exactly."""
     scenario = plan.scenario
     par, ddp = scenario.parallelism, scenario.ddp
-    if any(r.traversal_s or r.unused_per_bucket or r.unused_map_reduce or r.clip_reduces or r.clip_norm_s
-           for r in plan.ranks) or ddp.backend != "nccl":
+    if any(r.traversal_s or r.unused_per_bucket or r.unused_map_reduce for r in plan.ranks) or ddp.backend != "nccl":
         return False  # DDP knobs (simddp.knobs): the simpy engine alone times them
     if plan.mode in ("dp", "fsdp"):  # layer by layer beside the collectives (simddp.sim.fluid) when not simple
         return True
@@ -200,7 +199,8 @@ def _run_dp(plan: StepPlan) -> list[Outcome]:
 
 
 def _finish(out: Outcome, comm_end: float) -> None:
-    """After compute and reductions: embedding sync, optimizer, ZeRO gather (each alone, one after another)."""
+    """After compute and reductions: embedding sync, gradient clipping, optimizer, ZeRO gather (each alone, one
+    after another)."""
     p = out.plan
     t = comm_end
     out.add("dp_comm", comm_end - out.compute_end_s)
@@ -209,6 +209,15 @@ def _finish(out: Outcome, comm_end: float) -> None:
         out.dp_comm_s += p.embedding_sync.time_s
         out.add("dp_comm", p.embedding_sync.time_s)
         out.transfer(p.embedding_sync.tier, p.embedding_sync.transfer_s)
+    if p.clip_norm_s or p.clip_reduces:  # clip_grad_norm_: the norm's pass, its scalar all-reduces, the scaling
+        t0 = t
+        t += p.clip_norm_s
+        for cost in p.clip_reduces:
+            if cost.time_s > 0:
+                t += cost.time_s
+                out.transfer(cost.tier, cost.transfer_s)
+        t += p.clip_scale_s
+        out.add("grad_clip", t - t0)
     t += p.opt_s
     out.add("optimizer", p.opt_s)
     out.add("interference", 0.0)

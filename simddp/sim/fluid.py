@@ -479,7 +479,7 @@ def _dp_total(jobs: Sequence[_Coll]) -> float:
 
 
 def _finish(e: Engine, out: Outcome, compute_end: float, comm_end: float) -> float:
-    """``step._finish`` (no clipping: the fast engine declines it): embedding sync, optimizer, gather."""
+    """``step._finish``: embedding sync, gradient clipping, optimizer, parameter gather."""
     p = out.plan
     out.compute_end_s = compute_end
     t = max(compute_end, comm_end)
@@ -490,6 +490,13 @@ def _finish(e: Engine, out: Outcome, compute_end: float, comm_end: float) -> flo
         out.dp_comm_s += job.end - job.start
         e.add("dp_comm", end - t)
         t = end
+    if p.clip_norm_s or p.clip_reduces:  # clip_grad_norm_: the norm's pass, its scalar all-reduces, the scaling
+        t0 = t
+        t = e.run(t, p.clip_norm_s)
+        for k, cost in enumerate(p.clip_reduces):
+            t = e.comms.wait(e.comms.issue(cost, f"clip {k}", t))
+        t = e.run(t, p.clip_scale_s)
+        e.add("grad_clip", t - t0)
     start = t
     t = e.run(t, p.opt_s)
     e.add("optimizer", p.opt_s)
