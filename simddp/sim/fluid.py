@@ -392,6 +392,15 @@ class Engine:
         cum, links, tiers = sums
         comms = self.comms
         n, j = len(plans), 0
+        if not tiers:  # no collectives of their own: the layers are one sequence of kernels, slowed alike
+            dur, _, compute, recompute, _, _ = cum[0]
+            end = self.run(t, dur[n])
+            acct = self.acct
+            acct["compute"] = acct.get("compute", 0.0) + compute[n]
+            acct["recompute"] = acct.get("recompute", 0.0) + recompute[n]
+            acct["interference"] = acct.get("interference", 0.0) + max(0.0, end - t - dur[n])
+            acct["tp_comm"] = acct.get("tp_comm", 0.0)
+            return end
         while j < n:
             if comms.queued:
                 comms.settle(t)
