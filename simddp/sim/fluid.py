@@ -395,11 +395,10 @@ class Engine:
         if not tiers:  # no collectives of their own: the layers are one sequence of kernels, slowed alike
             dur, _, compute, recompute, _, _ = cum[0]
             end = self.run(t, dur[n])
-            acct = self.acct
-            acct["compute"] = acct.get("compute", 0.0) + compute[n]
-            acct["recompute"] = acct.get("recompute", 0.0) + recompute[n]
-            acct["interference"] = acct.get("interference", 0.0) + max(0.0, end - t - dur[n])
-            acct["tp_comm"] = acct.get("tp_comm", 0.0)
+            self.add("compute", compute[n])
+            self.add("recompute", recompute[n])
+            self.add("interference", max(0.0, end - t - dur[n]))
+            self.add("tp_comm", 0.0)
             return end
         while j < n:
             if comms.queued:
@@ -411,11 +410,11 @@ class Engine:
                 ends = cum[1][0]
                 k = bisect.bisect_right(ends, comms.in_flight_until(tiers) - t + ends[j], j, n + 1) - 1
             if k > j:
-                dur, busy, *acct = cum[which]
+                dur, busy, *parts = cum[which]
                 t += dur[k] - dur[j]
                 self.busy_s += busy[k] - busy[j]
-                for name, values in zip(("compute", "recompute", "interference", "tp_comm"), acct, strict=True):
-                    self.acct[name] = self.acct.get(name, 0.0) + (values[k] - values[j])
+                for name, values in zip(("compute", "recompute", "interference", "tp_comm"), parts, strict=True):
+                    self.add(name, values[k] - values[j])
                 for tier, values in links.items():
                     delta = values[k] - values[j]
                     comms.busy_s[tier] += delta
