@@ -2,7 +2,8 @@
 
 Generated over the cases the fast engine takes (data parallel: DDP, ZeRO-1/2/3 and FSDP, TP with every
 overlap and sequence parallelism, Megatron's overlapped parameter gather, gradient accumulation, overlap on
-and off, interference, gradient clipping, several clusters, bucket caps and prefetch depths; pipelines of every
+and off, interference, gradient clipping, DDP's find_unused_parameters and static_graph with parameters
+that get no gradient, several clusters, bucket caps and prefetch depths; pipelines of every
 schedule, interleaving, TP and sequence parallelism, every ZeRO stage and data-parallel implementation,
 with Megatron's synchronous send/recv and gradient reduction overlapped or not), and over
 scenarios it declines, which must fall back to the simpy engine.
@@ -88,8 +89,30 @@ def data_parallel(draw: st.DrawFn) -> dict:
                 # Megatron's --overlap-param-gather (distributed optimizer with overlapped reduction)
                 "overlap_param_gather": (implementation == "megatron" and zero == 1 and overlap is True
                                          and draw(st.booleans())),
-                "stage3_prefetch_numel": draw(st.sampled_from([None, 0, 10**6]))},
+                "stage3_prefetch_numel": draw(st.sampled_from([None, 0, 10**6])),
+                "find_unused_parameters": draw(st.booleans()), "static_graph": draw(st.booleans())},
         "memory": {"fsdp_prefetch_layers": draw(st.sampled_from([0, 1, 2]))},
+    }
+
+
+@st.composite
+def ddp_knobs(draw: st.DrawFn) -> dict:
+    """torch DDP on a parameter list with parameters that get no gradient (find_unused_parameters or
+    static_graph), gradient accumulation and clipping."""
+    sizes = draw(st.lists(st.sampled_from([2**14, 2**18, 2**20, 3 * 2**20]), min_size=2, max_size=12))
+    unused = draw(st.lists(st.integers(0, len(sizes) - 2), max_size=3, unique=True))
+    nodes = draw(st.sampled_from([1, 2]))
+    find, static = draw(st.sampled_from([(True, False), (False, True), (True, True)]))
+    return {
+        "cluster": {"preset": draw(st.sampled_from(CLUSTERS)), "num_nodes": nodes,
+                    "comm_compute_interference": draw(st.sampled_from([0.0, 0.189]))},
+        "model": {"parameters": [{"name": f"w{i}", "numel": n, "dtype": "float32"} for i, n in enumerate(sizes)],
+                  "unused_parameters": sorted(unused) or None},
+        "training": {"micro_batch_size": 8, "seq_len": 1, "precision": "fp32",
+                     "global_batch_size": 8 * nodes * 8 * draw(st.sampled_from([1, 2])),
+                     "grad_clip_norm": draw(st.sampled_from([None, 1.0]))},
+        "ddp": {"find_unused_parameters": find, "static_graph": static,
+                "bucket_cap_mb": draw(st.sampled_from([1, 4, 25])), "overlap": draw(st.sampled_from([True, None]))},
     }
 
 
@@ -128,6 +151,12 @@ def test_fast_equals_simpy_data_parallel(data: dict) -> None:
     assert taken or (data["parallelism"]["zero_stage"] >= 2 and data["ddp"]["implementation"] == "megatron")
 
 
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(ddp_knobs())
+def test_fast_equals_simpy_ddp_knobs(data: dict) -> None:
+    assert _check(data)
+
+
 @settings(max_examples=700, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(pipelines())
 def test_fast_equals_simpy_pipelines(data: dict) -> None:
@@ -135,9 +164,8 @@ def test_fast_equals_simpy_pipelines(data: dict) -> None:
 
 
 def test_declined_scenarios_fall_back_to_simpy() -> None:
-    # Overlapped pipeline send/recv, DDP's graph search: the simpy engine answers, and equally (gradient clipping
-    # is in the generators above).
-    for extra in ({"parallelism": {"pp": 2, "pp_p2p_overlap": True}}, {"ddp": {"find_unused_parameters": True}}):
+    # Overlapped pipeline send/recv, gloo: the simpy engine answers, and equally.
+    for extra in ({"parallelism": {"pp": 2, "pp_p2p_overlap": True}}, {"ddp": {"backend": "gloo"}}):
         base: dict = {"cluster": {"preset": "dgx-a100-80gb", "num_nodes": 1}, "model": {"preset": "gpt2"},
                       "training": {"seq_len": 512, "micro_batch_size": 2}}
         base.update(extra)

@@ -20,10 +20,10 @@ Three cases are covered:
   with dp > 1), nothing is in flight beside a rank's operations before its first release of gradients, so
   the recurrence is exact up to there; the simpy simulation runs the rest (a few cool-down backwards per
   rank, its reductions beside them) from the recurrence's state.
-* **Everything else at pp = 1** (data parallel with TP or Megatron's overlapped parameter gather, ZeRO-3 and
-  FSDP): the simpy processes' layer-by-layer step, followed directly by :mod:`simddp.sim.fluid` (its
-  collectives advanced event by event only as far as the compute stream has come, runs of layers in closed
-  form where nothing else can touch them).
+* **Everything else at pp = 1** (data parallel with TP, Megatron's overlapped parameter gather or DDP's
+  find_unused_parameters / static_graph, ZeRO-3 and FSDP): the simpy processes' layer-by-layer step,
+  followed directly by :mod:`simddp.sim.fluid` (its collectives advanced event by event only as far as the
+  compute stream has come, runs of layers in closed form where nothing else can touch them).
 """
 
 from __future__ import annotations
@@ -49,8 +49,10 @@ def supported(plan: StepPlan) -> bool:
     """Whether the fast engine follows this plan's dynamics exactly."""
     scenario = plan.scenario
     par, ddp = scenario.parallelism, scenario.ddp
-    if any(r.traversal_s or r.unused_per_bucket or r.unused_map_reduce for r in plan.ranks) or ddp.backend != "nccl":
-        return False  # DDP knobs (simddp.knobs): the simpy engine alone times them
+    if ddp.backend != "nccl":
+        return False  # gloo's host-staged collectives: the simpy engine alone times them
+    if any(r.traversal_s or r.unused_per_bucket or r.unused_map_reduce for r in plan.ranks):
+        return plan.mode == "dp"  # DDP's knobs (simddp.knobs): torch DDP at pp = 1 (simddp.sim.fluid)
     if plan.mode in ("dp", "fsdp"):  # layer by layer beside the collectives (simddp.sim.fluid) when not simple
         return True
     if plan.mode == "pipeline":  # overlapped reduction: the tail of the schedule in simpy (_run_pipeline)
@@ -81,7 +83,8 @@ def _simple_dp(plan: StepPlan) -> bool:
     gather: compute is one sequence of kernels, run by :func:`_run_dp` without events."""
     no_tp = all(not (p.fwd_pre or p.fwd_post or p.bwd_pre or p.dgrad_post or p.wgrad_pre)
                 for r in plan.ranks for p in r.plans)
-    return no_tp and not any(b.gather for r in plan.ranks for b in r.buckets)
+    knobs = any(r.traversal_s or r.unused_per_bucket or r.unused_map_reduce for r in plan.ranks)
+    return no_tp and not knobs and not any(b.gather for r in plan.ranks for b in r.buckets)
 
 
 # ------------------------------------------------------------------------------------- data parallel

@@ -543,7 +543,9 @@ def _fused(e: Engine, p: RankPlan, kind: str, times: int, t: float, vs: int = 0)
 
 class _Reductions:
     """A rank's gradient buckets on the DP stream (``step._dp_comm``): in (round, bucket) order, each issued once
-    its gradients are all released and the bucket before it was issued."""
+    its gradients are all released and the bucket before it was issued; with find_unused_parameters, the
+    used-parameter map's all-reduce after each round's last bucket, and the parameters that get no gradient
+    marked ready at the round's first gradient hook (``step._Rank.release``)."""
 
     def __init__(self, e: Engine, out: Outcome, rounds: int) -> None:
         p = out.plan
@@ -551,45 +553,59 @@ class _Reductions:
         self.remaining = {(rnd, b.index): b.num_params for rnd in range(rounds) for b in p.buckets}
         self.order = [(rnd, b.index) for rnd in range(rounds) for b in p.buckets]
         self.jobs: list[_Coll] = []
+        self.maps: list[_Coll] = []  # the used-parameter map's all-reduces
+        self.marked: set[int] = set()
 
     def issue_ready(self, t: float) -> None:
         order, jobs, ready_at = self.order, self.jobs, self.out.ready_at
+        used_map, last = self.plan.unused_map_reduce, len(self.plan.buckets) - 1
         k = len(jobs)
         while k < len(order) and order[k] in ready_at:
             jobs.append(self.e.comms.issue(self.plan.buckets[order[k][1]].reduce, DP_STREAM, t))
+            if used_map is not None and order[k][1] == self.plan.buckets[last].index:
+                self.maps.append(self.e.comms.issue(used_map, DP_STREAM, t))
             k += 1
 
     def releaser(self, rnd: int, layer: int) -> Callable[[float], None] | None:
-        """What the end of ``layer``'s weight gradients does in round ``rnd`` (None: it releases nothing)."""
+        """What the end of ``layer``'s weight gradients does in round ``rnd`` (None: nothing)."""
         buckets = self.plan.bucket_of_layer[layer]
-        if not buckets:
+        unused = self.plan.unused_per_bucket
+        if not buckets and not unused:
             return None
 
         def release(t: float) -> None:
             ready = False
+            if unused and rnd not in self.marked:
+                self.marked.add(rnd)
+                for b, count in unused.items():
+                    ready = self._decrement((rnd, b), count, t) or ready
             for b in buckets:
-                key = (rnd, b)
-                self.remaining[key] -= 1
-                if self.remaining[key] == 0:
-                    self.out.ready_at[key] = t
-                    ready = True
+                ready = self._decrement((rnd, b), 1, t) or ready
             if ready and self.plan.overlap:
                 self.issue_ready(t)
         return release
+
+    def _decrement(self, key: tuple[int, int], count: int, t: float) -> bool:
+        self.remaining[key] -= count
+        if self.remaining[key] == 0:
+            self.out.ready_at[key] = t
+            return True
+        return False
 
     def done(self, compute_end: float) -> float:
         """After the compute stream ended: issue what waits for it (reduction not overlapped); the last end."""
         if not self.plan.overlap:
             self.issue_ready(compute_end)
-        end = max((self.e.comms.wait(job) for job in self.jobs), default=0.0)
+        end = max((self.e.comms.wait(job) for job in self.jobs + self.maps), default=0.0)
         for key, job in zip(self.order, self.jobs, strict=False):
             self.out.reduced[key] = (job.start, job.end)
-        self.out.dp_comm_s += _dp_total(self.jobs)
+        self.out.dp_comm_s += _dp_total(self.jobs) + _dp_total(self.maps)
         return end
 
 
 def run_dp(plan: StepPlan) -> list[Outcome]:
-    """``step._run_dp`` (pp = 1, DDP or ZeRO-1/2), with TP collectives and overlapped parameter gathers."""
+    """``step._run_dp`` (pp = 1, DDP or ZeRO-1/2), with TP collectives, overlapped parameter gathers and DDP's
+    find_unused_parameters / static_graph."""
     p = plan.ranks[0]
     out = Outcome(p)
     e = Engine(plan)
@@ -632,6 +648,9 @@ def run_dp(plan: StepPlan) -> list[Outcome]:
         j += quiet
     for k in range(j, m):
         t = forward(t, False)
+        if k >= silent and p.traversal_s > 0:  # DDP prepares the reducing backward: the graph search
+            t += p.traversal_s
+            e.add("ddp_host", p.traversal_s)
         t = backward(t, k - silent)
     out.dp_comm_s = _dp_total(list(gathers.values()))
     comm_end = reductions.done(t)
