@@ -58,7 +58,7 @@ def check_scenario_size(scenario: Scenario) -> None:
 
 
 def check_simulation_size(scenario: Scenario) -> None:
-    """Refuse a step whose pipeline or ZeRO-3 schedule would simulate too many passes."""
+    """Refuse a step whose pipeline, ZeRO-3 or every-micro-batch reduction would simulate too many passes."""
     from simddp.zero import zero_rule
 
     check_scenario_size(scenario)
@@ -73,7 +73,8 @@ def check_simulation_size(scenario: Scenario) -> None:
                 f"virtual_stages({par.virtual_stages})), over the limit of {MAX_LAYER_PASSES:,} "
                 "(simddp.limits.MAX_LAYER_PASSES); use fewer micro-batches per step"
             )
-    elif zero_rule(scenario).sharded_params:
+    elif zero_rule(scenario).sharded_params or zero_rule(scenario).every_micro_batch:
+        # ZeRO-3 gathers, and DeepSpeed's ZeRO-2 reduces, in every micro-batch: each runs layer by layer
         layers = num_model_layers(scenario)
         passes = micro * layers
         if passes > MAX_LAYER_PASSES:

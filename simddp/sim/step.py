@@ -529,8 +529,8 @@ def simulate_step(scenario: Scenario, trace: bool = True, exact: bool = False,
 
         return simulate_dataparallel(scenario, trace)
     plan = build_plan(scenario, workload)
-    if plan.mode == "fsdp":
-        check_simulation_size(scenario)  # every micro-batch runs layer by layer, in either engine
+    if plan.mode != "pipeline":
+        check_simulation_size(scenario)  # ZeRO-3, or reductions every micro-batch: layer by layer in either engine
     if not (exact or trace) and fast.supported(plan):
         # The fast engine extends a repeating pipeline steady state, so its cost does not grow with the
         # micro-batches; only what it would run one by one is bounded (a pass is a forward and a backward).

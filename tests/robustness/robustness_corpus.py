@@ -326,6 +326,11 @@ def cases() -> list[Case]:
         setup=_files(bad__yaml="cluster: {preset: dgx-h100-80gb, num_nodes: 2}\nmodel: {preset: gpt2}\n"
                      "parallelism: {zero_stage: 3}\ntraining: {micro_batch_size: 1, global_batch_size: 16000000}\n"),
         expect="error", timeout_s=30)
+    add("DeepSpeed ZeRO-2 (reduces every micro-batch) with 1e9 micro-batches", SIM,
+        setup=_files(bad__yaml="cluster: {preset: dgx-h100-80gb, num_nodes: 1}\nmodel: {preset: gpt2}\n"
+                     "parallelism: {zero_stage: 2}\nddp: {implementation: deepspeed}\n"
+                     "training: {micro_batch_size: 1, global_batch_size: 8000000000}\n"),
+        expect="error", error_has="MAX_LAYER_PASSES", timeout_s=30)
     add("interleaved pipeline, 1e9 micro-batches", SIM,
         setup=_files(bad__yaml="cluster: {preset: dgx-h100-80gb, num_nodes: 2}\nmodel: {preset: gpt2}\n"
                      "parallelism: {pp: 4, pipeline_schedule: interleaved-1f1b, virtual_stages: 3}\n"
