@@ -157,10 +157,10 @@ def _cluster_update(scenario: Scenario, num_gpus: int) -> dict[str, Any]:
 
 
 def _workload_key(update: dict[str, Any]) -> tuple[Any, ...]:
-    """What a layout's workload (kernels, layers, stages) depends on: not ZeRO, not the bucket cap."""
+    """What a layout's workload (kernels, layers, stages) depends on: not ZeRO, not the bucket cap, not
+    recompute (applied when layers are timed; ``tests/test_planner.py`` checks the workloads are equal)."""
     par, tr = update["parallelism"], update["training"]
-    return (par["tp"], par["pp"], par["virtual_stages"], par["sequence_parallel"], tr["micro_batch_size"],
-            tr["recompute"])
+    return (par["tp"], par["pp"], par["virtual_stages"], par["sequence_parallel"], tr["micro_batch_size"])
 
 
 def step_lower_bound(scenario: Scenario, workload: Workload) -> float:
@@ -248,11 +248,13 @@ def _check_group(task: tuple[dict[str, Any], list[tuple[int, dict[str, Any]]]]) 
             continue
         key = _workload_key(update)
         if key not in out.workloads:
-            w = build_workload(s)  # shared by the layouts that differ only in ZeRO stage and bucket cap
-            out.workloads[key], bounds[key] = w, step_lower_bound(s, w)
+            out.workloads[key] = build_workload(s)  # shared by layouts differing in ZeRO, bucket cap, recompute
+        bound_key = (*key, tr["recompute"])
+        if bound_key not in bounds:
+            bounds[bound_key] = step_lower_bound(s, out.workloads[key])
         mem = memory_breakdown(s, out.workloads[key])
         if mem.fits:
-            out.fitting.append((bounds[key], index, update, mem.total_bytes))
+            out.fitting.append((bounds[bound_key], index, update, mem.total_bytes))
         else:
             failed.setdefault(base, []).append((mbs, rc))
     return out

@@ -101,6 +101,24 @@ def test_memory_never_falls_with_a_larger_micro_batch_or_lighter_recompute(d: di
         assert memory_breakdown(as_scenario(data)).total_bytes >= base
 
 
+@pytest.mark.parametrize("path", ["examples/gpt3-175b-3d-1024xA100.yaml", "simddp/default_scenario.yaml",
+                                  "examples/resnet50-pcie.yaml", "examples/custom-parameters.yaml"])
+def test_the_workload_does_not_depend_on_recompute(path: str) -> None:
+    """The planner shares one workload between layouts that differ only in recompute (applied when layers are
+    timed): the workloads must be equal, layer by layer and parameter by parameter."""
+    from simddp import load_scenario
+    from simddp.config import set_value
+    from simddp.sweeps import as_scenario_dict
+
+    base = as_scenario_dict(load_scenario(path))
+    built = []
+    for recompute in ("none", "selective", "full", "selective-op"):
+        w = build_workload(as_scenario(set_value(base, "training.recompute", recompute)))
+        built.append(repr((w.layers, w.parameters, w.grad_ready_order, w.model_flop_per_sample, w.num_stages,
+                           w.boundary_activation_bytes, w.boundary_gather_bytes, w.notes)))
+    assert all(b == built[0] for b in built)
+
+
 def _exhaustive(data: dict, gpus: int) -> list[tuple[float, tuple]]:
     """Every fitting layout simulated (what the branch and bound must reproduce)."""
     from simddp.config import Scenario
