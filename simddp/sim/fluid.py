@@ -25,10 +25,10 @@ import math
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from simddp.collectives import CollectiveCost
-from simddp.sim.layers import TP_STREAM, LayerPlan, layer_alone
+from simddp.sim.layers import TP_STREAM, LayerPlan, layer_alone, layer_release_s
 from simddp.sim.pipeline import PipeOp, dependency, last_backward
 from simddp.sim.plan import FsdpUnitPlan, RankPlan, StepPlan
 
@@ -95,6 +95,9 @@ class Comms:
         self.queued = 0  # collectives issued and not done
         self._order = 0
         self._next: float | None = None  # time of the next event, while the jobs in flight stay the same
+        # Per stream: the time of the collectives queued behind the one running (alone), and how many of its
+        # collectives use each link ("": those that do not slow compute), for in_flight_until.
+        self._waiting: dict[str, list[Any]] = {}
 
     def issue(self, cost: CollectiveCost, stream: str, t: float) -> _Coll:
         """Issue ``cost`` on ``stream`` at ``t`` (not before what is settled)."""
@@ -103,10 +106,17 @@ class Comms:
         queue = self.queues.get(stream)
         if queue is None:
             queue = self.queues[stream] = deque()
+            self._waiting[stream] = [0.0, {}]
         queue.append(job)
         self.queued += 1
+        waiting = self._waiting[stream]
+        tiers = waiting[1]
+        key = cost.tier if job.slows else ""  # "" marks a collective that does not slow compute
+        tiers[key] = tiers.get(key, 0) + 1
         if len(queue) == 1:
             self._start(job, t)
+        else:
+            waiting[0] += cost.time_s
         return job
 
     def alone(self, costs: Sequence[CollectiveCost]) -> None:
@@ -154,7 +164,14 @@ class Comms:
         self.queued -= 1
         queue = self.queues[job.stream]
         queue.popleft()
+        waiting = self._waiting[job.stream]
+        tiers = waiting[1]
+        key = job.cost.tier if job.slows else ""
+        tiers[key] -= 1
+        if not tiers[key]:
+            del tiers[key]
         if queue:
+            waiting[0] = waiting[0] - queue[0].cost.time_s if len(queue) > 1 else 0.0
             self._start(queue[0], t)
 
     def next_s(self) -> float:
@@ -211,19 +228,14 @@ class Comms:
         for name, queue in self.queues.items():
             if not queue:
                 continue
-            if name == TP_STREAM:
+            waiting_s, queued_tiers = self._waiting[name]
+            if name == TP_STREAM or "" in queued_tiers or not tiers.isdisjoint(queued_tiers):
                 return -math.inf
-            end = self.now
-            for k, job in enumerate(queue):
-                cost = job.cost
-                if not job.slows or cost.tier in tiers:
-                    return -math.inf
-                if k:
-                    end += cost.time_s
-                elif job.latency_end >= 0:
-                    end = job.latency_end + cost.transfer_s
-                else:
-                    end += job.remaining
+            head = queue[0]
+            if head.latency_end >= 0:
+                end = head.latency_end + head.cost.transfer_s + waiting_s
+            else:
+                end = self.now + head.remaining + waiting_s
             if end > until:
                 until = end
         for jobs in self.links.values():  # a shared link stays busy until all its work is done
@@ -258,6 +270,7 @@ class _Closed(NamedTuple):
     slowed: tuple[float, float]
     costs: tuple[CollectiveCost, ...]
     tiers: frozenset[str]
+    released: tuple[float, float] = (0.0, 0.0)  # when its weight gradients are ready, alone and slowed
 
 
 class Engine:
@@ -269,6 +282,7 @@ class Engine:
         self.rate_in = 1.0 / (1.0 + plan.interference)
         self.overlap = plan.overlap
         self.busy_s = 0.0  # compute stream busy
+        self.release_tiers: frozenset[str] = frozenset()  # links a release's reductions use (_Reductions)
         self.acct: dict[str, float] = {}
         self._alone: dict[tuple[int, str], _Closed] = {}
         self._passes: dict[object, tuple[tuple[list[list[float]], list[list[float]]], dict[str, list[float]],
@@ -358,17 +372,22 @@ class Engine:
         start, busy0 = t, self.busy_s
         comms = self.comms
         closed = None
-        if release is None:  # nothing is issued during the layer but its own TP collectives
-            alone = self._alone.get((id(p), kind))
-            if alone is None:
-                alone = self._alone[(id(p), kind)] = self._closed_forms(p, kind)
+        alone = self._alone.get((id(p), kind))
+        if alone is None:
+            alone = self._alone[(id(p), kind)] = self._closed_forms(p, kind)
+        # Nothing is issued during the layer but its own TP collectives, or what its release issues at the end
+        # of its last kernels on links its collectives do not use (what is left of the layer then, waiting
+        # for its own collectives, cannot be touched by them).
+        if release is None or not alone.tiers & self.release_tiers:
             if comms.queued:
                 comms.settle(t)
             if not comms.queued:
-                closed = alone.alone  # nothing else in flight: the layer alone
+                closed, which = alone.alone, 0  # nothing else in flight: the layer alone
             elif alone.slowed[0] <= comms.in_flight_until(alone.tiers) - t:
-                closed = alone.slowed  # others in flight throughout, on other links: kernels slowed all along
+                closed, which = alone.slowed, 1  # others in flight throughout, on other links: kernels slowed
             if closed is not None:
+                if release is not None:
+                    release(t + alone.released[which])
                 t += closed[0]
                 self.busy_s += closed[1]
                 comms.alone(alone.costs)
@@ -470,8 +489,10 @@ class Engine:
         k = 1.0 + self.i
         slowed = replace(p, timing=replace(tm, fwd_s=tm.fwd_s * k, dgrad_s=tm.dgrad_s * k, wgrad_s=tm.wgrad_s * k,
                                            recompute_s=tm.recompute_s * k))
+        released = ((layer_release_s(p, self.overlap, self.i), layer_release_s(slowed, self.overlap, 0.0))
+                    if kind == "B" else (0.0, 0.0))
         return _Closed(layer_alone(p, self.overlap, kind, self.i), layer_alone(slowed, self.overlap, kind, 0.0),
-                       costs, frozenset(c.tier for c in costs if c.time_s > 0))
+                       costs, frozenset(c.tier for c in costs if c.time_s > 0), released)
 
     def waited(self, jobs: Sequence[_Coll], t: float) -> float:
         """The compute stream waits for ``jobs`` (data-parallel collectives): booked as exposed DP comm."""
@@ -555,6 +576,8 @@ class _Reductions:
         self.jobs: list[_Coll] = []
         self.maps: list[_Coll] = []  # the used-parameter map's all-reduces
         self.marked: set[int] = set()
+        costs = [b.reduce for b in p.buckets] + ([p.unused_map_reduce] if p.unused_map_reduce else [])
+        e.release_tiers = frozenset(c.tier for c in costs if c.time_s > 0)
 
     def issue_ready(self, t: float) -> None:
         order, jobs, ready_at = self.order, self.jobs, self.out.ready_at
