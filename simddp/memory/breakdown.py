@@ -133,14 +133,16 @@ def _stage_items(scenario: Scenario, workload: Workload, stage: int, rule: ZeroR
     in_flight = in_flight_micro_batches(par.pipeline_schedule, par.pp, stage, scenario.num_micro_batches,
                                         par.virtual_stages)
     items += _activation_items(scenario, workload, stage, in_flight, same)
-    # Stages of the same layers and parameter sizes (a pipeline's middle stages) keep the same buffers.
-    layers = workload.rank_layers(stage, par.pp)
-    shape = ("buffers", key, tuple((id(la.fwd), id(la.dgrad), id(la.wgrad), la.recompute, len(la.param_indices))
-                                   for la in layers))
-    buffers = same.get(shape)
-    if buffers is None:
-        buffers = same[shape] = buffer_items(scenario, workload, stage, ids, rule)
-    items += buffers
+    if par.pp > 1:  # stages of the same layers and parameter sizes (the middle ones) keep the same buffers
+        layers = workload.rank_layers(stage, par.pp)
+        shape = ("buffers", key, tuple((id(la.fwd), id(la.dgrad), id(la.wgrad), la.recompute, len(la.param_indices))
+                                       for la in layers))
+        buffers = same.get(shape)
+        if buffers is None:
+            buffers = same[shape] = buffer_items(scenario, workload, stage, ids, rule)
+        items += buffers
+    else:
+        items += buffer_items(scenario, workload, stage, ids, rule)
     transient = sum(i.size_bytes for i in items if i.category in ("activations", "buffers") and i.name != "NCCL")
     items.append(Item(category="overhead", name="CUDA context", size_bytes=mem.cuda_context_bytes,
                             note="memory.cuda_context_bytes"))
