@@ -1,17 +1,20 @@
 """The layer-by-layer step of :mod:`simddp.sim.step`, followed directly instead of in simpy.
 
 Same model, same resources (:mod:`simddp.sim.resources`), for the steps whose collectives run beside the
-layers: data parallel with tensor parallelism or overlapped parameter gathers, and ZeRO-3 / FSDP. One GPU
-stands for all (every rank of a data-parallel step behaves the same). Two parts:
+layers: data parallel with tensor parallelism, overlapped parameter gathers or DDP's find_unused_parameters /
+static_graph; ZeRO-3 / FSDP; and a pipeline's last backwards beside its overlapped gradient reduction (each
+rank its own GPU; ranks meet only through arrivals). Two parts:
 
-* :class:`Comms`, every collective of the GPU: one FIFO queue per NCCL stream (a collective at a time), a
+* :class:`Comms`, every collective of a GPU: one FIFO queue per NCCL stream (a collective at a time), a
   collective's latency, then its transfer on its link, the transfers in flight on a link progressing together
   at ``1 / n`` each (processor sharing). What it does depends only on when collectives are issued, so it is
   advanced event by event up to the time the compute stream has reached, and no further.
 * the compute stream, one process run as straight-line code (:class:`Engine`): kernels advance through the
   collectives' events at ``1 / (1 + i)`` while any NCCL collective is in flight; a wait jumps to a
-  collective's end. A layer that runs while nothing else is queued or in flight, and releases no gradient,
-  takes its closed form (:func:`simddp.sim.layers.layer_alone`), as the simpy engine would give it.
+  collective's end. Most layers need no event: a layer takes its closed form
+  (:func:`simddp.sim.layers.layer_alone`) when nothing else is queued or in flight, or the same with every
+  kernel slowed when other collectives, on other links and streams, stay in flight throughout it
+  (:meth:`Comms.in_flight_until`); runs of such layers go in one piece (:meth:`Engine.layers`).
 
 ``tests/test_fast.py`` checks every number of the result against the simpy engine to 1e-9 on generated
 scenarios; :mod:`simddp.sim.fast` dispatches here.
@@ -25,7 +28,7 @@ import math
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 from simddp.collectives import CollectiveCost
 from simddp.sim.layers import TP_STREAM, LayerPlan, layer_alone, layer_release_s
@@ -95,9 +98,10 @@ class Comms:
         self.queued = 0  # collectives issued and not done
         self._order = 0
         self._next: float | None = None  # time of the next event, while the jobs in flight stay the same
-        # Per stream: the time of the collectives queued behind the one running (alone), and how many of its
-        # collectives use each link ("": those that do not slow compute), for in_flight_until.
-        self._waiting: dict[str, list[Any]] = {}
+        # Per stream, for in_flight_until: the time of the collectives queued behind the one running (each
+        # alone), and how many of its collectives use each link ("": those that do not slow compute).
+        self._waiting_s: dict[str, float] = {}
+        self._links_of: dict[str, dict[str, int]] = {}
 
     def issue(self, cost: CollectiveCost, stream: str, t: float) -> _Coll:
         """Issue ``cost`` on ``stream`` at ``t`` (not before what is settled)."""
@@ -106,17 +110,16 @@ class Comms:
         queue = self.queues.get(stream)
         if queue is None:
             queue = self.queues[stream] = deque()
-            self._waiting[stream] = [0.0, {}]
+            self._waiting_s[stream], self._links_of[stream] = 0.0, {}
         queue.append(job)
         self.queued += 1
-        waiting = self._waiting[stream]
-        tiers = waiting[1]
-        key = cost.tier if job.slows else ""  # "" marks a collective that does not slow compute
-        tiers[key] = tiers.get(key, 0) + 1
+        links = self._links_of[stream]
+        key = cost.tier if job.slows else ""
+        links[key] = links.get(key, 0) + 1
         if len(queue) == 1:
             self._start(job, t)
         else:
-            waiting[0] += cost.time_s
+            self._waiting_s[stream] += cost.time_s
         return job
 
     def alone(self, costs: Sequence[CollectiveCost]) -> None:
@@ -159,19 +162,19 @@ class Comms:
 
     def _done(self, job: _Coll, t: float) -> None:
         job.end = t
-        if job.start >= 0 and job.cost.time_s > 0:
+        if job.cost.time_s > 0:
             self.in_flight -= job.slows
         self.queued -= 1
-        queue = self.queues[job.stream]
+        stream = job.stream
+        queue = self.queues[stream]
         queue.popleft()
-        waiting = self._waiting[job.stream]
-        tiers = waiting[1]
+        links = self._links_of[stream]
         key = job.cost.tier if job.slows else ""
-        tiers[key] -= 1
-        if not tiers[key]:
-            del tiers[key]
-        if queue:
-            waiting[0] = waiting[0] - queue[0].cost.time_s if len(queue) > 1 else 0.0
+        links[key] -= 1
+        if not links[key]:
+            del links[key]
+        if queue:  # the next one starts: its time leaves the queue's (recounted from zero once it is alone)
+            self._waiting_s[stream] = self._waiting_s[stream] - queue[0].cost.time_s if len(queue) > 1 else 0.0
             self._start(queue[0], t)
 
     def next_s(self) -> float:
@@ -228,14 +231,14 @@ class Comms:
         for name, queue in self.queues.items():
             if not queue:
                 continue
-            waiting_s, queued_tiers = self._waiting[name]
-            if name == TP_STREAM or "" in queued_tiers or not tiers.isdisjoint(queued_tiers):
+            links = self._links_of[name]
+            if name == TP_STREAM or "" in links or not tiers.isdisjoint(links):
                 return -math.inf
             head = queue[0]
             if head.latency_end >= 0:
-                end = head.latency_end + head.cost.transfer_s + waiting_s
+                end = head.latency_end + head.cost.transfer_s + self._waiting_s[name]
             else:
-                end = self.now + head.remaining + waiting_s
+                end = self.now + head.remaining + self._waiting_s[name]
             if end > until:
                 until = end
         for jobs in self.links.values():  # a shared link stays busy until all its work is done
