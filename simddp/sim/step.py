@@ -529,7 +529,7 @@ def simulate_step(scenario: Scenario, trace: bool = True, exact: bool = False,
 
         return simulate_dataparallel(scenario, trace)
     plan = build_plan(scenario, workload)
-    if plan.mode != "pipeline":
+    if plan.mode == "fsdp" or plan.ranks[0].rounds > 1:
         check_simulation_size(scenario)  # ZeRO-3, or reductions every micro-batch: layer by layer in either engine
     if not (exact or trace) and fast.supported(plan):
         # The fast engine extends a repeating pipeline steady state, so its cost does not grow with the
