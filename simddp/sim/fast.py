@@ -18,7 +18,7 @@ Three cases are covered:
   periodic steady state extended exactly), then each rank reduces its buckets one after another, syncs a
   tied embedding, steps and gathers. Where the gradient reduction overlaps backward (torch DDP, ZeRO-1/2
   with dp > 1), nothing is in flight beside a rank's operations before its first release of gradients, so
-  the recurrence is exact up to there; the simpy simulation runs the rest (a few cool-down backwards per
+  the recurrence is exact up to there; :mod:`simddp.sim.fluid` runs the rest (a few cool-down backwards per
   rank, its reductions beside them) from the recurrence's state.
 * **Everything else at pp = 1** (data parallel with TP, Megatron's overlapped parameter gather or DDP's
   find_unused_parameters / static_graph, ZeRO-3 and FSDP): the simpy processes' layer-by-layer step,
@@ -51,11 +51,11 @@ def supported(plan: StepPlan) -> bool:
     par, ddp = scenario.parallelism, scenario.ddp
     if ddp.backend != "nccl":
         return False  # gloo's host-staged collectives: the simpy engine alone times them
-    if any(r.traversal_s or r.unused_per_bucket or r.unused_map_reduce for r in plan.ranks):
+    if _knobs(plan):
         return plan.mode == "dp"  # DDP's knobs (simddp.knobs): torch DDP at pp = 1 (simddp.sim.fluid)
     if plan.mode in ("dp", "fsdp"):  # layer by layer beside the collectives (simddp.sim.fluid) when not simple
         return True
-    if plan.mode == "pipeline":  # overlapped reduction: the tail of the schedule in simpy (_run_pipeline)
+    if plan.mode == "pipeline":  # overlapped reduction: the schedule's tail in simddp.sim.fluid
         return not par.pp_p2p_overlap
     return False
 
@@ -83,8 +83,12 @@ def _simple_dp(plan: StepPlan) -> bool:
     gather: compute is one sequence of kernels, run by :func:`_run_dp` without events."""
     no_tp = all(not (p.fwd_pre or p.fwd_post or p.bwd_pre or p.dgrad_post or p.wgrad_pre)
                 for r in plan.ranks for p in r.plans)
-    knobs = any(r.traversal_s or r.unused_per_bucket or r.unused_map_reduce for r in plan.ranks)
-    return no_tp and not knobs and not any(b.gather for r in plan.ranks for b in r.buckets)
+    return no_tp and not _knobs(plan) and not any(b.gather for r in plan.ranks for b in r.buckets)
+
+
+def _knobs(plan: StepPlan) -> bool:
+    """Whether DDP's find_unused_parameters / static_graph show in the plan (graph search, unused parameters)."""
+    return any(r.traversal_s or r.unused_per_bucket or r.unused_map_reduce for r in plan.ranks)
 
 
 # ------------------------------------------------------------------------------------- data parallel
@@ -271,8 +275,8 @@ def _run_pipeline(plan: StepPlan, max_operations: int | None = None) -> list[Out
     With overlapped gradient reduction (torch DDP, ZeRO-1/2 under pipelines), a rank's reductions start during
     its last backward of a virtual stage (its *release*) and share its GPU with what it still runs. Nothing is
     in flight before a rank's first release, so the recurrence times every operation before it exactly, and
-    the simpy simulation runs the rest (the *tail*: the cool-down backwards from there, a few per rank) from
-    the recurrence's state (:func:`simddp.sim.step.pipeline_tail`)."""
+    the fluid engine runs the rest (the *tail*: the cool-down backwards from there, a few per rank) from
+    the recurrence's state (:func:`simddp.sim.fluid.pipeline_tail`)."""
     from simddp.sim.step import bound_steps, record_pipeline_ends
 
     par = plan.scenario.parallelism

@@ -686,10 +686,11 @@ def run_dp(plan: StepPlan) -> list[Outcome]:
 
 def pipeline_tail(plan: StepPlan, first: list[int], at: list[float],
                   arrived: dict[PipeOp, float]) -> list[Outcome]:
-    """``step.pipeline_tail``: every rank's schedule from position ``first[r]`` on, started idle at ``at[r]``,
-    the earlier operations it waits for arrived at the times ``arrived`` (Megatron's synchronous send/recv:
-    a send blocks its sender; a receiver all-gathers the TP slices of what arrived). Each rank's GPU is its
-    own; ranks meet only through arrivals, so each runs as far as its arrivals are known, in turns."""
+    """The tail of a pipeline step (:func:`simddp.sim.fast._run_pipeline`): every rank's schedule from
+    position ``first[r]`` on, started idle at ``at[r]``, the earlier operations it waits for arrived at the
+    times ``arrived`` (Megatron's synchronous send/recv: a send blocks its sender; a receiver all-gathers the
+    TP slices of what arrived). Each rank's GPU is its own; ranks meet only through arrivals, so each runs as
+    far as its arrivals are known, in turns."""
     par = plan.scenario.parallelism
     num_vs = par.pp * par.virtual_stages
     arrivals: dict[tuple[str, int, int], float] = {tuple(op): t for op, t in arrived.items()}  # type: ignore[misc]

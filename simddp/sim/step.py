@@ -425,18 +425,11 @@ def _run_fsdp(env: simpy.Environment, plan: StepPlan, st: _Rank) -> None:
     env.process(_finish(st, proc, env.process(all_reduced())))
 
 
-def _run_pipeline(env: simpy.Environment, plan: StepPlan, states: list[_Rank],
-                  start: tuple[list[int], list[float], dict[PipeOp, float]] | None = None) -> None:
-    """One process per pipeline rank running its schedule, with send/recv and its DP comm and finish.
-
-    ``start`` (:func:`pipeline_tail`): each rank begins at position ``start[0][r]`` at time ``start[1][r]``,
-    idle, and the operations before those positions that it waits for arrived at the times ``start[2]``."""
+def _run_pipeline(env: simpy.Environment, plan: StepPlan, states: list[_Rank]) -> None:
+    """One process per pipeline rank running its schedule, with send/recv and its DP comm and finish."""
     par = plan.scenario.parallelism
     num_vs = par.pp * par.virtual_stages
     arrived: dict[tuple[str, int, int], simpy.Event] = {}
-    first, at = ([0] * len(states), [0.0] * len(states)) if start is None else (start[0], start[1])
-    for key, t in (start[2] if start is not None else {}).items():
-        arrived[key] = env.timeout(t)
 
     def arrival(key: tuple[str, int, int]) -> simpy.Event:
         if key not in arrived:
@@ -456,15 +449,13 @@ def _run_pipeline(env: simpy.Environment, plan: StepPlan, states: list[_Rank],
         st.rec.add(f"send {op.kind}{op.micro_batch}", "comm p2p", start, end, size_bytes=cost.size_bytes)
         arrival(key).succeed()
 
-    def rank(st: _Rank, ops: Sequence[PipeOp], first: int, at: float) -> ProcessGen:
+    def rank(st: _Rank, ops: Sequence[PipeOp]) -> ProcessGen:
         last_b = last_backward(ops, par.virtual_stages)
         sends: list[simpy.Process] = []
         by_stage: dict[int, list[int]] = {}
         for i, la in enumerate(st.plan.layers):
             by_stage.setdefault(la.stage, []).append(i)
-        if at > 0:
-            yield env.timeout(at)
-        for i in range(first, len(ops)):
+        for i in range(len(ops)):
             op = ops[i]
             dep = dependency(op, num_vs)
             if dep is not None:
@@ -493,21 +484,10 @@ def _run_pipeline(env: simpy.Environment, plan: StepPlan, states: list[_Rank],
         yield simpy.AllOf(env, sends)
         st.add("pipeline_wait", env.now - t0)
 
-    for st, ops, i, t in zip(states, plan.ops, first, at, strict=True):
-        proc = env.process(rank(st, ops, i, t))
+    for st, ops in zip(states, plan.ops, strict=True):
+        proc = env.process(rank(st, ops))
         comm = env.process(_dp_comm(st, 1, None if st.plan.overlap else proc))
         env.process(_finish(st, proc, comm))
-
-
-def pipeline_tail(plan: StepPlan, first: list[int], at: list[float], arrived: dict[PipeOp, float]) -> list[_Rank]:
-    """The simpy simulation of every rank's schedule from position ``first[r]`` on, started idle at ``at[r]``,
-    with the earlier operations it waits for arrived at the times ``arrived`` (the fast engine's tail, once
-    gradient reductions overlap what a rank still runs). The states book only what runs from there."""
-    env = simpy.Environment()
-    states = _rank_states(env, plan, None)
-    _run_pipeline(env, plan, states, (first, at, arrived))
-    env.run()
-    return states
 
 
 # ----------------------------------------------------------------------------------------- result
