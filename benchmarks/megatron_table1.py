@@ -85,8 +85,10 @@ def megatron(heads: int, hidden: int, layers: int, tp: int, pp: int, gpus: int, 
                         "tp_comm_overlap": "none" if year < 2022 else "backward"},
         # Megatron-LM steps apex's FusedAdam (DeepSpeed, in Table 2's ZeRO-3 rows, its own FusedAdam)
         "training": {"precision": "fp16-mixed", "micro_batch_size": mbs, "global_batch_size": batch,
-                     "seq_len": SEQ, "recompute": recompute, "attention": "unfused", "optimizer_impl": "fused"},
-        "ddp": {"overlap": ddp_overlap},
+                     "seq_len": SEQ, "recompute": recompute, "attention": "unfused", "optimizer_impl": "fused",
+                     "grad_clip_norm": 1.0},
+        "ddp": ({"overlap": True} if ddp_overlap else
+                {"implementation": "megatron", "gradient_accumulation_fusion": False}),
     }
 
 

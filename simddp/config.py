@@ -628,6 +628,13 @@ class DDPConfig(_Frozen):
         description="Accumulate and reduce 16-bit gradients in fp32 (Megatron grad_reduce_in_fp32); null = the "
         "implementation's default: on for Megatron with bf16 (Megatron-LM forces it), off otherwise.",
     )
+    gradient_accumulation_fusion: bool | None = Field(
+        default=None,
+        description="Megatron --gradient-accumulation-fusion: weight-gradient GEMMs add straight into the main_grad "
+        "buffer (apex fused_weight_gradient_mlp_cuda), so no separate accumulation pass; false (Megatron before "
+        "2022, or --no-gradient-accumulation-fusion): a hook adds each gradient into main_grad every micro-batch. "
+        "null = on for implementation megatron; torch and DeepSpeed accumulate in autograd (no fused path).",
+    )
     stage3_prefetch_numel: int | None = Field(
         default=None, ge=0,
         description="DeepSpeed ZeRO-3 stage3_prefetch_bucket_size: parameter elements gathered ahead of use; "
@@ -891,6 +898,11 @@ class Scenario(_Frozen):
             raise ValueError(
                 f"ddp.implementation 'deepspeed' with zero_stage({zero}) and pp({par.pp}): DeepSpeed's pipeline "
                 "engine refuses ZeRO-2 and ZeRO-3 (use zero_stage 0 or 1, or implementation 'torch')"
+            )
+        if ddp.gradient_accumulation_fusion and impl != "megatron":
+            raise ValueError(
+                f"ddp.gradient_accumulation_fusion(true) is Megatron's fused weight-gradient accumulation: it needs "
+                f"implementation 'megatron' (got {impl!r}, whose gradients accumulate in autograd)"
             )
         if ddp.overlap_param_gather:
             overlap = ddp.overlap if ddp.overlap is not None else default_overlap(impl, zero)

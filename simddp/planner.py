@@ -184,7 +184,7 @@ def step_lower_bound(scenario: Scenario, workload: Workload) -> float:
     seen: dict[tuple[Any, ...], LayerPlan] = {}  # ranks share their distinct layers' plans
     for r in range(par.pp):
         layers = workload.rank_layers(r, par.pp)
-        plans = layer_plans(scenario, layers, seen)
+        plans = layer_plans(scenario, layers, workload.parameters, seen)
         for vs in {layer.stage for layer in layers}:
             stage = [p for p, layer in zip(plans, layers, strict=True) if layer.stage == vs]
             fwd[vs] = pass_alone(stage, overlap, "F", interference)[0]

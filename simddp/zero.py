@@ -63,6 +63,8 @@ from simddp.workload import Layer, Param, Workload, fsdp_unit_layers, grad_reduc
 
 ReduceOp = Literal["all-reduce", "reduce-scatter"]
 BucketRule = Literal["torch", "deepspeed", "megatron", "units"]
+#: How a micro-batch's gradients join the ones before it (:func:`simddp.compute.grad_accumulation_s`).
+GradAccumulation = Literal["autograd", "main-grad", "fused", "sharded"]
 
 #: DeepSpeed ``reduce_bucket_size`` and ``allgather_bucket_size`` defaults, elements (zero/config.py).
 DEEPSPEED_REDUCE_BUCKET_NUMEL = 500_000_000
@@ -137,6 +139,10 @@ class ZeroRule:
     persistence_threshold_numel: int
     #: FSDP with pipeline parallelism: parameters and gradients stay unsharded across micro-batches.
     unsharded_across_micro_batches: bool
+    #: Gradient accumulation across micro-batches: autograd's in-place add (torch, DeepSpeed ZeRO-0/1),
+    #: Megatron's hook into main_grad, Megatron's fused weight-gradient GEMMs, or reduced shards (every
+    #: micro-batch reduces, so only a 1/dp shard accumulates; not timed).
+    grad_accumulation: GradAccumulation
 
     @property
     def gradient_dtype_bytes(self) -> int:
@@ -159,7 +165,7 @@ def zero_rule(scenario: Scenario) -> ZeroRule:
         prefetch_numel=_or(ddp.stage3_prefetch_numel, DEEPSPEED_PREFETCH_NUMEL),
         reuse_distance_numel=_or(ddp.stage3_max_reuse_distance_numel, DEEPSPEED_MAX_REUSE_DISTANCE_NUMEL),
         persistence_threshold_numel=_or(ddp.stage3_persistence_threshold_numel, DEEPSPEED_PERSISTENCE_THRESHOLD_NUMEL),
-        unsharded_across_micro_batches=False,
+        unsharded_across_micro_batches=False, grad_accumulation="autograd",
     )
     if impl == "torch":
         if stage <= 1:  # DDP, with ZeroRedundancyOptimizer's broadcasts after the step for stage 1
@@ -168,7 +174,7 @@ def zero_rule(scenario: Scenario) -> ZeroRule:
         fsdp = replace(base, reduce_op="reduce-scatter", bucket_rule="units", reshard_after_forward=stage == 3)
         if pp > 1:  # torch.distributed.pipelining: reduce after the last micro-batch, gather before the first
             return replace(fsdp, overlap=False, param_sync="all-gather", unsharded_across_micro_batches=True)
-        return replace(fsdp, sharded_params=True, every_micro_batch=True)
+        return replace(fsdp, sharded_params=True, every_micro_batch=True, grad_accumulation="sharded")
     if impl == "deepspeed":
         if stage == 0:  # the engine's buffered_allreduce_fallback, after backward
             return replace(base, overlap=False, flatten_copy=True, bucket_rule="deepspeed",
@@ -176,16 +182,19 @@ def zero_rule(scenario: Scenario) -> ZeroRule:
         reduce_numel = _numel(ddp, grad_bytes, DEEPSPEED_REDUCE_BUCKET_NUMEL)
         if stage == 3:
             return replace(base, sharded_params=True, reduce_op="reduce-scatter", every_micro_batch=True,
-                           bucket_rule="deepspeed", unit_rule="module", reduce_buffers=1, bucket_numel=reduce_numel)
+                           bucket_rule="deepspeed", unit_rule="module", reduce_buffers=1, bucket_numel=reduce_numel,
+                           grad_accumulation="sharded")
         return replace(base, every_micro_batch=stage == 2, param_sync="all-gather", bucket_rule="deepspeed",
-                       reduce_buffers=2 if overlap else 1, flatten_copy=True, bucket_numel=reduce_numel)
+                       reduce_buffers=2 if overlap else 1, flatten_copy=True, bucket_numel=reduce_numel,
+                       grad_accumulation="sharded" if stage == 2 else "autograd")
     megatron_numel: int | None = None
     if overlap:  # Megatron sets bucket_size to None (one bucket) without --overlap-grad-reduce
         megatron_numel = _numel(ddp, grad_bytes,
                                 max(MEGATRON_MIN_BUCKET_NUMEL, MEGATRON_BUCKET_NUMEL_PER_DP_RANK * dp))
     return replace(base, reduce_op="reduce-scatter" if stage == 1 else "all-reduce",
                    param_sync="all-gather" if stage == 1 else "none", overlap_param_gather=ddp.overlap_param_gather,
-                   bucket_rule="megatron", bucket_numel=megatron_numel)
+                   bucket_rule="megatron", bucket_numel=megatron_numel,
+                   grad_accumulation="main-grad" if ddp.gradient_accumulation_fusion is False else "fused")
 
 
 def _or(value: int | None, default: int) -> int:

@@ -132,4 +132,5 @@ def test_overlapped_send_recv_stays_under_the_no_overlap_bound() -> None:
                      "cross_entropy": "fused", "attention": "flash", "optimizer_impl": "fused"},
         "ddp": {"implementation": "torch", "overlap": False}}, trace=False)
     assert r.bounds.perfect_overlap_s <= r.step_time_s <= r.bounds.no_overlap_s
-    assert r.step_time_s == pytest.approx(0.010608, rel=1e-3)
+    # 10.61 ms until 2026-11-23; 10.88 ms since the second micro-batch's gradient accumulation is timed
+    assert r.step_time_s == pytest.approx(0.010884, rel=1e-3)

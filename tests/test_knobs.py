@@ -158,6 +158,49 @@ def test_gradient_clipping_reduces_over_every_sharding_group() -> None:
     check_step_result(simulate(data))
 
 
+# ---------------------------------------------------------------------------- gradient accumulation
+def _wgrad_s(data: dict[str, Any]) -> list[float]:
+    return [p.timing.wgrad_s for p in build_plan(scenario_from_dict(data)).ranks[0].plans]
+
+
+def test_autograd_accumulation_by_hand() -> None:
+    """torch: micro-batches 2..m add in place (read 2, write 1 fp32 gradient); averaged over the m."""
+    sizes = [4 * MB, MB, 2 * MB]
+    gpu = scenario_from_dict(param_scenario(sizes)).cluster.gpu
+    one = _wgrad_s(param_scenario(sizes, training={"global_batch_size": 8 * 16}))
+    four = _wgrad_s(param_scenario(sizes, training={"global_batch_size": 4 * 8 * 16}))
+    by_hand = [0.75 * memory_s(3 * n * 4, gpu) for n in sizes]
+    assert [b - a for a, b in zip(one, four, strict=True)] == pytest.approx(by_hand, rel=1e-12)
+
+
+def test_megatron_main_grad_accumulation_every_micro_batch() -> None:
+    """Megatron without fusion adds every micro-batch's gradient into main_grad (read 4, read and write
+    fp32 main_grad); with its default fused weight-gradient GEMMs nothing is added. Reduction runs after
+    backward (Megatron's default), so the step grows by exactly m x that time."""
+    sizes = [4 * MB, MB]
+    training = {"global_batch_size": 4 * 8 * 16}
+    fused = param_scenario(sizes, training=training, ddp={"implementation": "megatron"})
+    hook = param_scenario(sizes, training=training,
+                          ddp={"implementation": "megatron", "gradient_accumulation_fusion": False})
+    gpu = scenario_from_dict(fused).cluster.gpu
+    per_micro_batch = [memory_s(n * (4 + 2 * 4), gpu) for n in sizes]
+    assert [b - a for a, b in zip(_wgrad_s(fused), _wgrad_s(hook), strict=True)] == pytest.approx(per_micro_batch)
+    assert step(hook).step_time_s - step(fused).step_time_s == pytest.approx(4 * sum(per_micro_batch), rel=1e-9)
+
+
+def test_sharded_gradients_do_not_accumulate_whole() -> None:
+    """FSDP reduces every micro-batch: only a 1/dp shard accumulates, not timed."""
+    sizes = [4 * MB, MB]
+    one = _wgrad_s(param_scenario(sizes, parallelism={"zero_stage": 3}, training={"global_batch_size": 8 * 16}))
+    four = _wgrad_s(param_scenario(sizes, parallelism={"zero_stage": 3}, training={"global_batch_size": 4 * 8 * 16}))
+    assert one == four
+
+
+def test_gradient_accumulation_fusion_is_megatron_only() -> None:
+    with pytest.raises(ScenarioError, match=r"ddp.gradient_accumulation_fusion\(true\).*implementation 'megatron'"):
+        scenario_from_dict(param_scenario([MB], ddp={"gradient_accumulation_fusion": True}))
+
+
 # --------------------------------------------------------------------------------------------- gloo
 def test_gloo_all_reduce_by_hand() -> None:
     scenario = scenario_from_dict(param_scenario([MB] * 2, ddp={"backend": "gloo"}))

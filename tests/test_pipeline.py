@@ -6,7 +6,9 @@ import pytest
 from scenarios import base_scenario
 
 from simddp import ScenarioError, simulate
+from simddp.compute import memory_s
 from simddp.config import deep_merge
+from simddp.scenario_io import scenario_from_dict
 from simddp.sim.pipeline import interleaved_1f1b, makespan, one_f_one_b, schedule
 
 
@@ -72,8 +74,12 @@ def _uniform(pp: int, m: int, schedule_name: str = "1f1b", v: int = 1) -> dict:
 
 def test_simulated_pipeline_step_has_the_bubble() -> None:
     p, m = 4, 8
-    r = simulate(_uniform(p, m))
-    per_micro_stage = 2 * 3e-3  # two layers of 1 + 2 ms on each stage
+    data = _uniform(p, m)
+    r = simulate(data)
+    # two layers of 1 + 2 ms on each stage; torch's autograd adds each 1024-element fp32 gradient to the
+    # accumulated one in micro-batches 2..m (read two, write one), averaged over the m
+    gpu = scenario_from_dict(data).cluster.gpu
+    per_micro_stage = 2 * (3e-3 + (m - 1) / m * memory_s(3 * 1024 * 4, gpu))
     assert r.compute_time_s == pytest.approx(m * per_micro_stage)
     assert r.pipeline_bubble_time_s == pytest.approx((p - 1) * per_micro_stage, rel=1e-6)
     assert r.step_time_s >= (m + p - 1) * per_micro_stage

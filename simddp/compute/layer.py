@@ -11,6 +11,7 @@ not here: the simulator runs them on the links (:mod:`simddp.sim`).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from simddp.compute.attention import flash_s
@@ -18,7 +19,7 @@ from simddp.compute.elementwise import memory_s
 from simddp.compute.gemm import dense_s, gemm_s
 from simddp.config import GPU, Training
 from simddp.units import dtype_bytes
-from simddp.workload import PRECISION_ACT_BYTES, Kernel, Layer, Workload
+from simddp.workload import PRECISION_ACT_BYTES, Kernel, Layer, Param, Workload
 
 #: Bytes the optimizer step reads and writes per parameter (fused multi-tensor kernels, memory-bound):
 #: AdamW/Adam read param, grad, m, v and write param, m, v (fp32: 7 x 4 = 28 B); mixed precision reads the
@@ -123,6 +124,30 @@ def optimizer_step_s(workload: Workload, gpu: GPU, training: Training, shard: in
     num_params = workload.num_params / shard
     table = FOREACH_OPTIMIZER_BYTES_PER_PARAM if impl == "foreach" else OPTIMIZER_BYTES_PER_PARAM
     return num_params * table[training.optimizer] / gpu.streaming_bandwidth_bytes_per_s
+
+
+def grad_accumulation_s(params: Sequence[Param], accumulation: str, micro_batches: int, main_grad_fp32: bool,
+                        gpu: GPU) -> float:
+    """Time per micro-batch of adding a layer's fresh gradients to the ones accumulated before, averaged
+    over the step's ``micro_batches`` (memory-bound, one kernel per parameter):
+
+    - ``autograd`` (torch, DeepSpeed ZeRO-0/1): the first backward after ``zero_grad(set_to_none=True)``
+      keeps the gradient it was handed; every later one adds in place (``variable.grad += new_grad``,
+      torch/csrc/autograd/functions/accumulate_grad.h), reading both and writing one: 3 x the gradient's
+      bytes, in m - 1 of the m micro-batches;
+    - ``main-grad`` (Megatron without gradient accumulation fusion): a hook on every parameter runs
+      ``param.main_grad.add_(param.grad)`` in every micro-batch (megatron/model/distributed.py), reading the
+      gradient and reading and writing ``main_grad`` (fp32 with ``main_grad_fp32``, else the parameter's dtype);
+    - ``fused`` (Megatron's default): the weight-gradient GEMM accumulates into ``main_grad`` in its epilogue;
+      ``sharded`` (FSDP, ZeRO-2/3 reduce every micro-batch): only a 1/dp shard accumulates. Neither is timed.
+    """
+    if accumulation == "main-grad":
+        return sum(memory_s(p.numel * (dtype_bytes(p.dtype) + 2 * (4 if main_grad_fp32 else dtype_bytes(p.dtype))),
+                            gpu) for p in params)
+    if accumulation == "autograd" and micro_batches > 1:
+        share = (micro_batches - 1) / micro_batches
+        return share * sum(memory_s(3 * p.numel * dtype_bytes(p.dtype), gpu) for p in params)
+    return 0.0
 
 
 def optimizer_impl(training: Training, implementation: str) -> str:

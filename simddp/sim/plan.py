@@ -13,7 +13,14 @@ from typing import Any
 
 from simddp.bucketing import BucketSpec, ParamLike, ddp_initial_buckets
 from simddp.collectives import CollectiveCost, Op, collective_cost
-from simddp.compute import LayerTiming, layer_timing, memory_s, optimizer_impl, optimizer_step_s
+from simddp.compute import (
+    LayerTiming,
+    grad_accumulation_s,
+    layer_timing,
+    memory_s,
+    optimizer_impl,
+    optimizer_step_s,
+)
 from simddp.config import Scenario
 from simddp.sim.layers import LayerPlan, layer_alone
 from simddp.sim.pipeline import PipeOp, schedule
@@ -183,25 +190,36 @@ def _tp_costs(colls: Sequence[Collective], where: str, tp: CommGroup) -> tuple[C
     return tuple(collective_cost(c.op, c.size_bytes, tp) for c in colls if c.where == where)
 
 
-def layer_plans(scenario: Scenario, layers: Sequence[Layer],
+def layer_plans(scenario: Scenario, layers: Sequence[Layer], parameters: Sequence[Param],
                 seen: dict[tuple[Any, ...], LayerPlan] | None = None) -> list[LayerPlan]:
-    """Kernel times and TP collective costs of ``layers``.
+    """Kernel times and TP collective costs of ``layers`` (whose ``param_indices`` index ``parameters``).
 
+    A layer's weight-grad time includes adding its gradients to those of earlier micro-batches
+    (:func:`simddp.compute.grad_accumulation_s`, as the data-parallel implementation accumulates).
     ``seen`` keeps each distinct layer's plan across calls (pipeline ranks of one plan share their blocks'
     kernel tuples, so a 64-stage pipeline times its ~8 distinct layers once, not once per rank)."""
     tr, par = scenario.training, scenario.parallelism
     gpu = scenario.cluster.gpu
     eff = scenario.model.compute_efficiency or 1.0
     tp = tp_group(scenario)
+    rule = zero_rule(scenario)
+    m = scenario.num_micro_batches
+    accumulates = rule.grad_accumulation == "main-grad" or (rule.grad_accumulation == "autograd" and m > 1)
     out = []
     # Identical blocks have identical kernels: time each distinct layer once.
     seen = {} if seen is None else seen
     for layer in layers:
-        # Identical blocks share their kernel and collective tuples (simddp.workload): identity identifies them.
+        # Identical blocks share their kernel and collective tuples (simddp.workload): identity identifies them;
+        # when gradients accumulate, the sizes and dtypes of the layer's parameters too.
+        shapes = tuple(parameters[g][1:] for g in layer.param_indices) if accumulates else ()
         key = (id(layer.fwd), id(layer.dgrad), id(layer.wgrad), id(layer.collectives), layer.recompute,
-               layer.fwd_time_s, layer.bwd_time_s)
+               layer.fwd_time_s, layer.bwd_time_s, shapes)
         if key not in seen:
             t: LayerTiming = layer_timing(layer, gpu, tr, eff)
+            if accumulates:
+                params = [parameters[g] for g in layer.param_indices]
+                t = replace(t, wgrad_s=t.wgrad_s + grad_accumulation_s(params, rule.grad_accumulation, m,
+                                                                       rule.reduce_in_fp32, gpu))
             if par.tp > 1 and layer.collectives:
                 cs = layer.collectives
                 seen[key] = LayerPlan(
@@ -277,8 +295,9 @@ def build_plan(scenario: Scenario, workload: Workload | None = None) -> StepPlan
         gather_after = None
         if grads.params and mode != "fsdp" and not rule.overlap_param_gather:
             gather_after = _param_sync(rule, working, dp)
-        rank = RankPlan(r, layers, layer_plans(scenario, layers, timed), grads, bucket_of_layer, buckets, rounds,
-                        opt_s, gather_after, _embedding_sync(scenario, workload, r, rule), overlap=rule.overlap)
+        plans = layer_plans(scenario, layers, workload.parameters, timed)
+        rank = RankPlan(r, layers, plans, grads, bucket_of_layer, buckets, rounds, opt_s, gather_after,
+                        _embedding_sync(scenario, workload, r, rule), overlap=rule.overlap)
         _ddp_options(scenario, rank, unused, dp)
         stages = sorted({la.stage for la in layers})
         for vs in stages:
