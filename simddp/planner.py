@@ -30,6 +30,7 @@ from simddp.sim.plan import boundary_group, layer_plans
 from simddp.sim.step import simulate_step
 from simddp.topology import tp_group
 from simddp.workload import Workload, build_workload
+from simddp.zero import zero_rule
 
 Objective = Literal["step_time", "tokens_per_s"]
 OBJECTIVES: tuple[str, ...] = ("step_time", "tokens_per_s")
@@ -182,9 +183,10 @@ def step_lower_bound(scenario: Scenario, workload: Workload) -> float:
     fwd = [0.0] * num_vs
     bwd = [0.0] * num_vs
     seen: dict[tuple[Any, ...], LayerPlan] = {}  # ranks share their distinct layers' plans
+    rule = zero_rule(scenario)
     for r in range(par.pp):
         layers = workload.rank_layers(r, par.pp)
-        plans = layer_plans(scenario, layers, workload.parameters, seen)
+        plans = layer_plans(scenario, layers, workload.parameters, seen, rule)
         for vs in {layer.stage for layer in layers}:
             stage = [p for p, layer in zip(plans, layers, strict=True) if layer.stage == vs]
             fwd[vs] = pass_alone(stage, overlap, "F", interference)[0]

@@ -82,3 +82,28 @@ def test_pipeline_stages_split_blocks_evenly() -> None:
     stages = [{la.stage for la in w.layers if la.block == i} for i in range(12)]
     assert [s.pop() for s in stages] == [0, 0, 0, 1, 1, 1, 2, 2, 2, 3, 3, 3]
     assert w.layers[0].stage == 0 and w.layers[-1].stage == 3
+
+
+@pytest.mark.parametrize("overrides", [
+    {},
+    {"model": {"preset": "llama2-7b"}, "parallelism": {"tp": 2, "sequence_parallel": True}},
+    {"model": {"preset": "gpt3-175b"}, "cluster": {"num_nodes": 4},
+     "training": {"micro_batch_size": 1, "global_batch_size": 8, "seq_len": 2048},
+     "parallelism": {"tp": 8, "pp": 4, "virtual_stages": 3, "pipeline_schedule": "interleaved-1f1b"}},
+    {"model": {"preset": "bert-large"}},
+    {"model": {"preset": "resnet50"}},
+])
+def test_layers_sharing_kernel_tuples_own_parameters_of_the_same_shapes(overrides: dict) -> None:
+    """simddp.sim.plan times each distinct kernel-tuple identity once, gradient accumulation included, so
+    layers that share kernel tuples must own parameters of equal sizes and dtypes (identical blocks do)."""
+    scenario = scenario_from_dict(deep_merge(base_scenario(), overrides))
+    w = build_workload(scenario)
+    shapes: dict[tuple[int, ...], list[tuple[int, str]]] = {}
+    for layer in w.layers:
+        if not (layer.fwd or layer.dgrad or layer.wgrad):
+            continue  # the plan keys kernel-less layers by their parameters' shapes
+        key = (id(layer.fwd), id(layer.dgrad), id(layer.wgrad), id(layer.collectives))
+        own = [(w.parameters[g].numel, w.parameters[g].dtype) for g in layer.param_indices]
+        assert shapes.setdefault(key, own) == own, layer.name
+    if scenario.model.transformer is not None:
+        assert len(shapes) < len(w.layers)  # the sharing this relies on is there

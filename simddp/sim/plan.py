@@ -191,27 +191,32 @@ def _tp_costs(colls: Sequence[Collective], where: str, tp: CommGroup) -> tuple[C
 
 
 def layer_plans(scenario: Scenario, layers: Sequence[Layer], parameters: Sequence[Param],
-                seen: dict[tuple[Any, ...], LayerPlan] | None = None) -> list[LayerPlan]:
+                seen: dict[tuple[Any, ...], LayerPlan] | None = None,
+                rule: ZeroRule | None = None) -> list[LayerPlan]:
     """Kernel times and TP collective costs of ``layers`` (whose ``param_indices`` index ``parameters``).
 
     A layer's weight-grad time includes adding its gradients to those of earlier micro-batches
     (:func:`simddp.compute.grad_accumulation_s`, as the data-parallel implementation accumulates).
     ``seen`` keeps each distinct layer's plan across calls (pipeline ranks of one plan share their blocks'
-    kernel tuples, so a 64-stage pipeline times its ~8 distinct layers once, not once per rank)."""
+    kernel tuples, so a 64-stage pipeline times its ~8 distinct layers once, not once per rank); ``rule`` is
+    the scenario's :func:`simddp.zero.zero_rule`, when the caller has it."""
     tr, par = scenario.training, scenario.parallelism
     gpu = scenario.cluster.gpu
     eff = scenario.model.compute_efficiency or 1.0
     tp = tp_group(scenario)
-    rule = zero_rule(scenario)
+    rule = rule or zero_rule(scenario)
     m = scenario.num_micro_batches
     accumulates = rule.grad_accumulation == "main-grad" or (rule.grad_accumulation == "autograd" and m > 1)
     out = []
     # Identical blocks have identical kernels: time each distinct layer once.
     seen = {} if seen is None else seen
     for layer in layers:
-        # Identical blocks share their kernel and collective tuples (simddp.workload): identity identifies them;
-        # when gradients accumulate, the sizes and dtypes of the layer's parameters too.
-        shapes = tuple(parameters[g][1:] for g in layer.param_indices) if accumulates else ()
+        # Identical blocks share their kernel and collective tuples (simddp.workload): identity identifies them.
+        # Layers sharing kernel tuples come from one template and own parameters of the same shapes
+        # (tests/test_workload.py checks it), so the accumulation time goes with them; layers without kernels
+        # (measured times) may share the empty tuple, so their parameter shapes join the key.
+        shapes = (tuple(parameters[g][1:] for g in layer.param_indices)
+                  if accumulates and not (layer.fwd or layer.dgrad or layer.wgrad) else ())
         key = (id(layer.fwd), id(layer.dgrad), id(layer.wgrad), id(layer.collectives), layer.recompute,
                layer.fwd_time_s, layer.bwd_time_s, shapes)
         if key not in seen:
@@ -295,7 +300,7 @@ def build_plan(scenario: Scenario, workload: Workload | None = None) -> StepPlan
         gather_after = None
         if grads.params and mode != "fsdp" and not rule.overlap_param_gather:
             gather_after = _param_sync(rule, working, dp)
-        plans = layer_plans(scenario, layers, workload.parameters, timed)
+        plans = layer_plans(scenario, layers, workload.parameters, timed, rule)
         rank = RankPlan(r, layers, plans, grads, bucket_of_layer, buckets, rounds, opt_s, gather_after,
                         _embedding_sync(scenario, workload, r, rule), overlap=rule.overlap)
         _ddp_options(scenario, rank, unused, dp)
