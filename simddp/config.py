@@ -631,8 +631,9 @@ class DDPConfig(_Frozen):
     gradient_accumulation_fusion: bool | None = Field(
         default=None,
         description="Megatron --gradient-accumulation-fusion: weight-gradient GEMMs add straight into the main_grad "
-        "buffer (apex fused_weight_gradient_mlp_cuda), so no separate accumulation pass; false (Megatron before "
-        "2022, or --no-gradient-accumulation-fusion): a hook adds each gradient into main_grad every micro-batch. "
+        "buffer (apex fused_weight_gradient_mlp_cuda), so no separate accumulation pass; false (the Megatron code "
+        "of Narayanan 2021 and Korthikanti 2022, or --no-gradient-accumulation-fusion): a hook adds each gradient "
+        "into main_grad every micro-batch. "
         "null = on for implementation megatron; torch and DeepSpeed accumulate in autograd (no fused path).",
     )
     stage3_prefetch_numel: int | None = Field(
