@@ -206,7 +206,6 @@ def layer_plans(scenario: Scenario, layers: Sequence[Layer], parameters: Sequenc
     tp = tp_group(scenario)
     rule = rule or zero_rule(scenario)
     m = scenario.num_micro_batches
-    accumulates = rule.grad_accumulation == "main-grad" or (rule.grad_accumulation == "autograd" and m > 1)
     out = []
     # Identical blocks have identical kernels: time each distinct layer once.
     seen = {} if seen is None else seen
@@ -216,15 +215,15 @@ def layer_plans(scenario: Scenario, layers: Sequence[Layer], parameters: Sequenc
         # (tests/test_workload.py checks it), so the accumulation time goes with them; layers without kernels
         # (measured times) may share the empty tuple, so their parameter shapes join the key.
         shapes = (tuple(parameters[g][1:] for g in layer.param_indices)
-                  if accumulates and not (layer.fwd or layer.dgrad or layer.wgrad) else ())
+                  if not (layer.fwd or layer.dgrad or layer.wgrad) else ())
         key = (id(layer.fwd), id(layer.dgrad), id(layer.wgrad), id(layer.collectives), layer.recompute,
                layer.fwd_time_s, layer.bwd_time_s, shapes)
         if key not in seen:
             t: LayerTiming = layer_timing(layer, gpu, tr, eff)
-            if accumulates:
-                params = [parameters[g] for g in layer.param_indices]
-                t = replace(t, wgrad_s=t.wgrad_s + grad_accumulation_s(params, rule.grad_accumulation, m,
-                                                                       rule.reduce_in_fp32, gpu))
+            accumulate = grad_accumulation_s([parameters[g] for g in layer.param_indices], rule.grad_accumulation,
+                                             m, rule.reduce_in_fp32, gpu)
+            if accumulate:
+                t = replace(t, wgrad_s=t.wgrad_s + accumulate)
             if par.tp > 1 and layer.collectives:
                 cs = layer.collectives
                 seen[key] = LayerPlan(
