@@ -1009,19 +1009,24 @@ def deep_merge(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]
 
 def set_value(data: dict[str, Any], dotted: str, value: Any) -> dict[str, Any]:
     """A copy of ``data`` with ``value`` at the dotted path (missing dicts on the way are created)."""
+    out = copy.deepcopy(data)
+    put_value(out, dotted, value)
+    return out
+
+
+def put_value(data: dict[str, Any], dotted: str, value: Any) -> None:
+    """:func:`set_value` in place: ``data`` itself gets ``value`` at the dotted path."""
     keys = dotted.split(".")
     if not all(keys):
         raise ScenarioError(f"{safeio.short_repr(dotted)}: empty key in path")
     if len(keys) > safeio.MAX_DEPTH:
         raise ScenarioError(f"{safeio.short_repr(dotted)}: more than {safeio.MAX_DEPTH} keys in the path")
-    out = copy.deepcopy(data)
-    node = out
+    node = data
     for k in keys[:-1]:
         if not isinstance(node.get(k), dict):
             node[k] = {}
         node = node[k]
     node[keys[-1]] = value
-    return out
 
 
 def set_path(data: dict[str, Any], dotted: str, raw_value: str) -> dict[str, Any]:

@@ -7,10 +7,12 @@ function of hashable, frozen arguments, so a cached answer is the answer; :func:
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
+from collections import OrderedDict
+from collections.abc import Callable, Hashable
 from typing import Any, TypeVar
 
 F = TypeVar("F", bound=Callable[..., Any])
+T = TypeVar("T")
 
 _REGISTRY: list[Any] = []
 
@@ -26,10 +28,35 @@ def cached(maxsize: int = 65536) -> Callable[[F], F]:
     return wrap
 
 
+class KeyedCache:
+    """A bounded map from a key to a value computed once (least recently used out first), for functions whose
+    arguments are not all hashable but whose answer depends on a hashable part of them: the caller says
+    which. :func:`clear` empties it."""
+
+    def __init__(self, maxsize: int) -> None:
+        self.maxsize = maxsize
+        self.data: OrderedDict[Hashable, Any] = OrderedDict()
+        _REGISTRY.append(self)
+
+    def get(self, key: Hashable, compute: Callable[[], T]) -> T:
+        try:
+            value = self.data[key]
+        except KeyError:
+            value = self.data[key] = compute()
+            if len(self.data) > self.maxsize:
+                self.data.popitem(last=False)
+            return value
+        self.data.move_to_end(key)
+        return value  # type: ignore[no-any-return]
+
+    def cache_clear(self) -> None:
+        self.data.clear()
+
+
 def clear() -> None:
     """Empty every engine cache."""
     for fn in _REGISTRY:
         fn.cache_clear()
 
 
-__all__ = ["cached", "clear"]
+__all__ = ["KeyedCache", "cached", "clear"]

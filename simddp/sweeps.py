@@ -20,7 +20,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from simddp.config import ModelConfig, Scenario, ScenarioError, set_value
+from simddp.config import ModelConfig, Scenario, ScenarioError, put_value, set_value
 from simddp.results import StepResult
 from simddp.scenario_io import scenario_from_dict
 
@@ -192,29 +192,36 @@ def get_path(data: dict[str, Any], path: str, default: Any = None) -> Any:
 
 
 def with_values(
-    base: dict[str, Any], updates: dict[str, Any], batch: BatchScaling = "weak"
+    base: dict[str, Any], updates: dict[str, Any], batch: BatchScaling = "weak",
+    base_scenario: Scenario | None = None,
 ) -> dict[str, Any]:
     """``base`` with each dotted path of ``updates`` set; a new cluster size re-derives dp and the batch.
 
     When the cluster size changes, an explicit ``parallelism.dp`` is dropped (dp = GPUs / (tp x pp)), and
-    with ``batch="weak"`` the global batch keeps the base's micro-batches per GPU.
+    with ``batch="weak"`` the global batch keeps the base's micro-batches per GPU. ``base_scenario`` is
+    ``base`` validated, when the caller has it (a sweep validates its base once, not once per point).
     """
     out = copy.deepcopy(base)
     for path, value in updates.items():
-        out = set_value(out, path, value)
+        put_value(out, path, value)
     if not any(p in updates for p in _CLUSTER_SIZE_PATHS):
         return out
     if get_path(out, "parallelism.dp") is not None:
-        out = set_value(out, "parallelism.dp", None)
+        put_value(out, "parallelism.dp", None)
     if batch == "weak":
-        try:
-            base_s = scenario_from_dict(base)
-        except ScenarioError:
-            return out
-        resized = scenario_from_dict_or_none(set_value(out, "training.global_batch_size", None))
+        if base_scenario is None:
+            try:
+                base_scenario = scenario_from_dict(base)
+            except ScenarioError:
+                return out
+        # The variant without its batch, to learn its dp (a shallow copy down to the one key it changes).
+        training = out.get("training")
+        unbatched = {**out, "training": {**(training if isinstance(training, dict) else {}),
+                                         "global_batch_size": None}}
+        resized = scenario_from_dict_or_none(unbatched)
         if resized is not None:
-            gbs = base_s.num_micro_batches * resized.training.micro_batch_size * resized.dp
-            out = set_value(out, "training.global_batch_size", gbs)
+            gbs = base_scenario.num_micro_batches * resized.training.micro_batch_size * resized.dp
+            put_value(out, "training.global_batch_size", gbs)
     return out
 
 
@@ -301,7 +308,7 @@ def scaling_sweep(
             continue
         else:
             nodes, gpn = g // per_node, per_node
-        variant = with_values(base, {"cluster.num_nodes": nodes, "cluster.gpus_per_node": gpn}, batch)
+        variant = with_values(base, {"cluster.num_nodes": nodes, "cluster.gpus_per_node": gpn}, batch, ref)
         metrics = _metrics(variant)
         metrics["num_gpus"] = metrics["num_gpus"] or g
         points.append(ScalingPoint(num_nodes=nodes, gpus_per_node=gpn, **metrics))
@@ -315,7 +322,7 @@ def bucket_cap_sweep(
     base = as_scenario_dict(scenario)
     ref = scenario_from_dict(base)
     points = [
-        BucketCapPoint(bucket_cap_mb=cap, **_metrics(with_values(base, {"ddp.bucket_cap_mb": cap})))
+        BucketCapPoint(bucket_cap_mb=cap, **_metrics(with_values(base, {"ddp.bucket_cap_mb": cap}, base_scenario=ref)))
         for cap in caps_mb
     ]
     return BucketCapSweep(scenario=ref.name, reference_bucket_cap_mb=ref.ddp.bucket_cap_mb, points=points)
@@ -383,7 +390,7 @@ def grid_sweep(
     base = as_scenario_dict(scenario)
     ref = scenario_from_dict(base)
     points = [
-        GridPoint(x=x, y=y, **_metrics(with_values(base, {x_path: x, y_path: y}, batch)))
+        GridPoint(x=x, y=y, **_metrics(with_values(base, {x_path: x, y_path: y}, batch, ref)))
         for y in y_values
         for x in x_values
     ]
@@ -443,9 +450,9 @@ class VarySweep(_Sweep):
         return [{**p.values, **p.model_dump(exclude={"values"})} for p in self.points]
 
 
-def _vary_point(args: tuple[dict[str, Any], dict[str, Any], BatchScaling]) -> VaryPoint:
-    base, update, batch = args
-    return VaryPoint(values=update, **_metrics(with_values(base, update, batch)))
+def _vary_point(args: tuple[dict[str, Any], dict[str, Any], BatchScaling, Scenario]) -> VaryPoint:
+    base, update, batch, base_scenario = args
+    return VaryPoint(values=update, **_metrics(with_values(base, update, batch, base_scenario)))
 
 
 def vary_sweep(
@@ -468,7 +475,7 @@ def vary_sweep(
     ref = scenario_from_dict(base)
     paths = list(varies)
     combos = [dict(zip(paths, combo, strict=True)) for combo in itertools.product(*varies.values())]
-    tasks = [(base, combo, batch) for combo in combos]
+    tasks = [(base, combo, batch, ref) for combo in combos]
     points: list[VaryPoint] = []
     if jobs > 1 and len(tasks) > 1:
         from concurrent.futures import ProcessPoolExecutor

@@ -37,6 +37,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Literal, NamedTuple, TypeVar
 
 from simddp.config import Scenario, TransformerSpec
+from simddp.engine_caches import KeyedCache
 from simddp.units import dtype_bytes
 
 _D = TypeVar("_D")
@@ -210,10 +211,36 @@ def total_params(spec: TransformerSpec) -> int:
     return sum(p.numel for p in _transformer_params(spec, 1, "float32")[0])
 
 
+#: Transformer workloads by what they are built from (:func:`workload_key`): the configurations of a sweep
+#: or a plan that differ only in the cluster, the batch, the bucket cap, ZeRO or recompute share one workload,
+#: and with it what its ``memo`` keeps (stage parameters, bucket assignments).
+_WORKLOADS = KeyedCache(maxsize=256)
+
+
+def workload_key(scenario: Scenario) -> tuple[Any, ...]:
+    """Every input :func:`_transformer_workload` reads (``tests/test_workload.py`` checks that scenarios
+    with one key build equal workloads): the model, and the training and parallelism fields below."""
+    tr, par = scenario.training, scenario.parallelism
+    return (scenario.model, tr.precision, tr.micro_batch_size, tr.seq_len, tr.cross_entropy, tr.attention,
+            tr.dropout, par.tp, par.pp, par.virtual_stages, par.sequence_parallel)
+
+
 def build_workload(scenario: Scenario) -> Workload:
-    """The per-GPU workload of ``scenario`` (its tp shard; every pipeline stage, tagged by ``stage``)."""
+    """The per-GPU workload of ``scenario`` (its tp shard; every pipeline stage, tagged by ``stage``).
+
+    A transformer's is built once per :func:`workload_key`; the workload is immutable but for its ``memo``
+    of values derived from it alone, so sharing it is exact.
+    """
     if scenario.model.transformer is not None:
-        return _transformer_workload(scenario, scenario.model.transformer)
+        return _WORKLOADS.get(workload_key(scenario), lambda: fresh_workload(scenario))
+    return _parameter_list_workload(scenario)
+
+
+def fresh_workload(scenario: Scenario) -> Workload:
+    """:func:`build_workload` built anew, never from its cache."""
+    spec = scenario.model.transformer
+    if spec is not None:
+        return _transformer_workload(scenario, spec)
     return _parameter_list_workload(scenario)
 
 

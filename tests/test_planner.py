@@ -16,7 +16,7 @@ from simddp import ScenarioError, as_scenario, memory_breakdown, simulate
 from simddp.cli import main
 from simddp.planner import candidate_layouts, plan_layouts, step_lower_bound
 from simddp.sim.pipeline import schedule
-from simddp.workload import build_workload
+from simddp.workload import build_workload, fresh_workload
 
 SMALL = {
     "cluster": {"preset": "dgx-a100-80gb", "num_nodes": 1, "gpus_per_node": 4},
@@ -113,7 +113,7 @@ def test_the_workload_does_not_depend_on_recompute(path: str) -> None:
     base = as_scenario_dict(load_scenario(path))
     built = []
     for recompute in ("none", "selective", "full", "selective-op"):
-        w = build_workload(as_scenario(set_value(base, "training.recompute", recompute)))
+        w = fresh_workload(as_scenario(set_value(base, "training.recompute", recompute)))
         built.append(repr((w.layers, w.parameters, w.grad_ready_order, w.model_flop_per_sample, w.num_stages,
                            w.boundary_activation_bytes, w.boundary_gather_bytes, w.notes)))
     assert all(b == built[0] for b in built)

@@ -107,3 +107,61 @@ def test_layers_sharing_kernel_tuples_own_parameters_of_the_same_shapes(override
         assert shapes.setdefault(key, own) == own, layer.name
     if scenario.model.transformer is not None:
         assert len(shapes) < len(w.layers)  # the sharing this relies on is there
+
+
+# Scenario keys outside simddp.workload.workload_key, each with a value other than the bases': a workload shared
+# by scenarios differing in them must be the workload each would build.
+_OUTSIDE_THE_KEY = {
+    "cluster.num_nodes": "half", "cluster.preset": "dgx-h200-141gb", "training.global_batch_size": "double",
+    "training.recompute": "full", "training.optimizer": "sgd", "parallelism.zero_stage": 1,
+    "ddp.bucket_cap_mb": 5, "ddp.implementation": "megatron", "memory.fragmentation_fraction": 0.2,
+    "training.grad_clip_norm": 1.0,
+}
+
+
+@pytest.mark.parametrize("path", ["simddp/default_scenario.yaml", "examples/gpt3-175b-3d-1024xA100.yaml"])
+@pytest.mark.parametrize(("key", "value"), _OUTSIDE_THE_KEY.items())
+def test_a_shared_workload_is_the_one_each_scenario_builds(path: str, key: str, value: object) -> None:
+    from simddp import load_scenario
+    from simddp.config import ScenarioError, set_value
+    from simddp.sweeps import as_scenario_dict
+    from simddp.workload import fresh_workload, workload_key
+
+    base = load_scenario(path)
+    if value == "half":  # a smaller cluster, with the batch that keeps the base's micro-batches
+        value = base.cluster.num_nodes // 2
+        data = set_value(as_scenario_dict(base), "training.global_batch_size", base.global_batch_size // 2)
+    else:
+        data = as_scenario_dict(base)
+    if value == "double":
+        value = 2 * base.global_batch_size
+    try:
+        variant = scenario_from_dict(set_value(data, key, value))
+    except ScenarioError as err:
+        pytest.fail(f"{key}={value!r} should be a valid variant of {path}: {err}")
+    assert workload_key(variant) == workload_key(base)
+    assert build_workload(variant) is build_workload(base)
+    assert fresh_workload(variant) == fresh_workload(base)
+
+
+@pytest.mark.parametrize(("key", "value"), [
+    ("training.seq_len", 2048), ("training.micro_batch_size", 2), ("training.precision", "fp16-mixed"),
+    ("training.attention", "unfused"), ("training.dropout", False), ("training.cross_entropy", "unfused"),
+    ("parallelism.tp", 2), ("parallelism.sequence_parallel", True), ("parallelism.pp", 2),
+    ("model.preset", "gpt2-medium"),
+])
+def test_each_workload_key_changes_the_workload(key: str, value: object) -> None:
+    """Every field of the key matters: changing it alone builds another workload (so none is there for nothing)."""
+    from simddp.config import set_value
+    from simddp.workload import fresh_workload, workload_key
+
+    base = base_scenario(training={"micro_batch_size": 4, "seq_len": 1024, "global_batch_size": 64})
+    first = scenario_from_dict(base)
+    data = set_value(base, key, value)
+    if key == "parallelism.sequence_parallel":
+        data = set_value(data, "parallelism.tp", 2)
+        first = scenario_from_dict(set_value(base, "parallelism.tp", 2))
+    variant = scenario_from_dict(data)
+    assert workload_key(variant) != workload_key(first)
+    assert fresh_workload(variant) != fresh_workload(first)
+    assert build_workload(variant) is not build_workload(first)

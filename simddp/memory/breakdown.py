@@ -109,13 +109,22 @@ def _stage_items(scenario: Scenario, workload: Workload, stage: int, rule: ZeroR
     # reduces in: the ZeRO paper's 16 bytes per parameter (states.py); reduce_in_fp32 adds no gradient bytes.
     fp32_grads = rule.reduce_in_fp32 and not (rule.implementation == "torch" and zero >= 2)
     ids = _stage_params(scenario, workload, stage)
-    params = [workload.parameters[i] for i in ids]
-    num_params = sum(p.numel for p in params)
-    # Stages holding the same parameter sizes (a pipeline's middle stages) hold the same states.
-    key = ("states", tuple((p.numel, p.dtype) for p in params))
+    # A stage's parameter count and sizes, once per workload; stages holding the same parameter sizes (a
+    # pipeline's middle stages) hold the same states.
+    sizes_key = ("stage sizes", stage, par.pp)
+    if sizes_key not in workload.memo:
+        params = [workload.parameters[i] for i in ids]
+        workload.memo[sizes_key] = (params, sum(p.numel for p in params), tuple((p.numel, p.dtype) for p in params))
+    params, num_params, sizes = workload.memo[sizes_key]
+    key = ("states", sizes)
     states = same.get(key)
     if states is None:
-        states = same[key] = model_states_bytes(params, tr.precision, tr.optimizer, zero, dp, fp32_grads)
+        states_key = ("states", sizes, tr.precision, tr.optimizer, zero, dp, fp32_grads)  # the same across calls
+        states = workload.memo.get(states_key)
+        if states is None:
+            states = workload.memo[states_key] = model_states_bytes(params, tr.precision, tr.optimizer, zero, dp,
+                                                                    fp32_grads)
+        same[key] = states
     shard = f" / {dp} dp ranks" if dp > 1 else ""
     items = [
         Item(category="params", name="parameters", size_bytes=states.params_bytes,

@@ -275,6 +275,10 @@ def build_plan(scenario: Scenario, workload: Workload | None = None) -> StepPlan
     reduces: dict[int, CollectiveCost] = {}  # bucket size -> its reduction (most buckets have the cap's size)
     timed: dict[tuple[Any, ...], LayerPlan] = {}  # distinct layer -> its plan, shared by every rank
     passes: dict[int, tuple[float, ...]] = {}  # distinct timing -> its pass values (_stage_passes)
+    # Everything layer_plans reads besides the workload: configurations sharing a workload (a sweep over
+    # bucket caps, ZeRO stages or clusters with this GPU and TP group) share their layer plans.
+    timing_key = (par.pp, cluster.gpu, tr.precision, tr.recompute, scenario.model.compute_efficiency,
+                  tp_group(scenario), rule.grad_accumulation, rule.reduce_in_fp32, m)
     ranks = []
     for r in range(par.pp):
         layers = workload.rank_layers(r, par.pp)
@@ -299,7 +303,10 @@ def build_plan(scenario: Scenario, workload: Workload | None = None) -> StepPlan
         gather_after = None
         if grads.params and mode != "fsdp" and not rule.overlap_param_gather:
             gather_after = _param_sync(rule, working, dp)
-        plans = layer_plans(scenario, layers, workload.parameters, timed, rule)
+        plans_key = ("layer plans", r, *timing_key)
+        plans = workload.memo.get(plans_key)
+        if plans is None:
+            plans = workload.memo[plans_key] = layer_plans(scenario, layers, workload.parameters, timed, rule)
         rank = RankPlan(r, layers, plans, grads, bucket_of_layer, buckets, rounds, opt_s, gather_after,
                         _embedding_sync(scenario, workload, r, rule), overlap=rule.overlap)
         _ddp_options(scenario, rank, unused, dp)
