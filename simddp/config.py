@@ -87,14 +87,19 @@ class _Frozen(BaseModel):
     def _no_bool_numbers_no_controls(cls, value: Any, info: ValidationInfo) -> Any:
         if isinstance(value, str):
             return safeio.strip_control(value)
-        annotation = cls.model_fields[info.field_name].annotation if info.field_name else Any
-        if isinstance(value, bool) and not _admits_bool(annotation):
-            raise ValueError("expected a number, not a boolean")
-        if isinstance(value, list) and any(isinstance(v, bool) for v in value):
-            item = _list_item_type(annotation)
+        if isinstance(value, bool):
+            if not _admits_bool(_annotation(cls, info)):
+                raise ValueError("expected a number, not a boolean")
+        elif isinstance(value, list) and any(isinstance(v, bool) for v in value):
+            item = _list_item_type(_annotation(cls, info))
             if item is not None and not _admits_bool(item):
                 raise ValueError("expected numbers, not booleans")
         return value
+
+
+def _annotation(cls: type[BaseModel], info: ValidationInfo) -> Any:
+    """The declared type of the field being validated (looked up only for the values that need it)."""
+    return cls.model_fields[info.field_name].annotation if info.field_name else Any
 
 
 # --------------------------------------------------------------------------------------- hardware

@@ -53,14 +53,25 @@ def rank_gradients(scenario: Scenario, workload: Workload, index: int = 0,
     """Parameters and gradient buckets of pipeline rank ``index`` (its tp shard), as the simulator uses them:
     the buckets of the data-parallel implementation's rule (:func:`simddp.zero.gradient_buckets`)."""
     rule = rule or zero_rule(scenario)
-    layers = workload.rank_layers(index, scenario.parallelism.pp)
+    unused = bool(workload.parameters) and searches_unused(scenario)
+    key = ("rank gradients", index, scenario.parallelism.pp, rule, unused, scenario.ddp.bucket_cap_mb)
+    grads = workload.memo.get(key)
+    if grads is None:  # once per workload and these inputs (a sweep's configurations share a workload)
+        grads = workload.memo[key] = _rank_gradients(workload, index, scenario.parallelism.pp, rule, unused,
+                                                     scenario.ddp.bucket_cap_mb)
+    return grads  # type: ignore[no-any-return]
+
+
+def _rank_gradients(workload: Workload, index: int, pp: int, rule: ZeroRule, unused: bool,
+                    bucket_cap_mb: float | None) -> RankGradients:
+    layers = workload.rank_layers(index, pp)
     global_ids = sorted({i for layer in layers for i in layer.param_indices})
     local = {g: k for k, g in enumerate(global_ids)}
     params = [grad_reduce_spec(workload.parameters[g], rule.reduce_in_fp32) for g in global_ids]
     ready_order = [local[g] for g in workload.ready_sorted(global_ids)]
-    if params and searches_unused(scenario):  # torch never rebuilds these buckets (bucketing.ddp_initial_buckets)
+    if params and unused:  # torch never rebuilds these buckets (bucketing.ddp_initial_buckets)
         buckets = [BucketSpec(b.index, b.param_indices, b.size_bytes, b.dtype, b.cap_bytes)
-                   for b in ddp_initial_buckets(params, scenario.ddp.bucket_cap_mb)]
+                   for b in ddp_initial_buckets(params, bucket_cap_mb)]
     elif params and len(ready_order) == len(params):  # the memory model's buckets (simddp.memory.buffers)
         buckets = stage_gradient_buckets(rule, workload, index, global_ids, params, ready_order, layers)
     else:
@@ -112,13 +123,43 @@ class FsdpUnitPlan:
     reduce_blocks: bool = False
 
 
+class LayerPlans(list[LayerPlan]):
+    """A rank's layer plans in forward order, with their sums worked out once per list: configurations that
+    share their layer plans (:func:`build_plan` keeps them in the workload's memo) share these too."""
+
+    @functools.cached_property
+    def kernel_s(self) -> float:
+        """Kernel time (forward, recompute, backward) of one micro-batch."""
+        return sum(p.timing.compute_s for p in self)
+
+    @functools.cached_property
+    def recompute_s(self) -> float:
+        return sum(p.timing.recompute_s for p in self)
+
+    @functools.cached_property
+    def tp_comm_s(self) -> float:
+        total: float = 0  # as sum() starts
+        per_timing: dict[int, float] = {}  # layers sharing a timing share their collectives (layer_plans)
+        for p in self:
+            key = id(p.timing)
+            if key not in per_timing:
+                per_timing[key] = p.tp_comm_s
+            total += per_timing[key]
+        return total
+
+    @functools.cached_property
+    def has_tp_collectives(self) -> bool:
+        """Whether any layer has a collective of its own (TP, sequence parallelism)."""
+        return any(p.fwd_pre or p.fwd_post or p.bwd_pre or p.dgrad_post or p.wgrad_pre for p in self)
+
+
 @dataclass
 class RankPlan:
     """One pipeline rank (its data- and tensor-parallel peers behave the same)."""
 
     index: int
     layers: tuple[Layer, ...]
-    plans: list[LayerPlan]
+    plans: LayerPlans
     grads: RankGradients
     bucket_of_layer: list[list[int]]  # bucket index of each gradient a layer releases
     buckets: list[BucketPlan]
@@ -149,25 +190,19 @@ class RankPlan:
     clip_reduces: tuple[CollectiveCost, ...] = ()
     clip_scale_s: float = 0.0
 
-    @functools.cached_property
+    @property
     def kernel_s(self) -> float:
         """Kernel time (forward, recompute, backward) of one micro-batch on this rank."""
-        return sum(p.timing.compute_s for p in self.plans)
+        return self.plans.kernel_s
 
-    @functools.cached_property
+    @property
     def recompute_s(self) -> float:
-        return sum(p.timing.recompute_s for p in self.plans)
+        return self.plans.recompute_s
 
-    @functools.cached_property
+    @property
     def tp_comm_s(self) -> float:
-        total: float = 0  # as sum() starts
-        per_timing: dict[int, float] = {}  # layers sharing a timing share their collectives (layer_plans)
-        for p in self.plans:
-            key = id(p.timing)
-            if key not in per_timing:
-                per_timing[key] = p.tp_comm_s
-            total += per_timing[key]
-        return total
+        """TP collective time of one micro-batch on this rank, each collective alone on its link."""
+        return self.plans.tp_comm_s
 
 
 @dataclass
@@ -306,15 +341,25 @@ def build_plan(scenario: Scenario, workload: Workload | None = None) -> StepPlan
         plans_key = ("layer plans", r, *timing_key)
         plans = workload.memo.get(plans_key)
         if plans is None:
-            plans = workload.memo[plans_key] = layer_plans(scenario, layers, workload.parameters, timed, rule)
+            plans = workload.memo[plans_key] = LayerPlans(layer_plans(scenario, layers, workload.parameters, timed,
+                                                                      rule))
         rank = RankPlan(r, layers, plans, grads, bucket_of_layer, buckets, rounds, opt_s, gather_after,
                         _embedding_sync(scenario, workload, r, rule), overlap=rule.overlap)
         _ddp_options(scenario, rank, unused, dp)
-        stages = sorted({la.stage for la in layers})
-        for vs in stages:
-            stage_plans = rank.plans if len(stages) == 1 else [rank.plans[i] for i, la in enumerate(layers)
-                                                               if la.stage == vs]
-            _stage_passes(rank, vs, stage_plans, par.tp_comm_overlap, cluster.comm_compute_interference, passes)
+        # Each virtual stage's passes, once per layer plans and the two inputs they add.
+        passes_key = ("stage passes", plans_key, par.tp_comm_overlap, cluster.comm_compute_interference)
+        stage_values = workload.memo.get(passes_key)
+        if stage_values is None:
+            stages = sorted({la.stage for la in layers})
+            for vs in stages:
+                stage_plans = rank.plans if len(stages) == 1 else [rank.plans[i] for i, la in enumerate(layers)
+                                                                   if la.stage == vs]
+                _stage_passes(rank, vs, stage_plans, par.tp_comm_overlap, cluster.comm_compute_interference,
+                              passes)
+            stage_values = workload.memo[passes_key] = {name: dict(getattr(rank, name)) for name in _PASS_FIELDS}
+        else:
+            for name, values in stage_values.items():
+                getattr(rank, name).update(values)
         if mode == "fsdp":
             rank.fsdp_units, rank.fsdp_root = _fsdp_plans(workload, rank, dp, rule)
         ranks.append(rank)
@@ -329,6 +374,11 @@ def build_plan(scenario: Scenario, workload: Workload | None = None) -> StepPlan
             gather = collective_cost("all-gather", workload.boundary_gather_bytes, tp_group(scenario))
     return StepPlan(scenario, workload, ranks, m, mode, ops, p2p, gather, par.tp_comm_overlap,
                     cluster.comm_compute_interference, rule)
+
+
+#: The RankPlan fields :func:`_stage_passes` fills (virtual stage -> seconds).
+_PASS_FIELDS = ("fwd_alone_s", "fwd_busy_s", "bwd_alone_s", "bwd_busy_s", "fwd_work_s", "bwd_work_s",
+                "bwd_recompute_s")
 
 
 def _stage_passes(rank: RankPlan, vs: int, plans: Sequence[LayerPlan], overlap: str, interference: float,

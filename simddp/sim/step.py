@@ -616,10 +616,12 @@ def _result(plan: StepPlan, states: list[Any], spans: list[Span] | None) -> Step
             buckets.append({"index": u.index, "size_bytes": u.grad_bytes, "num_params": 0, "ready_s": ready,
                             "start_s": start, "end_s": end, "algorithm": "reduce-scatter", "protocol": "unit"})
     else:
+        reduced, ready_at = st.reduced, st.ready_at
         for b in rp.buckets:
-            start, end = st.reduced[(last, b.index)]
+            key = (last, b.index)
+            start, end = reduced[key]
             buckets.append({"index": b.index, "size_bytes": b.size_bytes, "num_params": b.num_params,
-                            "ready_s": st.ready_at[(last, b.index)], "start_s": start, "end_s": end,
+                            "ready_s": ready_at[key], "start_s": start, "end_s": end,
                             "algorithm": b.reduce.algorithm, "protocol": b.reduce.protocol})
     return StepResult(
         scenario=scenario.name,
