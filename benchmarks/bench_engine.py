@@ -109,6 +109,28 @@ def time_sweep(exact: bool) -> tuple[float, int]:
     return time.perf_counter() - t0, len(scenarios)
 
 
+#: The ``simddp sweep`` grid of the same kind (10 x 5 x 5 x 2 x 2 = 1,000 points; the global batch follows the
+#: cluster, weak scaling, as in :func:`sweep_configs`).
+SWEEP_GRID: dict[str, list[Any]] = {
+    "ddp.bucket_cap_mb": [1, 2, 5, 10, 25, 50, 100, 250, 500, 1000],
+    "cluster.num_nodes": [2, 4, 8, 16, 32],
+    "training.micro_batch_size": [1, 2, 4, 8, 16],
+    "parallelism.zero_stage": [0, 1],
+    "training.seq_len": [2048, 4096],
+}
+
+
+def time_cli_sweep(jobs: int) -> tuple[float, int]:
+    """``simddp sweep``'s own path (:func:`simddp.sweeps.vary_sweep`: each point validated from its dict, then
+    simulated; ``jobs`` worker processes), engine caches cleared first; worker start-up included."""
+    from simddp.sweeps import vary_sweep
+
+    clear_caches()
+    t0 = time.perf_counter()
+    sweep = vary_sweep(simddp.as_scenario(DEFAULT), SWEEP_GRID, jobs=jobs)
+    return time.perf_counter() - t0, len(sweep.points)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--exact", action="store_true", help="time the full simpy simulation")
@@ -122,6 +144,11 @@ def main() -> None:
         print(f"| {name} | {t * 1e3:.2f} ms | {fastest * 1e3:.2f} ms | {r.step_time_s:.4f} s |", flush=True)
     total, n = time_sweep(args.exact)
     print(f"| {n}-configuration DDP sweep | {total:.2f} s | - | {total / n * 1e3:.2f} ms each |")
+    if not args.exact:
+        for jobs in (1, 2):
+            total, n = time_cli_sweep(jobs)
+            print(f"| {n}-point `simddp sweep --jobs {jobs}` (validation included) | {total:.2f} s | - "
+                  f"| {total / n * 1e3:.2f} ms each |", flush=True)
 
 
 if __name__ == "__main__":

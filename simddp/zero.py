@@ -58,6 +58,7 @@ from simddp.config import (
     default_overlap,
     default_reduce_in_fp32,
 )
+from simddp.engine_caches import KeyedCache
 from simddp.units import MiB, dtype_bytes
 from simddp.workload import Layer, Param, Workload, fsdp_unit_layers, grad_reduce_spec
 
@@ -149,8 +150,20 @@ class ZeroRule:
         return 4 if self.reduce_in_fp32 else 2
 
 
+#: Rules by every input :func:`zero_rule` reads (a step asks for its rule from the plan, the memory model and
+#: the limits; a sweep's configurations share a few).
+_RULES = KeyedCache(maxsize=1024)
+
+
 def zero_rule(scenario: Scenario) -> ZeroRule:
     """The rule of ``scenario``'s implementation and ZeRO stage, its ``ddp`` keys and defaults applied."""
+    par = scenario.parallelism
+    key = (scenario.ddp, par.zero_stage, par.pp, scenario.dp, scenario.training.precision,
+           scenario.memory.fsdp_prefetch_layers)
+    return _RULES.get(key, lambda: _zero_rule(scenario))
+
+
+def _zero_rule(scenario: Scenario) -> ZeroRule:
     ddp, par, tr = scenario.ddp, scenario.parallelism, scenario.training
     impl, stage, pp, dp = ddp.implementation, par.zero_stage, par.pp, scenario.dp
     overlap = ddp.overlap if ddp.overlap is not None else default_overlap(impl, stage)

@@ -37,7 +37,13 @@ def buffer_items(scenario: Scenario, workload: Workload, stage: int, ids: list[i
     tr, par, mem = scenario.training, scenario.parallelism, scenario.memory
     items: list[Item] = []
     if ids and scenario.dp > 1:  # one data-parallel rank needs no data-parallel wrapper
-        items += data_parallel_buffers(rule or zero_rule(scenario), scenario, workload, stage, ids)
+        rule = rule or zero_rule(scenario)
+        # What the rule keeps of this stage's parameters, once per workload and these inputs (a sweep's
+        # configurations share their workload).
+        key = ("dp buffers", stage, par.pp, rule, scenario.dp, tuple(ids))
+        if key not in workload.memo:
+            workload.memo[key] = data_parallel_buffers(rule, scenario, workload, stage, ids)
+        items += workload.memo[key]
     spec = scenario.model.transformer
     if par.pp > 1 and spec is not None:
         sp = par.tp if par.sequence_parallel else 1

@@ -46,6 +46,9 @@ class RankGradients:
     params: list[Param]
     ready_order: list[int]
     buckets: list[BucketSpec]
+    #: Values derived from these gradients (and the inputs in their keys), computed once: rank_gradients keeps
+    #: one object per workload and inputs, so the configurations of a sweep that share it share these.
+    memo: dict[Any, Any] = field(default_factory=dict, compare=False, repr=False)
 
 
 def rank_gradients(scenario: Scenario, workload: Workload, index: int = 0,
@@ -318,11 +321,16 @@ def build_plan(scenario: Scenario, workload: Workload | None = None) -> StepPlan
     for r in range(par.pp):
         layers = workload.rank_layers(r, par.pp)
         grads = rank_gradients(scenario, workload, r, rule)
-        local = {g: k for k, g in enumerate(grads.global_ids)}
-        bucket_of_param = {p: b.index for b in grads.buckets for p in b.param_indices}
-        bucket_of_layer = [[bucket_of_param[local[g]] for g in la.param_indices if g not in unused]
-                           if la.param_indices else [] for la in layers]
-        working = [workload.parameters[g] for g in grads.global_ids]
+        bucket_of_layer = grads.memo.get("bucket of layer")  # unused parameters are the model's: in the workload
+        if bucket_of_layer is None:
+            local = {g: k for k, g in enumerate(grads.global_ids)}
+            bucket_of_param = {p: b.index for b in grads.buckets for p in b.param_indices}
+            bucket_of_layer = grads.memo["bucket of layer"] = [
+                [bucket_of_param[local[g]] for g in la.param_indices if g not in unused] if la.param_indices else []
+                for la in layers]
+        working = grads.memo.get("working")
+        if working is None:
+            working = grads.memo["working"] = [workload.parameters[g] for g in grads.global_ids]
         buckets = []
         for b in grads.buckets:
             gather = None
@@ -337,7 +345,10 @@ def build_plan(scenario: Scenario, workload: Workload | None = None) -> StepPlan
         opt_s = optimizer_step_s(stage_workload, cluster.gpu, tr, shard, impl) if grads.params else 0.0
         gather_after = None
         if grads.params and mode != "fsdp" and not rule.overlap_param_gather:
-            gather_after = _param_sync(rule, working, dp)
+            sync_key = ("param sync", rule.param_sync, dp)
+            if sync_key not in grads.memo:
+                grads.memo[sync_key] = _param_sync(rule, working, dp)
+            gather_after = grads.memo[sync_key]
         plans_key = ("layer plans", r, *timing_key)
         plans = workload.memo.get(plans_key)
         if plans is None:
