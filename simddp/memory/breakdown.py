@@ -186,7 +186,10 @@ def _activation_items(scenario: Scenario, workload: Workload, stage: int, in_fli
     }
     act = PRECISION_ACT_BYTES[tr.precision]
     dropout = uses_dropout(scenario)
-    blocks = {layer.block for layer in layers if layer.block is not None}
+    blocks_key = ("blocks", stage, par.pp)
+    if blocks_key not in workload.memo:
+        workload.memo[blocks_key] = {layer.block for layer in layers if layer.block is not None}
+    blocks = workload.memo[blocks_key]
     if ("layer", tr.recompute) not in same:
         for recompute in {tr.recompute, "none"}:
             same[("layer", recompute)] = transformer_layer_activation_bytes(

@@ -37,13 +37,7 @@ def buffer_items(scenario: Scenario, workload: Workload, stage: int, ids: list[i
     tr, par, mem = scenario.training, scenario.parallelism, scenario.memory
     items: list[Item] = []
     if ids and scenario.dp > 1:  # one data-parallel rank needs no data-parallel wrapper
-        rule = rule or zero_rule(scenario)
-        # What the rule keeps of this stage's parameters, once per workload and these inputs (a sweep's
-        # configurations share their workload).
-        key = ("dp buffers", stage, par.pp, rule, scenario.dp, tuple(ids))
-        if key not in workload.memo:
-            workload.memo[key] = data_parallel_buffers(rule, scenario, workload, stage, ids)
-        items += workload.memo[key]
+        items += data_parallel_buffers(rule or zero_rule(scenario), scenario, workload, stage, ids)
     spec = scenario.model.transformer
     if par.pp > 1 and spec is not None:
         sp = par.tp if par.sequence_parallel else 1
@@ -63,7 +57,17 @@ def data_parallel_buffers(rule: ZeroRule, scenario: Scenario, workload: Workload
                           ids: list[int]) -> list[Item]:
     """The gradient and parameter buffers ``rule`` keeps on a GPU of pipeline ``stage`` holding ``ids``."""
     params = workload.parameters
-    grads = reduce_specs(rule, [params[i] for i in ids])
+    # The gradients as reduced and their ready order: once per workload, stage and dtype rule (the
+    # configurations of a sweep share their workload).
+    key = ("reduced gradients", stage, scenario.parallelism.pp, rule.reduce_in_fp32, tuple(ids))
+    if key not in workload.memo:
+        grads = reduce_specs(rule, [params[i] for i in ids])
+        local = {g: k for k, g in enumerate(ids)}
+        order = [local[g] for g in workload.ready_sorted(ids)]
+        seen = set(order)
+        order += [k for k in range(len(ids)) if k not in seen]  # a tied copy not in this stage's order
+        workload.memo[key] = grads, order
+    grads, order = workload.memo[key]
     layers = workload.rank_layers(stage, scenario.parallelism.pp)
     dp = scenario.dp
     if rule.unsharded_across_micro_batches:
@@ -77,10 +81,6 @@ def data_parallel_buffers(rule: ZeroRule, scenario: Scenario, workload: Workload
         return out
     if rule.sharded_params:
         return _unit_buffers(rule, workload, layers, ids, dp)
-    local = {g: k for k, g in enumerate(ids)}
-    order = [local[g] for g in workload.ready_sorted(ids)]
-    seen = set(order)
-    order += [k for k in range(len(ids)) if k not in seen]  # a tied copy not in this stage's order
     # Size buckets over the ready order: the same for every ZeRO stage and layout sharing this workload.
     buckets = stage_gradient_buckets(rule, workload, stage, ids, grads, order, layers)
     out = []
