@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from pydantic import TypeAdapter
+
 from simddp.config import Scenario
 from simddp.memory.activations import (
     in_flight_micro_batches,
@@ -22,6 +24,8 @@ from simddp.memory.states import OPTIMIZER_STATE_BYTES_PER_PARAM, model_states_b
 from simddp.units import fmt_bytes
 from simddp.workload import PRECISION_ACT_BYTES, Workload, build_workload, uses_dropout
 from simddp.zero import ZeroRule, describe, zero_rule
+
+_ITEM_LIST = TypeAdapter(list[MemoryItem])
 
 
 def memory_breakdown(scenario: Scenario, workload: Workload | None = None, stage: int | None = None) -> MemoryBreakdown:
@@ -69,7 +73,7 @@ def memory_breakdown(scenario: Scenario, workload: Workload | None = None, stage
         fits=total <= capacity,
         headroom_bytes=capacity - total,
         stage_total_bytes=totals,
-        items=[MemoryItem(category=i.category, name=i.name, size_bytes=i.size_bytes, note=i.note) for i in items],
+        items=_ITEM_LIST.validate_python([i._asdict() for i in items]),
         notes=_notes(scenario) + list(workload.notes),
     )
 

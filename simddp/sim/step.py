@@ -493,6 +493,7 @@ def _run_pipeline(env: simpy.Environment, plan: StepPlan, states: list[_Rank]) -
 
 # ----------------------------------------------------------------------------------------- result
 _BUCKET_LIST = TypeAdapter(list[BucketTiming])
+_PART_LIST = TypeAdapter(list[StepPart])
 
 
 def simulate_step(scenario: Scenario, trace: bool = True, exact: bool = False,
@@ -596,8 +597,8 @@ def _result(plan: StepPlan, states: list[Any], spans: list[Span] | None) -> Step
         "optimizer": st.acct.get("optimizer", 0.0),
         "host": host,
     }
-    breakdown = [StepPart(key=k, label=BREAKDOWN_PARTS[k][0], time_s=max(0.0, v), description=BREAKDOWN_PARTS[k][1])
-                 for k, v in values.items()]
+    breakdown = _PART_LIST.validate_python([{"key": k, "label": BREAKDOWN_PARTS[k][0], "time_s": max(0.0, v),
+                                             "description": BREAKDOWN_PARTS[k][1]} for k, v in values.items()])
     comm_s = st.dp_comm_s
     bounds = _bounds(plan, states, host)
     gbs = scenario.global_batch_size
