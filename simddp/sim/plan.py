@@ -319,6 +319,11 @@ def build_plan(scenario: Scenario, workload: Workload | None = None) -> StepPlan
     # bucket caps, ZeRO stages or clusters with this GPU and TP group) share their layer plans.
     timing_key = (par.pp, cluster.gpu, tr.precision, tr.recompute, scenario.model.compute_efficiency,
                   tp_group(scenario), rule.grad_accumulation, rule.reduce_in_fp32, m)
+    # Per rank, under keys hashed once per plan (hashing the GPU's model 64 times would cost a 1T pipeline
+    # more than it saves).
+    rank_plans: dict[int, LayerPlans] = workload.memo.setdefault(("layer plans", timing_key), {})
+    rank_passes: dict[int, dict[str, dict[int, float]]] = workload.memo.setdefault(
+        ("stage passes", timing_key, par.tp_comm_overlap, cluster.comm_compute_interference), {})
     ranks = []
     for r in range(par.pp):
         layers = workload.rank_layers(r, par.pp)
@@ -351,17 +356,14 @@ def build_plan(scenario: Scenario, workload: Workload | None = None) -> StepPlan
             if sync_key not in grads.memo:
                 grads.memo[sync_key] = _param_sync(rule, working, dp)
             gather_after = grads.memo[sync_key]
-        plans_key = ("layer plans", r, *timing_key)
-        plans = workload.memo.get(plans_key)
+        plans = rank_plans.get(r)
         if plans is None:
-            plans = workload.memo[plans_key] = LayerPlans(layer_plans(scenario, layers, workload.parameters, timed,
-                                                                      rule))
+            plans = rank_plans[r] = LayerPlans(layer_plans(scenario, layers, workload.parameters, timed, rule))
         rank = RankPlan(r, layers, plans, grads, bucket_of_layer, buckets, rounds, opt_s, gather_after,
                         _embedding_sync(scenario, workload, r, rule), overlap=rule.overlap)
         _ddp_options(scenario, rank, unused, dp)
         # Each virtual stage's passes, once per layer plans and the two inputs they add.
-        passes_key = ("stage passes", plans_key, par.tp_comm_overlap, cluster.comm_compute_interference)
-        stage_values = workload.memo.get(passes_key)
+        stage_values = rank_passes.get(r)
         if stage_values is None:
             stages = sorted({la.stage for la in layers})
             for vs in stages:
@@ -369,7 +371,7 @@ def build_plan(scenario: Scenario, workload: Workload | None = None) -> StepPlan
                                                                    if la.stage == vs]
                 _stage_passes(rank, vs, stage_plans, par.tp_comm_overlap, cluster.comm_compute_interference,
                               passes)
-            stage_values = workload.memo[passes_key] = {name: dict(getattr(rank, name)) for name in _PASS_FIELDS}
+            stage_values = rank_passes[r] = {name: dict(getattr(rank, name)) for name in _PASS_FIELDS}
         else:
             for name, values in stage_values.items():
                 getattr(rank, name).update(values)
