@@ -18,9 +18,9 @@ import itertools
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from simddp.config import ModelConfig, Scenario, ScenarioError, put_value, set_value
+from simddp.config import Cluster, ModelConfig, Parallelism, Scenario, ScenarioError, Training, put_value, set_value
 from simddp.results import StepResult
 from simddp.scenario_io import scenario_from_dict
 
@@ -214,28 +214,63 @@ def with_values(
     with ``batch="weak"`` the global batch keeps the base's micro-batches per GPU. ``base_scenario`` is
     ``base`` validated, when the caller has it (a sweep validates its base once, not once per point).
     """
+    return _variant(base, updates, batch, base_scenario)[0]
+
+
+def _variant(
+    base: dict[str, Any], updates: dict[str, Any], batch: BatchScaling = "weak",
+    base_scenario: Scenario | None = None,
+) -> tuple[dict[str, Any], Scenario | None]:
+    """:func:`with_values`, and the variant validated where that was done on the way (else None).
+
+    A weak-scaled variant's global batch needs its dp: the variant without its batch validated, then the
+    variant validated again with it. Its cluster, parallelism and training sections give that dp alone (they
+    validate independently of each other), so the variant with its batch is validated once; where that fails,
+    the two-step route runs, so the dict (and any error) is always the two-step route's.
+    """
     out = _copy_tree(base)
     for path, value in updates.items():
         put_value(out, path, value)
     if not any(p in updates for p in _CLUSTER_SIZE_PATHS):
-        return out
+        return out, None
     if get_path(out, "parallelism.dp") is not None:
         put_value(out, "parallelism.dp", None)
-    if batch == "weak":
-        if base_scenario is None:
-            try:
-                base_scenario = scenario_from_dict(base)
-            except ScenarioError:
-                return out
-        # The variant without its batch, to learn its dp (a shallow copy down to the one key it changes).
-        training = out.get("training")
-        unbatched = {**out, "training": {**(training if isinstance(training, dict) else {}),
-                                         "global_batch_size": None}}
-        resized = scenario_from_dict_or_none(unbatched)
-        if resized is not None:
-            gbs = base_scenario.num_micro_batches * resized.training.micro_batch_size * resized.dp
-            put_value(out, "training.global_batch_size", gbs)
-    return out
+    if batch != "weak":
+        return out, None
+    if base_scenario is None:
+        try:
+            base_scenario = scenario_from_dict(base)
+        except ScenarioError:
+            return out, None
+    # The variant without its batch (a shallow copy down to the one key it changes).
+    training = out.get("training")
+    unbatched = {**out, "training": {**(training if isinstance(training, dict) else {}), "global_batch_size": None}}
+    shape = None if out.get("calibration") else _dp_and_micro_batch(unbatched)
+    if shape is not None:
+        dp, mbs = shape
+        batched = {**unbatched, "training": {**unbatched["training"],
+                                             "global_batch_size": base_scenario.num_micro_batches * mbs * dp}}
+        try:
+            return batched, scenario_from_dict(batched)
+        except ScenarioError:
+            pass  # the two-step route below says why, in its own words
+    resized = scenario_from_dict_or_none(unbatched)
+    if resized is not None:
+        gbs = base_scenario.num_micro_batches * resized.training.micro_batch_size * resized.dp
+        put_value(out, "training.global_batch_size", gbs)
+    return out, None
+
+
+def _dp_and_micro_batch(data: dict[str, Any]) -> tuple[int, int] | None:
+    """A scenario dict's dp and micro-batch size from its own sections (``Scenario.dp``'s rule), or None where
+    a section does not validate (the caller then validates the whole scenario)."""
+    try:
+        cluster = Cluster.model_validate(data["cluster"])
+        par = Parallelism.model_validate(data.get("parallelism", {}))
+        tr = Training.model_validate(data["training"])
+    except (ValidationError, KeyError, TypeError, ValueError, RecursionError):
+        return None
+    return (par.dp if par.dp is not None else cluster.num_gpus // (par.tp * par.pp)), tr.micro_batch_size
 
 
 def scenario_from_dict_or_none(data: dict[str, Any]) -> Scenario | None:
@@ -245,12 +280,14 @@ def scenario_from_dict_or_none(data: dict[str, Any]) -> Scenario | None:
         return None
 
 
-def evaluate(data: dict[str, Any]) -> tuple[PointMetrics, StepResult | None]:
-    """Validate and simulate one variant; a bad variant gives a point with ``error`` set."""
+def evaluate(data: dict[str, Any], scenario: Scenario | None = None) -> tuple[PointMetrics, StepResult | None]:
+    """Validate and simulate one variant (``scenario``: ``data`` already validated); a bad variant gives a
+    point with ``error`` set."""
     from simddp import simulate
 
     try:
-        scenario = scenario_from_dict(data)
+        if scenario is None:
+            scenario = scenario_from_dict(data)
         result = simulate(scenario, trace=False)
     except ValueError as err:  # ScenarioError, or a choice the cost model rejects (e.g. NVLS without NVSwitch)
         return PointMetrics(error=str(err)), None
@@ -277,8 +314,8 @@ def evaluate(data: dict[str, Any]) -> tuple[PointMetrics, StepResult | None]:
     )
 
 
-def _metrics(data: dict[str, Any]) -> dict[str, Any]:
-    return evaluate(data)[0].model_dump()
+def _metrics(data: dict[str, Any], scenario: Scenario | None = None) -> dict[str, Any]:
+    return evaluate(data, scenario)[0].model_dump()
 
 
 _MEMORY_FIELDS = ("params_bytes", "grads_bytes", "optimizer_bytes", "activations_bytes", "buffers_bytes",
@@ -321,8 +358,7 @@ def scaling_sweep(
             continue
         else:
             nodes, gpn = g // per_node, per_node
-        variant = with_values(base, {"cluster.num_nodes": nodes, "cluster.gpus_per_node": gpn}, batch, ref)
-        metrics = _metrics(variant)
+        metrics = _metrics(*_variant(base, {"cluster.num_nodes": nodes, "cluster.gpus_per_node": gpn}, batch, ref))
         metrics["num_gpus"] = metrics["num_gpus"] or g
         points.append(ScalingPoint(num_nodes=nodes, gpus_per_node=gpn, **metrics))
     return ScalingSweep(scenario=ref.name, batch=batch, reference_num_gpus=ref.cluster.num_gpus, points=points)
@@ -403,7 +439,7 @@ def grid_sweep(
     base = as_scenario_dict(scenario)
     ref = scenario_from_dict(base)
     points = [
-        GridPoint(x=x, y=y, **_metrics(with_values(base, {x_path: x, y_path: y}, batch, ref)))
+        GridPoint(x=x, y=y, **_metrics(*_variant(base, {x_path: x, y_path: y}, batch, ref)))
         for y in y_values
         for x in x_values
     ]
@@ -465,7 +501,22 @@ class VarySweep(_Sweep):
 
 def _vary_point(args: tuple[dict[str, Any], dict[str, Any], BatchScaling, Scenario]) -> VaryPoint:
     base, update, batch, base_scenario = args
-    return VaryPoint(values=update, **_metrics(with_values(base, update, batch, base_scenario)))
+    return VaryPoint(values=update, **_metrics(*_variant(base, update, batch, base_scenario)))
+
+
+_SHARED_BASE: tuple[dict[str, Any], BatchScaling, Scenario] | None = None
+
+
+def _share_base(base: dict[str, Any], batch: BatchScaling, ref: Scenario) -> None:
+    """A sweep worker process's base (its initializer)."""
+    global _SHARED_BASE
+    _SHARED_BASE = (base, batch, ref)
+
+
+def _shared_vary_point(update: dict[str, Any]) -> VaryPoint:
+    assert _SHARED_BASE is not None, "a sweep worker runs _share_base first"
+    base, batch, ref = _SHARED_BASE
+    return _vary_point((base, update, batch, ref))
 
 
 def vary_sweep(
@@ -488,21 +539,22 @@ def vary_sweep(
     ref = scenario_from_dict(base)
     paths = list(varies)
     combos = [dict(zip(paths, combo, strict=True)) for combo in itertools.product(*varies.values())]
-    tasks = [(base, combo, batch, ref) for combo in combos]
     points: list[VaryPoint] = []
-    if jobs > 1 and len(tasks) > 1:
+    if jobs > 1 and len(combos) > 1:
         from concurrent.futures import ProcessPoolExecutor
 
-        with ProcessPoolExecutor(max_workers=jobs) as pool:
-            for k, point in enumerate(pool.map(_vary_point, tasks, chunksize=max(1, len(tasks) // (8 * jobs)))):
+        # The base goes to each worker once, not with each point (pickling it is 0.1 ms a point).
+        with ProcessPoolExecutor(max_workers=jobs, initializer=_share_base, initargs=(base, batch, ref)) as pool:
+            chunk = max(1, len(combos) // (8 * jobs))
+            for k, point in enumerate(pool.map(_shared_vary_point, combos, chunksize=chunk)):
                 points.append(point)
                 if progress is not None:
-                    progress(k + 1, len(tasks))
+                    progress(k + 1, len(combos))
     else:
-        for k, task in enumerate(tasks):
-            points.append(_vary_point(task))
+        for k, combo in enumerate(combos):
+            points.append(_vary_point((base, combo, batch, ref)))
             if progress is not None:
-                progress(k + 1, len(tasks))
+                progress(k + 1, len(combos))
     return VarySweep(scenario=ref.name, paths=paths, values=[list(v) for v in varies.values()], points=points)
 
 

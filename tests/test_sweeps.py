@@ -177,3 +177,42 @@ def test_set_value_then_get_path(path: str, value: object) -> None:
     out = sweeps.set_value(data, path, value)
     assert sweeps.get_path(out, path) == value
     assert data == {"a": {"b": 1}, "c": 2}
+
+
+def _two_step_variant(base: dict[str, Any], updates: dict[str, Any]) -> dict[str, Any]:
+    """The weak-scaled variant the slow way: validate it without its batch for its dp, then set the batch."""
+    from simddp.config import set_value
+
+    out = copy.deepcopy(base)
+    for path, value in updates.items():
+        out = set_value(out, path, value)
+    if sweeps.get_path(out, "parallelism.dp") is not None:
+        out = set_value(out, "parallelism.dp", None)
+    resized = sweeps.scenario_from_dict_or_none(set_value(out, "training.global_batch_size", None))
+    if resized is not None:
+        gbs = sweeps.scenario_from_dict(base).num_micro_batches * resized.training.micro_batch_size * resized.dp
+        out = set_value(out, "training.global_batch_size", gbs)
+    return out
+
+
+@pytest.mark.parametrize("updates", [
+    {"cluster.num_nodes": 4}, {"cluster.num_nodes": 1, "cluster.gpus_per_node": 4},
+    {"cluster.num_nodes": 8, "training.micro_batch_size": 2}, {"cluster.num_nodes": 4, "parallelism.tp": 2},
+    {"cluster.num_nodes": 3, "parallelism.pp": 2},
+    {"cluster.num_nodes": 4, "parallelism.tp": 3},  # tp 3 does not divide the heads: invalid either way
+    {"cluster.num_nodes": 0},  # invalid cluster: no section-level answer
+    {"cluster.num_nodes": 4, "parallelism": None},  # invalid section
+    {"cluster.num_nodes": 4, "training.micro_batch_size": 4096},  # beyond what validation allows
+    {"cluster.num_nodes": 2, "parallelism.dp": 4},  # an explicit dp is dropped
+])
+def test_a_weak_scaled_variant_is_the_two_step_one(updates: dict[str, Any]) -> None:
+    """Sweeps validate a weak-scaled variant once, its dp from its own sections; the dict, and the validated
+    scenario when there is one, must be what validating it without its batch first gives."""
+    base = base_scenario(training={"micro_batch_size": 2, "global_batch_size": 128, "seq_len": 1024})
+    data, scenario = sweeps._variant(base, updates, "weak", sweeps.scenario_from_dict(base))
+    assert data == _two_step_variant(base, updates)
+    assert sweeps.with_values(base, updates) == data
+    if scenario is not None:
+        assert scenario == sweeps.scenario_from_dict(data)
+    metrics, _ = sweeps.evaluate(data, scenario)
+    assert metrics == sweeps.evaluate(_two_step_variant(base, updates))[0]
