@@ -50,6 +50,11 @@ class RankGradients:
     #: one object per workload and inputs, so the configurations of a sweep that share it share these.
     memo: dict[Any, Any] = field(default_factory=dict, compare=False, repr=False)
 
+    @functools.cached_property
+    def num_params(self) -> int:
+        """Elements of the rank's parameters."""
+        return sum(p.numel for p in self.params)
+
 
 def rank_gradients(scenario: Scenario, workload: Workload, index: int = 0,
                    rule: ZeroRule | None = None) -> RankGradients:

@@ -652,7 +652,7 @@ def _result(plan: StepPlan, states: list[Any], spans: list[Span] | None) -> Step
         tokens_per_s=gbs * tr.seq_len / step_s,
         mfu=workload.model_flop_per_sample * gbs / step_s / (cluster.num_gpus * gpu.peak_flop_per_s(tr.precision)),
         scaling_efficiency=one_gpu_s / step_s,
-        num_params=sum(p.numel for p in rp.grads.params),
+        num_params=rp.grads.num_params,
         reported_rank=f"pipeline stage {rp.index} of {par.pp}" if par.pp > 1 else "every rank (data parallel)",
         buckets=_BUCKET_LIST.validate_python(buckets),
         bounds=bounds,
