@@ -157,7 +157,9 @@ class Workload:
     boundary_activation_bytes: int = 0  # sent between pipeline stages per micro-batch (per tp rank)
     boundary_gather_bytes: int = 0  # all-gathered over tp by the receiving stage (Megatron scatter/gather)
     notes: list[str] = field(default_factory=list)
-    #: Values derived from this workload alone (stage parameter lists, bucket assignments), computed once.
+    #: Values derived from this workload and the inputs named in their keys (stage parameter lists, bucket
+    #: assignments, layer plans per GPU and precision, ...), computed once; build_workload shares a workload
+    #: between the scenarios of one workload_key, and with it these.
     memo: dict[tuple[object, ...], Any] = field(default_factory=dict, compare=False, repr=False)
 
     @property
