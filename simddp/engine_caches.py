@@ -7,6 +7,7 @@ function of hashable, frozen arguments, so a cached answer is the answer; :func:
 from __future__ import annotations
 
 import functools
+import threading
 from collections import OrderedDict
 from collections.abc import Callable, Hashable
 from typing import Any, TypeVar
@@ -36,21 +37,25 @@ class KeyedCache:
     def __init__(self, maxsize: int) -> None:
         self.maxsize = maxsize
         self.data: OrderedDict[Hashable, Any] = OrderedDict()
+        self.lock = threading.Lock()  # the dashboard serves sessions from several threads
         _REGISTRY.append(self)
 
     def get(self, key: Hashable, compute: Callable[[], T]) -> T:
-        try:
-            value = self.data[key]
-        except KeyError:
-            value = self.data[key] = compute()
+        """The value of ``key``, computed (outside the lock) if it is not kept."""
+        with self.lock:
+            if key in self.data:
+                self.data.move_to_end(key)
+                return self.data[key]  # type: ignore[no-any-return]
+        value = compute()
+        with self.lock:
+            self.data[key] = value
             if len(self.data) > self.maxsize:
                 self.data.popitem(last=False)
-            return value
-        self.data.move_to_end(key)
-        return value  # type: ignore[no-any-return]
+        return value
 
     def cache_clear(self) -> None:
-        self.data.clear()
+        with self.lock:
+            self.data.clear()
 
 
 def clear() -> None:
