@@ -120,3 +120,25 @@ def test_recompute_costs_time() -> None:
     full = simulate(deep_merge(base_scenario(), {"training": {"recompute": "full"}}))
     assert none.compute_time_s < sel.compute_time_s < full.compute_time_s
     assert full.mfu < none.mfu  # recompute FLOP are not model FLOP
+
+
+@pytest.mark.parametrize(("name", "v"), [("gpipe", 1), ("1f1b", 1), ("interleaved-1f1b", 2), ("interleaved-1f1b", 3)])
+@pytest.mark.parametrize(("p", "m"), [(1, 3), (2, 2), (2, 6), (3, 9), (4, 4), (4, 8), (8, 16), (8, 64)])
+def test_schedules_computed_on_access_equal_the_lists(name: str, v: int, p: int, m: int) -> None:
+    """The engines read a :class:`Schedule` by position, in codes and through last_backward's closed form:
+    each must be what the list functions give."""
+    from simddp.sim.pipeline import gpipe, last_backward, op_code
+
+    if name.startswith("interleaved") and m % p:
+        pytest.skip("interleaving needs m % p == 0")
+    for r in range(p):
+        lazy = schedule(name, p, m, r, v)
+        ops = (gpipe(p, m, r) if name == "gpipe" else one_f_one_b(p, m, r) if name == "1f1b"
+               else interleaved_1f1b(p, m, r, v))
+        assert list(lazy) == ops
+        codes = [op_code(op, p * v) for op in ops]
+        n = len(ops)
+        for a, b in ((0, n), (0, n // 3), (n // 3, n), (n // 2, n // 2 + 5), (n - 1, n)):
+            assert lazy.codes(a, min(b, n)) == codes[a:min(b, n)]
+        assert list(last_backward(lazy, v).items()) == list(last_backward(ops, v).items())  # order too
+        assert list(last_backward(lazy, v).items()) == list(last_backward(ops).items())

@@ -142,7 +142,7 @@ class Schedule(Sequence[PipeOp]):
         """:meth:`code_at` of positions ``start`` to ``stop`` (one list built per phase of a 1F1B or GPipe
         schedule: its forwards, alternating pairs and backwards)."""
         if self.interleaved:
-            return [self.code_at(i) for i in range(start, stop)]
+            return self._interleaved_codes(start, stop)
         w, total, step, own = self.warmup, self.total, 2 * self.p * self.v, 2 * self.rank
         pairs_end = 2 * total - w
         out = [step * k + own for k in range(start, min(stop, w))]  # warm-up forwards k = i
@@ -152,6 +152,32 @@ class Schedule(Sequence[PipeOp]):
             out.append(step * (j >> 1) + own + 1 if j & 1 else step * (w + (j >> 1)) + own)
         out += [step * (i - total) + own + 1 for i in range(max(start, pairs_end), stop)]  # drain backwards
         return out
+
+    def _interleaved_codes(self, start: int, stop: int) -> list[int]:
+        """:meth:`code_at` of positions ``start`` to ``stop`` of an interleaved schedule, its arithmetic inline:
+        the ``k``-th forward (``b`` 0) or backward (``b`` 1) runs micro-batch ``(k // pv) p + k % p`` through
+        chunk ``c = (k % pv) // p`` (backwards take the chunks in reverse order)."""
+        p, v, rank, w, total = self.p, self.v, self.rank, self.warmup, self.total
+        pv = p * v
+        out = []
+        for i in range(start, stop):
+            if i < w:
+                b, k = 0, i
+            elif i < 2 * total - w:
+                j = i - w
+                b, k = (1, j >> 1) if j & 1 else (0, w + (j >> 1))
+            else:
+                b, k = 1, i - total
+            c = (k % pv) // p
+            out.append(((((k // pv) * p + k % p) * pv + (v - c - 1 if b else c) * p + rank) << 1) | b)
+        return out
+
+    def last_backwards(self) -> dict[int, int]:
+        """:func:`last_backward` of this schedule, in closed form: each of its virtual stages' last backward is
+        that of the last micro-batch (every schedule here runs a chunk's micro-batches in order)."""
+        m = self.total // self.v
+        return {c * self.p + self.rank: self.backward_position(m - 1, c * self.p + self.rank)
+                for c in range(self.v)}  # in the order the search from the end finds them
 
     @overload
     def __getitem__(self, i: int) -> PipeOp: ...
@@ -227,7 +253,10 @@ def last_backward(ops: Sequence[PipeOp], num_chunks: int | None = None) -> dict[
     """Position of the last backward of each virtual stage in a rank's operations (gradients ready).
 
     Searched from the end; with ``num_chunks`` (the virtual stages a rank holds) it stops once all are found.
+    A :class:`Schedule` answers in closed form (:meth:`Schedule.last_backwards`).
     """
+    if isinstance(ops, Schedule) and num_chunks == ops.v and ops.total:
+        return ops.last_backwards()
     last: dict[int, int] = {}
     for i in range(len(ops) - 1, -1, -1):
         op = ops[i]
