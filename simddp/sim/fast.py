@@ -39,7 +39,7 @@ from simddp.sim.fluid import Outcome
 from simddp.sim.layers import layer_alone, layer_release_s
 from simddp.sim.periodic import Linear, ScheduleRun, steady
 from simddp.sim.pipeline import PipeOp, Schedule, decode, last_backward, op_code
-from simddp.sim.plan import StepPlan
+from simddp.sim.plan import RankPlan, StepPlan
 
 #: Work below this many seconds counts as done (as the simpy engine's fluid server does).
 _EPS_S = 1e-15
@@ -151,6 +151,24 @@ def _advance(t: float, work: float, intervals: deque[tuple[float, float]], rate_
     return t
 
 
+def _backward(p: RankPlan) -> tuple[list[tuple[float, float, list[int]]], dict[int, int]]:
+    """Backward in reverse layer order (kernel work, its recompute part, the buckets its gradients go to), and
+    each bucket's gradient count: once per layer plans and gradients (a sweep's points share both; the entry
+    keeps the layer plans it was made from, so an id is never mistaken for another's)."""
+    key = ("backward", id(p.plans))
+    entry = p.grads.memo.get(key)
+    if entry is None or entry[0] is not p.plans:
+        per_timing: dict[int, tuple[float, float]] = {}  # layers of identical blocks share one timing object
+        backward = []
+        for layer, buckets in zip(reversed(p.plans), reversed(p.bucket_of_layer), strict=True):
+            timing_id = id(layer.timing)
+            if timing_id not in per_timing:
+                per_timing[timing_id] = (layer.timing.bwd_s, layer.timing.recompute_s)
+            backward.append((*per_timing[timing_id], buckets))
+        entry = p.grads.memo[key] = (p.plans, backward, {b.index: b.num_params for b in p.buckets})
+    return entry[1], entry[2]
+
+
 def _run_dp(plan: StepPlan) -> list[Outcome]:
     p = plan.ranks[0]
     out = Outcome(p)
@@ -167,17 +185,10 @@ def _run_dp(plan: StepPlan) -> list[Outcome]:
     overlap = plan.rule.overlap
     stream = _Reductions(out, rounds, None)
     fwd = p.fwd_work_s[0]
-    # Backward in reverse layer order: kernel work, its recompute part, the buckets its gradients go to.
-    per_timing: dict[int, tuple[float, float]] = {}  # layers of identical blocks share one timing object
-    backward = []
-    for layer, buckets in zip(reversed(p.plans), reversed(p.bucket_of_layer), strict=True):
-        key = id(layer.timing)
-        if key not in per_timing:
-            per_timing[key] = (layer.timing.bwd_s, layer.timing.recompute_s)
-        backward.append((*per_timing[key], buckets))
+    backward, counts = _backward(p)
     acct, intervals, ready_at = out.acct, stream.intervals, out.ready_at
     for rnd in range(rounds):
-        remaining = {b.index: b.num_params for b in p.buckets}
+        remaining = dict(counts)
         # Forward: one job (no collective of this step can be in flight before the first release).
         end = _advance(t, fwd, intervals, rate_in)
         out.add("compute", fwd)
