@@ -26,6 +26,7 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from simddp.sim.pipeline import PipeOp, Schedule, last_backward, op_code
 
@@ -132,6 +133,7 @@ class ScheduleRun:
         self.pos = [0] * len(ops)
         self.clocks = [[0.0] * len(ops) for _ in range(3)]
         self.arrival: dict[int, tuple[float, ...]] = {}  # op code -> its arrival in each recurrence
+        self._consts: list[tuple[Any, ...] | None] = [None] * len(ops)  # _rank_consts, per rank once read
         self.jumped_units = 0  # for tests and benchmarks: how much of the steady state was extended
         self.detected_at: tuple[int, int] | None = None  # (units run, cycle) when the repeat was found
 
@@ -190,17 +192,15 @@ class ScheduleRun:
         delta[0] = delta[two - 1] = 0
         waiting: dict[int, int] = {}
         ready = deque(range(len(pos)))
+        consts = self._consts
         while ready:
             r = ready.popleft()
             i, lim, base, rc = pos[r], limits[r], bases[r], codes[r]
             t0, t1, t2, w = c0[r], c1[r], c2[r], waits[r]
-            pre0, pre1, pre2 = s0.pre[r], s1.pre[r], s2.pre[r]
-            mid0, mid1, mid2 = s0.mid[r], s1.mid[r], s2.mid[r]
-            hold0, hold1, hold2 = s0.hold[r], s1.hold[r], s2.hold[r]
-            tail0, tail1, tail2 = s0.tail[r], s1.tail[r], s2.tail[r]
-            special = set(s0.extra[r]) | set(s1.extra[r]) | set(s2.extra[r])
-            if s0.on_start is not None:
-                special |= set(s0.on_start[r])
+            rank_consts = consts[r]
+            if rank_consts is None:
+                rank_consts = consts[r] = self._rank_consts(r)
+            pre0, pre1, pre2, mid0, mid1, mid2, hold0, hold1, hold2, tail0, tail1, tail2, special = rank_consts
             while i < lim:
                 code = rc[i - base]
                 slot = code % two
@@ -241,6 +241,17 @@ class ScheduleRun:
             self.ran += i - pos[r]
             pos[r] = i
             c0[r], c1[r], c2[r], waits[r] = t0, t1, t2, w
+
+    def _rank_consts(self, r: int) -> tuple[Any, ...]:
+        """Rank ``r``'s per-slot constants of the three recurrences and its special positions (where an
+        ``extra`` or ``on_start`` applies): read once per run, not each time the rank resumes (in a drain,
+        ranks take turns operation by operation)."""
+        s0, s1, s2 = self.recurrences
+        special = set(s0.extra[r]) | set(s1.extra[r]) | set(s2.extra[r])
+        if s0.on_start is not None:
+            special |= set(s0.on_start[r])
+        return (s0.pre[r], s1.pre[r], s2.pre[r], s0.mid[r], s1.mid[r], s2.mid[r], s0.hold[r], s1.hold[r],
+                s2.hold[r], s0.tail[r], s1.tail[r], s2.tail[r], special)
 
     def _cut(self, shape: Steady, units: int) -> list[int]:
         return [s + 2 * (units * shape.unit + o) for s, o in zip(shape.start, shape.offset, strict=True)]
