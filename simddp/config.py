@@ -955,8 +955,7 @@ class Scenario(_Frozen):
 
     @property
     def dp(self) -> int:
-        par = self.parallelism
-        return par.dp if par.dp is not None else self.cluster.num_gpus // (par.tp * par.pp)
+        return data_parallel_size(self.cluster, self.parallelism)
 
     @property
     def global_batch_size(self) -> int:
@@ -967,6 +966,11 @@ class Scenario(_Frozen):
     def num_micro_batches(self) -> int:
         """Micro-batches per GPU per optimizer step (gradient accumulation steps)."""
         return self.global_batch_size // (self.training.micro_batch_size * self.dp)
+
+
+def data_parallel_size(cluster: Cluster, par: Parallelism) -> int:
+    """dp: as given, else the GPUs over tp x pp (``Scenario.dp``; sweeps ask it of sections alone)."""
+    return par.dp if par.dp is not None else cluster.num_gpus // (par.tp * par.pp)
 
 
 def derived_name(scenario: Scenario) -> str:

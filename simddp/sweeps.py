@@ -20,7 +20,17 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from simddp.config import Cluster, ModelConfig, Parallelism, Scenario, ScenarioError, Training, put_value, set_value
+from simddp.config import (
+    Cluster,
+    ModelConfig,
+    Parallelism,
+    Scenario,
+    ScenarioError,
+    Training,
+    data_parallel_size,
+    put_value,
+    set_value,
+)
 from simddp.results import StepResult
 from simddp.scenario_io import scenario_from_dict
 
@@ -270,7 +280,7 @@ def _dp_and_micro_batch(data: dict[str, Any]) -> tuple[int, int] | None:
         tr = Training.model_validate(data["training"])
     except (ValidationError, KeyError, TypeError, ValueError, RecursionError):
         return None
-    return (par.dp if par.dp is not None else cluster.num_gpus // (par.tp * par.pp)), tr.micro_batch_size
+    return data_parallel_size(cluster, par), tr.micro_batch_size
 
 
 def scenario_from_dict_or_none(data: dict[str, Any]) -> Scenario | None:

@@ -230,8 +230,8 @@ def workload_key(scenario: Scenario) -> tuple[Any, ...]:
 def build_workload(scenario: Scenario) -> Workload:
     """The per-GPU workload of ``scenario`` (its tp shard; every pipeline stage, tagged by ``stage``).
 
-    A transformer's is built once per :func:`workload_key`; the workload is immutable but for its ``memo``
-    of values derived from it alone, so sharing it is exact.
+    A transformer's is built once per :func:`workload_key`; the workload is immutable but for its ``memo``,
+    whose values are keyed by every other input they read, so sharing it is exact.
     """
     if scenario.model.transformer is not None:
         return _WORKLOADS.get(workload_key(scenario), lambda: fresh_workload(scenario))

@@ -120,15 +120,10 @@ def _stage_items(scenario: Scenario, workload: Workload, stage: int, rule: ZeroR
         params = [workload.parameters[i] for i in ids]
         workload.memo[sizes_key] = (params, sum(p.numel for p in params), tuple((p.numel, p.dtype) for p in params))
     params, num_params, sizes = workload.memo[sizes_key]
-    key = ("states", sizes)
-    states = same.get(key)
+    key = ("states", sizes, tr.precision, tr.optimizer, zero, dp, fp32_grads)
+    states = workload.memo.get(key)
     if states is None:
-        states_key = ("states", sizes, tr.precision, tr.optimizer, zero, dp, fp32_grads)  # the same across calls
-        states = workload.memo.get(states_key)
-        if states is None:
-            states = workload.memo[states_key] = model_states_bytes(params, tr.precision, tr.optimizer, zero, dp,
-                                                                    fp32_grads)
-        same[key] = states
+        states = workload.memo[key] = model_states_bytes(params, tr.precision, tr.optimizer, zero, dp, fp32_grads)
     shard = f" / {dp} dp ranks" if dp > 1 else ""
     items = [
         Item(category="params", name="parameters", size_bytes=states.params_bytes,

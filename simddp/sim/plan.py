@@ -61,25 +61,24 @@ def rank_gradients(scenario: Scenario, workload: Workload, index: int = 0,
     """Parameters and gradient buckets of pipeline rank ``index`` (its tp shard), as the simulator uses them:
     the buckets of the data-parallel implementation's rule (:func:`simddp.zero.gradient_buckets`)."""
     rule = rule or zero_rule(scenario)
-    unused = bool(workload.parameters) and searches_unused(scenario)
-    key = ("rank gradients", index, scenario.parallelism.pp, rule, unused, scenario.ddp.bucket_cap_mb)
+    unused = searches_unused(scenario)
+    key = ("rank gradients", index, scenario.parallelism.pp, rule, unused)
     grads = workload.memo.get(key)
     if grads is None:  # once per workload and these inputs (a sweep's configurations share a workload)
-        grads = workload.memo[key] = _rank_gradients(workload, index, scenario.parallelism.pp, rule, unused,
-                                                     scenario.ddp.bucket_cap_mb)
+        grads = workload.memo[key] = _rank_gradients(workload, index, scenario.parallelism.pp, rule, unused)
     return grads  # type: ignore[no-any-return]
 
 
-def _rank_gradients(workload: Workload, index: int, pp: int, rule: ZeroRule, unused: bool,
-                    bucket_cap_mb: float | None) -> RankGradients:
+def _rank_gradients(workload: Workload, index: int, pp: int, rule: ZeroRule, unused: bool) -> RankGradients:
     layers = workload.rank_layers(index, pp)
     global_ids = sorted({i for layer in layers for i in layer.param_indices})
     local = {g: k for k, g in enumerate(global_ids)}
     params = [grad_reduce_spec(workload.parameters[g], rule.reduce_in_fp32) for g in global_ids]
     ready_order = [local[g] for g in workload.ready_sorted(global_ids)]
     if params and unused:  # torch never rebuilds these buckets (bucketing.ddp_initial_buckets)
+        # Only torch DDP searches for unused parameters, and its rule carries ddp.bucket_cap_mb.
         buckets = [BucketSpec(b.index, b.param_indices, b.size_bytes, b.dtype, b.cap_bytes)
-                   for b in ddp_initial_buckets(params, bucket_cap_mb)]
+                   for b in ddp_initial_buckets(params, rule.bucket_cap_mb)]
     elif params and len(ready_order) == len(params):  # the memory model's buckets (simddp.memory.buffers)
         buckets = stage_gradient_buckets(rule, workload, index, global_ids, params, ready_order, layers)
     else:
