@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 from scenarios import base_scenario
 
 from simddp import simulate
-from simddp.analytical import in_order_schedule
+from simddp.analytical import in_order_overlap_step_s, in_order_schedule
 from simddp.config import deep_merge
 
 
@@ -201,6 +201,20 @@ def test_simulator_within_analytical_bounds(sizes, cap, nodes) -> None:
 
 def test_fifo_schedule() -> None:
     assert in_order_schedule([0, 1, 1.5], [2, 1, 1]) == [(0, 2), (2, 3), (3, 4)]
+
+
+_TIMES = st.floats(min_value=0.0, max_value=10.0, allow_nan=False)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.tuples(_TIMES, _TIMES), min_size=1, max_size=30), _TIMES, _TIMES)
+def test_in_order_step_is_the_latest_end_of_the_fifo_schedule(buckets: list[tuple[float, float]], compute: float,
+                                                               tail: float) -> None:
+    """The step keeps only the stream's last end: exactly the latest of the schedule's ends and the compute."""
+    ready, cost = [r for r, _ in buckets], [c for _, c in buckets]
+    ends = [end for _, end in in_order_schedule(ready, cost)]
+    assert in_order_overlap_step_s(compute, ready, cost, tail) == max([compute, *ends]) + tail
+    assert in_order_overlap_step_s(0.0, [0.0, 1.0, 1.5], [2.0, 1.0, 1.0], 0.5) == 4.5
 
 
 def test_fsdp_gathers_twice_and_reduce_scatters_once_per_micro_batch() -> None:

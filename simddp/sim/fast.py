@@ -92,41 +92,50 @@ def _knobs(plan: StepPlan) -> bool:
 
 # ------------------------------------------------------------------------------------- data parallel
 class _Reductions:
-    """The DP stream: reductions in (round, bucket) order, each alone on its link, once ready."""
+    """The DP stream: reductions in (round, bucket) order, each alone on its link, once ready. Ready and
+    reduced times are kept in flat lists (position ``round * buckets + bucket``) while the step runs, and
+    handed to the outcome's dicts once at its end (:meth:`book`)."""
 
-    def __init__(self, out: Outcome, rounds: int, start_after: float | None) -> None:
+    def __init__(self, out: Outcome, rounds: int, costs: list[tuple[float, str, float]]) -> None:
         self.out = out
-        self.order = [(rnd, b) for rnd in range(rounds) for b in range(len(out.plan.buckets))]
-        self.next = 0
-        self.end = 0.0 if start_after is None else start_after
+        self.rounds = rounds
+        self.costs = costs
+        self.ready: list[float | None] = [None] * (rounds * len(costs))
+        self.spans: list[tuple[float, float]] = []
+        self.end = 0.0
         self.intervals: deque[tuple[float, float]] = deque()
 
-    def schedule(self, now: float) -> None:
+    def schedule(self) -> None:
         """Start every reduction whose bucket and predecessors are ready (the loop of a 7B model's 226
         buckets: its lookups are locals, its link accounting :meth:`Outcome.transfer` inline)."""
-        out = self.out
-        order, ready_at, reduced, buckets = self.order, out.ready_at, out.reduced, out.plan.buckets
+        out, costs, ready, spans = self.out, self.costs, self.ready, self.spans
         busy, work, intervals = out.link_busy_s, out.link_work_s, self.intervals
-        k, n, end = self.next, len(order), self.end
+        k, n, end, nb = len(spans), len(ready), self.end, len(costs)
+        dp_comm = out.dp_comm_s
         while k < n:
-            key = order[k]
-            ready = ready_at.get(key)
-            if ready is None:
+            at = ready[k]
+            if at is None:
                 break
-            cost = buckets[key[1]].reduce
-            start = ready if ready >= end else end
-            if cost.time_s > 0:
-                end = start + cost.time_s
+            time_s, tier, transfer_s = costs[k % nb]
+            start = at if at >= end else end
+            if time_s > 0:
+                end = start + time_s
                 intervals.append((start, end))
-                out.dp_comm_s += end - start
-                busy[cost.tier] += cost.transfer_s
-                work[cost.tier] += cost.transfer_s
+                dp_comm += end - start
+                busy[tier] += transfer_s
+                work[tier] += transfer_s
             else:
                 end = start
-            reduced[key] = (start, end)
+            spans.append((start, end))
             k += 1
-        self.next, self.end = k, end
-        del now
+        self.end, out.dp_comm_s = end, dp_comm
+
+    def book(self) -> None:
+        """Every reduction's ready time and (start, end) into the outcome, keyed (round, bucket)."""
+        nb = len(self.costs)
+        keys = [(rnd, b) for rnd in range(self.rounds) for b in range(nb)]
+        self.out.ready_at.update(zip(keys, self.ready, strict=True))
+        self.out.reduced.update(zip(keys, self.spans, strict=True))
 
 
 def _advance(t: float, work: float, intervals: deque[tuple[float, float]], rate_in: float) -> float:
@@ -151,10 +160,12 @@ def _advance(t: float, work: float, intervals: deque[tuple[float, float]], rate_
     return t
 
 
-def _backward(p: RankPlan) -> tuple[list[tuple[float, float, list[int]]], dict[int, int]]:
-    """Backward in reverse layer order (kernel work, its recompute part, the buckets its gradients go to), and
-    each bucket's gradient count: once per layer plans and gradients (a sweep's points share both; the entry
-    keeps the layer plans it was made from, so an id is never mistaken for another's)."""
+def _backward(p: RankPlan) -> tuple[list[tuple[float, float, list[int]]], dict[int, int],
+                                    list[tuple[float, str, float]]]:
+    """Backward in reverse layer order (kernel work, its recompute part, the buckets its gradients go to), each
+    bucket's gradient count, and each bucket's reduction (time, link tier, transfer): once per layer plans and
+    gradients (a sweep's points share both; the entry keeps the layer plans it was made from, so an id is never
+    mistaken for another's). Bucket indices are positions in ``p.buckets``."""
     key = ("backward", id(p.plans))
     entry = p.grads.memo.get(key)
     if entry is None or entry[0] is not p.plans:
@@ -166,7 +177,8 @@ def _backward(p: RankPlan) -> tuple[list[tuple[float, float, list[int]]], dict[i
                 per_timing[timing_id] = (layer.timing.bwd_s, layer.timing.recompute_s)
             backward.append((*per_timing[timing_id], buckets))
         entry = p.grads.memo[key] = (p.plans, backward, {b.index: b.num_params for b in p.buckets})
-    return entry[1], entry[2]
+    costs = [(b.reduce.time_s, b.reduce.tier, b.reduce.transfer_s) for b in p.buckets]
+    return entry[1], entry[2], costs
 
 
 def _run_dp(plan: StepPlan) -> list[Outcome]:
@@ -183,12 +195,13 @@ def _run_dp(plan: StepPlan) -> list[Outcome]:
         out.add("compute", fwd + bwd - p.bwd_recompute_s[0] * silent)
         out.add("recompute", p.bwd_recompute_s[0] * silent)
     overlap = plan.rule.overlap
-    stream = _Reductions(out, rounds, None)
     fwd = p.fwd_work_s[0]
-    backward, counts = _backward(p)
-    acct, intervals, ready_at = out.acct, stream.intervals, out.ready_at
+    backward, counts, costs = _backward(p)
+    stream = _Reductions(out, rounds, costs)
+    acct, intervals, ready = out.acct, stream.intervals, stream.ready
     for rnd in range(rounds):
         remaining = dict(counts)
+        first = rnd * len(costs)  # the round's reductions in the stream's lists
         # Forward: one job (no collective of this step can be in flight before the first release).
         end = _advance(t, fwd, intervals, rate_in)
         out.add("compute", fwd)
@@ -210,16 +223,17 @@ def _run_dp(plan: StepPlan) -> list[Outcome]:
                 left = remaining[b] - 1
                 remaining[b] = left
                 if left == 0:
-                    ready_at[(rnd, b)] = t
+                    ready[first + b] = t
                     released = True
             if released and overlap:
-                stream.schedule(t)
+                stream.schedule()
         if backward:
             acct["compute"], acct["recompute"], acct["interference"] = compute, recompute, interference
     out.compute_end_s = t
     if not overlap:
         stream.end = max(stream.end, t)
-        stream.schedule(t)
+        stream.schedule()
+    stream.book()
     comm_end = max(stream.end, t)
     _finish(out, comm_end)
     return [out]
