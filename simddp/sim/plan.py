@@ -342,23 +342,16 @@ def build_plan(scenario: Scenario, workload: Workload | None = None) -> StepPlan
         working = grads.memo.get("working")
         if working is None:
             working = grads.memo["working"] = [workload.parameters[g] for g in grads.global_ids]
-        # The buckets' collectives, once per gradients and everything the costs read (NCCL: the op, the
-        # group and the algorithm; gloo also reads the cluster's gloo section, so it is not kept).
-        plans_key = ("bucket plans", op, dp, algorithm, rule.overlap_param_gather)
-        buckets = grads.memo.get(plans_key) if ddp.backend == "nccl" else None
-        if buckets is None:
-            buckets = []
-            for b in grads.buckets:
-                gather = None
-                if rule.overlap_param_gather:
-                    gather = collective_cost("all-gather", sum(working[i].numel * dtype_bytes(working[i].dtype)
-                                                               for i in b.param_indices), dp)
-                reduce = reduces.get(b.size_bytes)
-                if reduce is None:
-                    reduce = reduces[b.size_bytes] = dp_collective(scenario, op, b.size_bytes, dp, algorithm)
-                buckets.append(BucketPlan(b.index, b.size_bytes, len(b.param_indices), reduce, gather))
-            if ddp.backend == "nccl":
-                grads.memo[plans_key] = buckets
+        buckets = []
+        for b in grads.buckets:
+            gather = None
+            if rule.overlap_param_gather:
+                gather = collective_cost("all-gather", sum(working[i].numel * dtype_bytes(working[i].dtype)
+                                                           for i in b.param_indices), dp)
+            reduce = reduces.get(b.size_bytes)
+            if reduce is None:
+                reduce = reduces[b.size_bytes] = dp_collective(scenario, op, b.size_bytes, dp, algorithm)
+            buckets.append(BucketPlan(b.index, b.size_bytes, len(b.param_indices), reduce, gather))
         stage_workload = replace(workload, parameters=tuple(grads.params))
         opt_s = optimizer_step_s(stage_workload, cluster.gpu, tr, shard, impl) if grads.params else 0.0
         gather_after = None
