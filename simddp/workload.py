@@ -161,6 +161,12 @@ class Workload:
     #: assignments, layer plans per GPU and precision, ...), computed once; build_workload shares a workload
     #: between the scenarios of one workload_key, and with it these.
     memo: dict[tuple[object, ...], Any] = field(default_factory=dict, compare=False, repr=False)
+    #: Values derived from the parameters and the layers' structure alone (which parameters each layer owns,
+    #: its stage and block, the ready order) and the inputs in their keys: gradient buckets, each pipeline
+    #: rank's gradients, stage parameter sizes and model states. Transformer workloads of one
+    #: :func:`structure_key` (a sweep over micro-batch or sequence length) share this dict; kernels and layer
+    #: objects, which differ between them, never go in it.
+    shared: dict[tuple[object, ...], Any] = field(default_factory=dict, compare=False, repr=False)
 
     @property
     def num_params(self) -> int:
@@ -172,10 +178,10 @@ class Workload:
 
     def ready_sorted(self, ids: Sequence[int]) -> list[int]:
         """``ids`` in gradient-ready order (the order filtered to them), without a walk over every parameter of
-        the model per pipeline rank: positions in the order are computed once per workload."""
-        position = self.memo.get(("ready position",))
+        the model per pipeline rank: positions in the order are computed once per workload structure."""
+        position = self.shared.get(("ready position",))
         if position is None:
-            position = self.memo[("ready position",)] = {g: k for k, g in enumerate(self.grad_ready_order)}
+            position = self.shared[("ready position",)] = {g: k for k, g in enumerate(self.grad_ready_order)}
         return sorted((g for g in ids if g in position), key=position.__getitem__)
 
     def rank_layers(self, rank: int, pp: int) -> tuple[Layer, ...]:
@@ -217,6 +223,8 @@ def total_params(spec: TransformerSpec) -> int:
 #: or a plan that differ only in the cluster, the batch, the bucket cap, ZeRO or recompute share one workload,
 #: and with it what its ``memo`` keeps (stage parameters, bucket assignments).
 _WORKLOADS = KeyedCache(maxsize=256)
+#: The ``shared`` memo of transformer workloads, by :func:`structure_key`.
+_STRUCTURES = KeyedCache(maxsize=256)
 
 
 def workload_key(scenario: Scenario) -> tuple[Any, ...]:
@@ -227,19 +235,31 @@ def workload_key(scenario: Scenario) -> tuple[Any, ...]:
             tr.dropout, par.tp, par.pp, par.virtual_stages, par.sequence_parallel)
 
 
+def structure_key(scenario: Scenario) -> tuple[Any, ...]:
+    """Every input of a transformer workload's parameters and layer structure (what each layer owns, its stage
+    and block, the ready order): the model, the parameter dtype and the layout. ``tests/test_workload.py``
+    checks that the other inputs of :func:`workload_key` leave the structure as it is."""
+    par = scenario.parallelism
+    return scenario.model, scenario.training.precision, par.tp, par.pp, par.virtual_stages
+
+
 def build_workload(scenario: Scenario) -> Workload:
     """The per-GPU workload of ``scenario`` (its tp shard; every pipeline stage, tagged by ``stage``).
 
     A transformer's is built once per :func:`workload_key`; the workload is immutable but for its ``memo``,
     whose values are keyed by every other input they read, so sharing it is exact.
     """
-    if scenario.model.transformer is not None:
-        return _WORKLOADS.get(workload_key(scenario), lambda: fresh_workload(scenario))
+    spec = scenario.model.transformer
+    if spec is not None:
+        def build() -> Workload:
+            return _transformer_workload(scenario, spec, _STRUCTURES.get(structure_key(scenario), dict))
+
+        return _WORKLOADS.get(workload_key(scenario), build)
     return _parameter_list_workload(scenario)
 
 
 def fresh_workload(scenario: Scenario) -> Workload:
-    """:func:`build_workload` built anew, never from its cache."""
+    """:func:`build_workload` built anew, never from its caches (its ``shared`` memo is its own)."""
     spec = scenario.model.transformer
     if spec is not None:
         return _transformer_workload(scenario, spec)
@@ -453,7 +473,8 @@ def _transformer_params(
     return params, groups
 
 
-def _transformer_workload(scenario: Scenario, spec: TransformerSpec) -> Workload:
+def _transformer_workload(scenario: Scenario, spec: TransformerSpec,
+                          structure_memo: dict[tuple[object, ...], Any] | None = None) -> Workload:
     tr, par = scenario.training, scenario.parallelism
     tp, sp = par.tp, par.sequence_parallel
     dtype = PRECISION_PARAM_DTYPE[tr.precision]
@@ -644,6 +665,7 @@ def _transformer_workload(scenario: Scenario, spec: TransformerSpec) -> Workload
         boundary_activation_bytes=t * h * a // tp,
         boundary_gather_bytes=t * h * a if tp > 1 else 0,
         notes=notes,
+        shared={} if structure_memo is None else structure_memo,
     )
 
 

@@ -269,19 +269,20 @@ def stage_gradient_buckets(rule: ZeroRule, workload: Workload, stage: int, ids: 
     lists every local index in gradient-ready order; the simulator and the memory model ask for the same.
 
     The buckets of the size-and-order rules (torch, megatron) depend on nothing else: they are computed once
-    per workload for each distinct (sizes, order), kept in its ``memo``, so the identical middle stages of a
-    pipeline share one assignment.
+    per workload structure for each distinct (sizes, order), kept in its ``shared`` memo, so the identical
+    middle stages of a pipeline share one assignment.
     """
     if rule.bucket_rule not in ("torch", "megatron"):
         return gradient_buckets(rule, grads, order, layers, ids)
     rule_key = (rule.bucket_rule, rule.bucket_cap_mb, rule.bucket_numel, rule.gradient_dtype_bytes, rule.reduce_in_fp32)
     key = ("stage buckets", stage, *rule_key, tuple(ids))  # the plan's and the memory model's question
-    if key not in workload.memo:
+    memo = workload.shared
+    if key not in memo:
         content = ("gradient buckets", *rule_key, tuple((g.numel, g.dtype) for g in grads), tuple(order))
-        if content not in workload.memo:
-            workload.memo[content] = gradient_buckets(rule, grads, order)
-        workload.memo[key] = workload.memo[content]
-    return workload.memo[key]  # type: ignore[no-any-return]
+        if content not in memo:
+            memo[content] = gradient_buckets(rule, grads, order)
+        memo[key] = memo[content]
+    return memo[key]  # type: ignore[no-any-return]
 
 
 def _bucket(index: int, ids: list[int], grads: Sequence[ParamLike], cap: int) -> BucketSpec:

@@ -165,3 +165,60 @@ def test_each_workload_key_changes_the_workload(key: str, value: object) -> None
     assert workload_key(variant) != workload_key(first)
     assert fresh_workload(variant) != fresh_workload(first)
     assert build_workload(variant) is not build_workload(first)
+
+
+def _structure(w: object) -> tuple[object, ...]:
+    """What a workload's ``shared`` memo is derived from: parameters, ready order, each layer's ownership."""
+    return (w.parameters, w.grad_ready_order,  # type: ignore[attr-defined]
+            tuple((la.param_indices, la.stage, la.block) for la in w.layers))  # type: ignore[attr-defined]
+
+
+_STRUCTURE_BASE = {"training": {"micro_batch_size": 4, "seq_len": 1024, "global_batch_size": 64},
+                   "parallelism": {"tp": 2}}
+
+
+@pytest.mark.parametrize(("key", "value"), [
+    ("training.seq_len", 2048), ("training.micro_batch_size", 2), ("training.attention", "unfused"),
+    ("training.dropout", False), ("training.cross_entropy", "unfused"), ("parallelism.sequence_parallel", True),
+])
+def test_workloads_of_one_structure_key_share_an_equal_structure(key: str, value: object) -> None:
+    """The workload_key fields outside structure_key change kernels, never the parameters or which layer owns
+    them: workloads differing in them share one ``shared`` memo, and its values are those of a fresh build."""
+    from simddp.config import set_value
+    from simddp.sim.plan import rank_gradients
+    from simddp.workload import fresh_workload, structure_key, workload_key
+
+    first = scenario_from_dict(base_scenario(**_STRUCTURE_BASE))
+    variant = scenario_from_dict(set_value(base_scenario(**_STRUCTURE_BASE), key, value))
+    assert workload_key(variant) != workload_key(first)
+    assert structure_key(variant) == structure_key(first)
+    assert _structure(fresh_workload(variant)) == _structure(fresh_workload(first))
+    shared, alone = build_workload(variant), fresh_workload(variant)
+    assert shared.shared is build_workload(first).shared
+    assert rank_gradients(variant, shared) == rank_gradients(variant, alone)
+
+
+@pytest.mark.parametrize(("key", "value"), [
+    ("training.precision", "fp32"), ("parallelism.tp", 4), ("parallelism.pp", 2), ("model.preset", "gpt2-medium"),
+])
+def test_each_structure_key_changes_the_structure(key: str, value: object) -> None:
+    from simddp.config import set_value
+    from simddp.workload import fresh_workload, structure_key
+
+    first = scenario_from_dict(base_scenario(**_STRUCTURE_BASE))
+    variant = scenario_from_dict(set_value(base_scenario(**_STRUCTURE_BASE), key, value))
+    assert structure_key(variant) != structure_key(first)
+    assert _structure(fresh_workload(variant)) != _structure(fresh_workload(first))
+    assert build_workload(variant).shared is not build_workload(first).shared
+
+
+def test_virtual_stages_change_the_structure() -> None:
+    from simddp.workload import fresh_workload, structure_key
+
+    par = {"tp": 1, "pp": 2, "pipeline_schedule": "interleaved-1f1b"}
+    two = scenario_from_dict(base_scenario(parallelism={**par, "virtual_stages": 2},
+                                           training={"global_batch_size": 64}))
+    four = scenario_from_dict(base_scenario(parallelism={**par, "virtual_stages": 4},
+                                            training={"global_batch_size": 64}))
+    assert structure_key(two) != structure_key(four)
+    assert _structure(fresh_workload(two)) != _structure(fresh_workload(four))

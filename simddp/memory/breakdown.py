@@ -90,9 +90,9 @@ def _notes(scenario: Scenario) -> list[str]:
 def _stage_params(scenario: Scenario, workload: Workload, stage: int) -> list[int]:
     """Global indices of the parameters a GPU of ``stage`` holds (a tied output layer keeps a copy)."""
     key = ("stage params", stage, scenario.parallelism.pp)
-    if key not in workload.memo:
-        workload.memo[key] = _find_stage_params(scenario, workload, stage)
-    return list(workload.memo[key])
+    if key not in workload.shared:
+        workload.shared[key] = _find_stage_params(scenario, workload, stage)
+    return list(workload.shared[key])
 
 
 def _find_stage_params(scenario: Scenario, workload: Workload, stage: int) -> list[int]:
@@ -116,14 +116,14 @@ def _stage_items(scenario: Scenario, workload: Workload, stage: int, rule: ZeroR
     # A stage's parameter count and sizes, once per workload; stages holding the same parameter sizes (a
     # pipeline's middle stages) hold the same states.
     sizes_key = ("stage sizes", stage, par.pp)
-    if sizes_key not in workload.memo:
+    if sizes_key not in workload.shared:
         params = [workload.parameters[i] for i in ids]
-        workload.memo[sizes_key] = (params, sum(p.numel for p in params), tuple((p.numel, p.dtype) for p in params))
-    params, num_params, sizes = workload.memo[sizes_key]
+        workload.shared[sizes_key] = (params, sum(p.numel for p in params), tuple((p.numel, p.dtype) for p in params))
+    params, num_params, sizes = workload.shared[sizes_key]
     key = ("states", sizes, tr.precision, tr.optimizer, zero, dp, fp32_grads)
-    states = workload.memo.get(key)
+    states = workload.shared.get(key)
     if states is None:
-        states = workload.memo[key] = model_states_bytes(params, tr.precision, tr.optimizer, zero, dp, fp32_grads)
+        states = workload.shared[key] = model_states_bytes(params, tr.precision, tr.optimizer, zero, dp, fp32_grads)
     shard = f" / {dp} dp ranks" if dp > 1 else ""
     items = [
         Item(category="params", name="parameters", size_bytes=states.params_bytes,
@@ -186,9 +186,9 @@ def _activation_items(scenario: Scenario, workload: Workload, stage: int, in_fli
     act = PRECISION_ACT_BYTES[tr.precision]
     dropout = uses_dropout(scenario)
     blocks_key = ("blocks", stage, par.pp)
-    if blocks_key not in workload.memo:
-        workload.memo[blocks_key] = {layer.block for layer in layers if layer.block is not None}
-    blocks = workload.memo[blocks_key]
+    if blocks_key not in workload.shared:
+        workload.shared[blocks_key] = {layer.block for layer in layers if layer.block is not None}
+    blocks = workload.shared[blocks_key]
     if ("layer", tr.recompute) not in same:
         for recompute in {tr.recompute, "none"}:
             same[("layer", recompute)] = transformer_layer_activation_bytes(

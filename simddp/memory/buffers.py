@@ -57,17 +57,17 @@ def data_parallel_buffers(rule: ZeroRule, scenario: Scenario, workload: Workload
                           ids: list[int]) -> list[Item]:
     """The gradient and parameter buffers ``rule`` keeps on a GPU of pipeline ``stage`` holding ``ids``."""
     params = workload.parameters
-    # The gradients as reduced and their ready order: once per workload, stage and dtype rule (the
-    # configurations of a sweep share their workload).
+    # The gradients as reduced and their ready order: once per workload structure, stage and dtype rule
+    # (the configurations of a sweep share it).
     key = ("reduced gradients", stage, scenario.parallelism.pp, rule.reduce_in_fp32, tuple(ids))
-    if key not in workload.memo:
+    if key not in workload.shared:
         grads = reduce_specs(rule, [params[i] for i in ids])
         local = {g: k for k, g in enumerate(ids)}
         order = [local[g] for g in workload.ready_sorted(ids)]
         seen = set(order)
         order += [k for k in range(len(ids)) if k not in seen]  # a tied copy not in this stage's order
-        workload.memo[key] = grads, order
-    grads, order = workload.memo[key]
+        workload.shared[key] = grads, order
+    grads, order = workload.shared[key]
     layers = workload.rank_layers(stage, scenario.parallelism.pp)
     dp = scenario.dp
     if rule.unsharded_across_micro_batches:

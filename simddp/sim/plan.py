@@ -63,9 +63,9 @@ def rank_gradients(scenario: Scenario, workload: Workload, index: int = 0,
     rule = rule or zero_rule(scenario)
     unused = searches_unused(scenario)
     key = ("rank gradients", index, scenario.parallelism.pp, rule, unused)
-    grads = workload.memo.get(key)
-    if grads is None:  # once per workload and these inputs (a sweep's configurations share a workload)
-        grads = workload.memo[key] = _rank_gradients(workload, index, scenario.parallelism.pp, rule, unused)
+    grads = workload.shared.get(key)
+    if grads is None:  # once per workload structure and these inputs (a sweep's configurations share it)
+        grads = workload.shared[key] = _rank_gradients(workload, index, scenario.parallelism.pp, rule, unused)
     return grads  # type: ignore[no-any-return]
 
 
