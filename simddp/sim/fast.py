@@ -31,7 +31,7 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Callable
 from dataclasses import replace
-from typing import Any
+from typing import Any, cast
 
 from simddp.results import StepResult
 from simddp.sim import fluid
@@ -134,7 +134,7 @@ class _Reductions:
         """Every reduction's ready time and (start, end) into the outcome, keyed (round, bucket)."""
         nb = len(self.costs)
         keys = [(rnd, b) for rnd in range(self.rounds) for b in range(nb)]
-        self.out.ready_at.update(zip(keys, self.ready, strict=True))
+        self.out.ready_at.update(zip(keys, cast(list[float], self.ready), strict=True))  # all ready by the end
         self.out.reduced.update(zip(keys, self.spans, strict=True))
 
 
