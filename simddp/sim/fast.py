@@ -160,25 +160,25 @@ def _advance(t: float, work: float, intervals: deque[tuple[float, float]], rate_
     return t
 
 
-def _backward(p: RankPlan) -> tuple[list[tuple[float, float, list[int]]], dict[int, int],
-                                    list[tuple[float, str, float]]]:
-    """Backward in reverse layer order (kernel work, its recompute part, the buckets its gradients go to), each
-    bucket's gradient count, and each bucket's reduction (time, link tier, transfer): once per layer plans and
-    gradients (a sweep's points share both; the entry keeps the layer plans it was made from, so an id is never
-    mistaken for another's). Bucket indices are positions in ``p.buckets``."""
-    key = ("backward", id(p.plans))
-    entry = p.grads.memo.get(key)
-    if entry is None or entry[0] is not p.plans:
-        per_timing: dict[int, tuple[float, float]] = {}  # layers of identical blocks share one timing object
-        backward = []
-        for layer, buckets in zip(reversed(p.plans), reversed(p.bucket_of_layer), strict=True):
-            timing_id = id(layer.timing)
-            if timing_id not in per_timing:
-                per_timing[timing_id] = (layer.timing.bwd_s, layer.timing.recompute_s)
-            backward.append((*per_timing[timing_id], buckets))
-        entry = p.grads.memo[key] = (p.plans, backward, {b.index: b.num_params for b in p.buckets})
+def _backward(p: RankPlan) -> tuple[list[tuple[float, float]], list[tuple[int, ...]], list[tuple[float, str, float]]]:
+    """Backward in reverse layer order: each layer's (kernel work, its recompute part); the buckets each layer
+    releases (its gradients are the last its buckets wait for); each bucket's reduction (time, link tier,
+    transfer). The first comes once per layer plans, the second once per gradients (a sweep's points share
+    both). Bucket indices are positions in ``p.buckets``."""
+    releases = p.grads.memo.get("releases")
+    if releases is None:
+        left = {b.index: b.num_params for b in p.buckets}
+        releases = []
+        for buckets in reversed(p.bucket_of_layer):
+            done = []
+            for b in buckets:
+                left[b] -= 1
+                if left[b] == 0:
+                    done.append(b)
+            releases.append(tuple(done))
+        p.grads.memo["releases"] = releases
     costs = [(b.reduce.time_s, b.reduce.tier, b.reduce.transfer_s) for b in p.buckets]
-    return entry[1], entry[2], costs
+    return p.plans.backward_work, releases, costs
 
 
 def _run_dp(plan: StepPlan) -> list[Outcome]:
@@ -196,11 +196,10 @@ def _run_dp(plan: StepPlan) -> list[Outcome]:
         out.add("recompute", p.bwd_recompute_s[0] * silent)
     overlap = plan.rule.overlap
     fwd = p.fwd_work_s[0]
-    backward, counts, costs = _backward(p)
+    backward, releases, costs = _backward(p)
     stream = _Reductions(out, rounds, costs)
     acct, intervals, ready = out.acct, stream.intervals, stream.ready
     for rnd in range(rounds):
-        remaining = dict(counts)
         first = rnd * len(costs)  # the round's reductions in the stream's lists
         # Forward: one job (no collective of this step can be in flight before the first release).
         end = _advance(t, fwd, intervals, rate_in)
@@ -209,7 +208,7 @@ def _run_dp(plan: StepPlan) -> list[Outcome]:
         t = end
         # The parts are summed in the same order as out.add would, in locals (one layer at a time).
         compute, recompute, interference = acct["compute"], acct.get("recompute", 0.0), acct["interference"]
-        for work, redo, buckets in backward:
+        for (work, redo), released in zip(backward, releases, strict=True):
             if intervals:
                 end = _advance(t, work, intervals, rate_in)
             else:  # nothing in flight: _advance's answer, without the call
@@ -218,15 +217,11 @@ def _run_dp(plan: StepPlan) -> list[Outcome]:
             recompute += redo
             interference += end - t - work
             t = end
-            released = False
-            for b in buckets:
-                left = remaining[b] - 1
-                remaining[b] = left
-                if left == 0:
+            if released:
+                for b in released:
                     ready[first + b] = t
-                    released = True
-            if released and overlap:
-                stream.schedule()
+                if overlap:
+                    stream.schedule()
         if backward:
             acct["compute"], acct["recompute"], acct["interference"] = compute, recompute, interference
     out.compute_end_s = t

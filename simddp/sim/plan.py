@@ -157,6 +157,18 @@ class LayerPlans(list[LayerPlan]):
         return total
 
     @functools.cached_property
+    def backward_work(self) -> list[tuple[float, float]]:
+        """Each layer's backward (kernel work, its recompute part), in backward (reverse) order."""
+        per_timing: dict[int, tuple[float, float]] = {}  # layers of identical blocks share one timing object
+        out = []
+        for plan in reversed(self):
+            timing_id = id(plan.timing)
+            if timing_id not in per_timing:
+                per_timing[timing_id] = (plan.timing.bwd_s, plan.timing.recompute_s)
+            out.append(per_timing[timing_id])
+        return out
+
+    @functools.cached_property
     def has_tp_collectives(self) -> bool:
         """Whether any layer has a collective of its own (TP, sequence parallelism)."""
         return any(p.fwd_pre or p.fwd_post or p.bwd_pre or p.dgrad_post or p.wgrad_pre for p in self)
