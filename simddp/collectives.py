@@ -176,9 +176,16 @@ def ring_s(op: Op, size_bytes: int, group: CommGroup, proto: Protocol = "Simple"
 
 def _ring(op: Op, size_bytes: int, group: CommGroup, proto: Protocol) -> tuple[float, float]:
     """(latency, transfer) of a ring."""
-    n = group.num_ranks
-    if n == 1 or size_bytes == 0:
+    if group.num_ranks == 1 or size_bytes == 0:
         return 0.0, 0.0
+    latency_s, data, busbw = _ring_terms(op, group, proto)
+    return latency_s, data * size_bytes / busbw
+
+
+def _ring_terms(op: Op, group: CommGroup, proto: Protocol) -> tuple[float, float, float]:
+    """A ring's latency, and the data factor and bus bandwidth of its transfer (``data * size / busbw``): what
+    does not depend on the size (a group of more than one rank)."""
+    n = group.num_ranks
     if op == "all-reduce":
         nsteps, inter_steps, data = 2 * (n - 1), 2 * (group.num_nodes - 1), 2 * (n - 1) / n
     elif op in ("reduce-scatter", "all-gather"):
@@ -197,7 +204,7 @@ def _ring(op: Op, size_bytes: int, group: CommGroup, proto: Protocol) -> tuple[f
         busbw *= 1 / 4 if (group.num_nodes > 1 or op in ("all-reduce", "reduce")) else 1 / 3
     elif proto == "LL128":
         busbw *= LL128_RING_FACTOR if group.ranks_per_node >= 2 else LL128_RING_FACTOR_ONE_PER_NODE
-    return latency_s, data * size_bytes / busbw
+    return latency_s, data, busbw
 
 
 def tree_all_reduce_s(size_bytes: int, group: CommGroup, proto: Protocol = "Simple") -> float:
@@ -206,9 +213,14 @@ def tree_all_reduce_s(size_bytes: int, group: CommGroup, proto: Protocol = "Simp
 
 
 def _tree(size_bytes: int, group: CommGroup, proto: Protocol) -> tuple[float, float]:
-    n = group.num_ranks
-    if n == 1 or size_bytes == 0:
+    if group.num_ranks == 1 or size_bytes == 0:
         return 0.0, 0.0
+    latency_s, busbw = _tree_terms(group, proto)
+    return latency_s, size_bytes / (0.5 * busbw)
+
+
+def _tree_terms(group: CommGroup, proto: Protocol) -> tuple[float, float]:
+    """A tree all-reduce's latency and bus bandwidth (its transfer: ``size / (0.5 busbw)``)."""
     latency_s = BASE_LAT_US["tree"][proto] * US + 2 * (
         (group.ranks_per_node - 1) * _hop_latency_s(group, "intra", "tree", proto)
         + math.log2(group.num_nodes) * _hop_latency_s(group, "inter", "tree", proto)
@@ -218,7 +230,7 @@ def _tree(size_bytes: int, group: CommGroup, proto: Protocol) -> tuple[float, fl
         busbw /= 3.8
     elif proto == "LL128":
         busbw *= 7 / 9 if group.num_nodes == 1 else 120 / 128
-    return latency_s, size_bytes / (0.5 * busbw)
+    return latency_s, busbw
 
 
 def nvls_all_reduce_s(size_bytes: int, group: CommGroup) -> float:
@@ -241,23 +253,31 @@ def nvls_wire_bytes_per_s(group: CommGroup) -> float | None:
 
 def _nvls(op: str, size_bytes: int, group: CommGroup) -> tuple[float, float]:
     """(latency, transfer) of NVLS (one node) or NVLS-tree (all-reduce across nodes); inf when unavailable."""
-    wire = nvls_wire_bytes_per_s(group)
-    r, nodes = group.ranks_per_node, group.num_nodes
-    if wire is None or r < 2 or op not in NVLS_OPS or (nodes > 1 and op != "all-reduce"):
+    terms = _nvls_terms(op, group)
+    if terms is None:
         return math.inf, math.inf
     if group.num_ranks == 1 or size_bytes == 0:
         return 0.0, 0.0
+    return terms[0], size_bytes / terms[1]
+
+
+def _nvls_terms(op: str, group: CommGroup) -> tuple[float, float] | None:
+    """NVLS's latency and algorithm bandwidth (its transfer: ``size / algbw``); None when unavailable."""
+    wire = nvls_wire_bytes_per_s(group)
+    r, nodes = group.ranks_per_node, group.num_nodes
+    if wire is None or r < 2 or op not in NVLS_OPS or (nodes > 1 and op != "all-reduce"):
+        return None
     # All-reduce: S(r+1)/r each way per GPU; reduce-scatter sends S, all-gather receives S.
     algbw = wire * r / (r + 1) if op == "all-reduce" else wire
     if nodes == 1:
-        return _hop_latency_s(group, "intra", "nvls", "Simple"), size_bytes / algbw
+        return _hop_latency_s(group, "intra", "nvls", "Simple"), algbw
     # NVLS-tree: each GPU heads 1/r of the data over its NIC share; a 2-node tree is a pairwise exchange
     # (S/r each way), a double binary tree moves 2S/r each way (tuning.cc: bwInter vs bwInter/2).
     nic_algbw = group.inter_bus_bandwidth_bytes_per_s / (1 if nodes == 2 else 2)
     latency_s = _hop_latency_s(group, "intra", "nvls_tree", "Simple") + 2 * math.log2(nodes) * _hop_latency_s(
         group, "inter", "nvls_tree", "Simple"
     )
-    return latency_s, size_bytes / min(algbw, nic_algbw)
+    return latency_s, min(algbw, nic_algbw)
 
 
 def _subgroup(group: CommGroup, num_ranks: int, num_nodes: int, ranks_per_node: int) -> CommGroup:
@@ -414,24 +434,45 @@ def best(
     allow_nvls: bool = True,
 ) -> CollectiveCost:
     """The fastest (algorithm, protocol) among those allowed, as NCCL's tuner picks."""
-    protos: tuple[Protocol, ...] = PROTOCOLS if protocol == "auto" else (protocol,)
+    terms = _candidate_terms(op, group, algorithm, protocol, allow_nvls)
+    if not terms:
+        raise ValueError(f"no algorithm runs {op} with algorithm={algorithm}, protocol={protocol} on this group")
+    empty = group.num_ranks == 1 or size_bytes == 0
     # (time, algorithm, protocol, (latency, transfer)) of each candidate; only the fastest becomes a cost.
     candidates: list[tuple[float, str, str, tuple[float, float]]] = []
-    for proto in protos:
-        if algorithm in ("auto", "ring"):
-            parts = _ring(op, size_bytes, group, proto)
-            candidates.append((parts[0] + parts[1], "ring", proto, parts))
-        if op == "all-reduce" and algorithm in ("auto", "tree"):
-            parts = _tree(size_bytes, group, proto)
-            candidates.append((parts[0] + parts[1], "tree", proto, parts))
-    if op in NVLS_OPS and algorithm in ("auto", "nvls") and allow_nvls and protocol in ("auto", "Simple"):
-        parts = _nvls(op, size_bytes, group)
-        if math.isfinite(parts[0]):
-            candidates.append((parts[0] + parts[1], "nvls" if group.num_nodes == 1 else "nvls-tree", "Simple", parts))
-    if not candidates:
-        raise ValueError(f"no algorithm runs {op} with algorithm={algorithm}, protocol={protocol} on this group")
+    for name, proto, latency_s, data, bandwidth in terms:
+        if empty:
+            parts = (0.0, 0.0)
+        else:  # each transfer in its own function's arithmetic (_ring, _tree, _nvls), so times are the same
+            parts = (latency_s, (data * size_bytes if data is not None else size_bytes) / bandwidth)
+        candidates.append((parts[0] + parts[1], name, proto, parts))
     _, name, proto_name, parts = min(candidates, key=lambda c: c[0])  # the first of equals, as NCCL's tuner
     return _cost(op, size_bytes, group, name, proto_name, parts)
+
+
+@cached()
+def _candidate_terms(op: Op, group: CommGroup, algorithm: AlgorithmName, protocol: Protocol | Literal["auto"],
+                     allow_nvls: bool) -> list[tuple[str, str, float, float | None, float]]:
+    """What :func:`best` weighs, without the size, once per group and choice: each allowed (algorithm,
+    protocol) in the tuner's order, with its latency and the terms of its transfer (``data * size / bandwidth``,
+    or ``size / bandwidth`` where ``data`` is None). A collective costs a step one call per distinct size."""
+    protos: tuple[Protocol, ...] = PROTOCOLS if protocol == "auto" else (protocol,)
+    single = group.num_ranks == 1  # every time is zero: the terms are never read
+    out: list[tuple[str, str, float, float | None, float]] = []
+    for proto in protos:
+        if algorithm in ("auto", "ring"):
+            if op not in ("all-reduce", "reduce-scatter", "all-gather", "broadcast", "reduce"):
+                raise ValueError(f"ring does not implement {op}")
+            ring = (0.0, 1.0, 1.0) if single else _ring_terms(op, group, proto)
+            out.append(("ring", proto, ring[0], ring[1], ring[2]))
+        if op == "all-reduce" and algorithm in ("auto", "tree"):
+            tree = (0.0, 1.0) if single else _tree_terms(group, proto)
+            out.append(("tree", proto, tree[0], None, 0.5 * tree[1]))
+    if op in NVLS_OPS and algorithm in ("auto", "nvls") and allow_nvls and protocol in ("auto", "Simple"):
+        nvls = _nvls_terms(op, group)
+        if nvls is not None:
+            out.append(("nvls" if group.num_nodes == 1 else "nvls-tree", "Simple", nvls[0], None, nvls[1]))
+    return out
 
 
 __all__ = [

@@ -337,3 +337,32 @@ def test_latency_within_time_and_monotonic(op: str, algo: str, layout: tuple[int
     assert small.time_s <= large.time_s * (1 + 1e-12)
     fast = _cost_or_none(op, hi, _group(n, nodes, bw * factor, nvls=nvls, gpus_per_node=gpus), algo)
     assert fast is not None and fast.time_s <= large.time_s * (1 + 1e-12)
+
+
+_PRESET_GROUPS = [(preset, ranks, stride) for preset in ("dgx-a100-80gb", "dgx-h100-80gb", "pcie-a100-80gb")
+                  for ranks, stride in ((2, 1), (8, 1), (16, 1), (16, 8), (128, 1), (4, 32))]
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.sampled_from(_PRESET_GROUPS), st.sampled_from(["all-reduce", "reduce-scatter", "all-gather", "broadcast"]),
+       st.integers(min_value=0, max_value=10**10))
+def test_the_tuner_picks_the_fastest_of_the_algorithms_own_times(where: tuple[str, int, int], op: str,
+                                                                 size: int) -> None:
+    """best() weighs terms kept per group (its size-free part): its pick's (latency, transfer) must be exactly
+    what that algorithm's own function gives at this size, and no allowed algorithm may be faster."""
+    from simddp.collectives import PROTOCOLS, _nvls, _ring, _tree, best
+
+    preset, ranks, stride = where
+    cluster = Cluster.model_validate({"preset": preset, "num_nodes": 16})
+    g = group(cluster, ranks, stride=stride)
+    direct = {("ring", p): _ring(op, size, g, p) for p in PROTOCOLS}  # type: ignore[arg-type]
+    if op == "all-reduce":
+        direct.update({("tree", p): _tree(size, g, p) for p in PROTOCOLS})  # type: ignore[arg-type]
+    nvls = _nvls(op, size, g)
+    if math.isfinite(nvls[0]):
+        direct[("nvls" if g.num_nodes == 1 else "nvls-tree", "Simple")] = nvls
+    cost = best(op, size, g)  # type: ignore[arg-type]
+    latency, transfer = direct[(cost.algorithm, cost.protocol)]
+    assert cost.latency_s == latency
+    assert cost.time_s == latency + transfer
+    assert cost.time_s == min(sum(parts) for parts in direct.values())
