@@ -275,9 +275,12 @@ def _release(out: Outcome, vs: int, start: float, counts: dict[int, int], overla
     identical blocks share one timing object (as :func:`simddp.sim.layers.pass_alone` relies on)."""
     p = out.plan
     t = start
-    for k in range(len(p.layers) - 1, -1, -1):
-        if p.layers[k].stage != vs:
-            continue
+    by_stage = p.grads.memo.get("backward positions by stage")  # the layers' stages are the structure's
+    if by_stage is None:  # each stage's layer positions in backward order, in one pass over the rank's layers
+        by_stage = p.grads.memo["backward positions by stage"] = {}
+        for k in range(len(p.layers) - 1, -1, -1):
+            by_stage.setdefault(p.layers[k].stage, []).append(k)
+    for k in by_stage.get(vs, ()):
         plan = p.plans[k]
         key = id(plan.timing)
         if key not in seen:
