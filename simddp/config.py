@@ -14,6 +14,7 @@ from __future__ import annotations
 import copy
 import types
 import typing
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -1084,17 +1085,19 @@ def _models_under(model: type[BaseModel], found: dict[str, type[BaseModel]]) -> 
 _CONFIG_MODELS = _models_under(Scenario, {})
 
 
-def validate_scenario(data: dict[str, Any]) -> Scenario:
+def validate_scenario(data: dict[str, Any], validated: Mapping[str, BaseModel] | None = None) -> Scenario:
     """Validate a complete scenario dict; raises :class:`ScenarioError` with a one-line message.
 
     ``calibration`` is kept as a path only: filling keys from the profile it names is the job of
     :func:`simddp.scenario_io.scenario_from_dict`, a layer above (config never imports the profile).
+    ``validated``: sections of ``data`` already validated from dicts equal to its own (a sweep's base), taken
+    as they are; the checks across sections still run.
     """
     if not isinstance(data, dict):
         raise ScenarioError(f"a scenario must be a mapping, got {type(data).__name__}")
     safeio.check_shape(data)
     try:
-        scenario = Scenario.model_validate(data)
+        scenario = Scenario.model_validate({**data, **validated} if validated else data)
     except ValidationError as err:
         raise ScenarioError(format_validation_error(err)) from None
     except RecursionError:  # check_shape bounds the nesting; a preset or profile cannot add much

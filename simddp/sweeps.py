@@ -30,6 +30,7 @@ from simddp.config import (
     data_parallel_size,
     put_value,
     set_value,
+    validate_scenario,
 )
 from simddp.results import StepResult
 from simddp.scenario_io import scenario_from_dict
@@ -242,11 +243,11 @@ def _variant(
     for path, value in updates.items():
         put_value(out, path, value)
     if not any(p in updates for p in _CLUSTER_SIZE_PATHS):
-        return out, None
+        return out, _reusing_sections(out, base, base_scenario)
     if get_path(out, "parallelism.dp") is not None:
         put_value(out, "parallelism.dp", None)
     if batch != "weak":
-        return out, None
+        return out, _reusing_sections(out, base, base_scenario)
     if base_scenario is None:
         try:
             base_scenario = scenario_from_dict(base)
@@ -261,7 +262,7 @@ def _variant(
         batched = {**unbatched, "training": {**unbatched["training"],
                                              "global_batch_size": base_scenario.num_micro_batches * mbs * dp}}
         try:
-            return batched, scenario_from_dict(batched)
+            return batched, _reusing_sections(batched, base, base_scenario) or scenario_from_dict(batched)
         except ScenarioError:
             pass  # the two-step route below says why, in its own words
     resized = scenario_from_dict_or_none(unbatched)
@@ -269,6 +270,30 @@ def _variant(
         gbs = base_scenario.num_micro_batches * resized.training.micro_batch_size * resized.dp
         put_value(out, "training.global_batch_size", gbs)
     return out, None
+
+
+def _reusing_sections(data: dict[str, Any], base: dict[str, Any], base_scenario: Scenario | None) -> Scenario | None:
+    """``data``, a variant of ``base``, validated with ``base_scenario``'s own section objects wherever the
+    variant's section equals the base's (pydantic takes a validated section as it is; the scenario's checks
+    across sections all run), or None where that does not validate or does not apply (a calibrated base).
+
+    A variant that fails here is validated whole by the caller, so its error is worded as always; one that
+    passes equals its whole validation (its sections come from equal dicts, and no section's validation reads
+    another's). A sweep point then validates only what it changed (``tests/test_sweeps.py`` checks both).
+    """
+    if base_scenario is None or data.get("calibration") or base.get("calibration"):
+        return None
+    same = {key: getattr(base_scenario, key) for key, value in data.items()
+            if key in _SECTIONS and isinstance(value, dict) and value == base.get(key)}
+    try:
+        return validate_scenario(data, same)
+    except ScenarioError:
+        return None
+
+
+#: The sections of a scenario that are models of their own (what :func:`_reusing_sections` can take as they are).
+_SECTIONS = frozenset(name for name, f in Scenario.model_fields.items()
+                      if isinstance(f.annotation, type) and issubclass(f.annotation, BaseModel))
 
 
 def _dp_and_micro_batch(data: dict[str, Any]) -> tuple[int, int] | None:

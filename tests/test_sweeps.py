@@ -216,3 +216,36 @@ def test_a_weak_scaled_variant_is_the_two_step_one(updates: dict[str, Any]) -> N
         assert scenario == sweeps.scenario_from_dict(data)
     metrics, _ = sweeps.evaluate(data, scenario)
     assert metrics == sweeps.evaluate(_two_step_variant(base, updates))[0]
+
+
+@pytest.mark.parametrize("updates", [
+    {"ddp.bucket_cap_mb": 5}, {"training.seq_len": 512}, {"parallelism.zero_stage": 1, "ddp.bucket_cap_mb": 50},
+    {"model.preset": "gpt2-medium"}, {"memory.fragmentation_fraction": 0.2}, {"name": "renamed"},
+    {"cluster.preset": "dgx-h100-80gb"},
+    {"parallelism.tp": 3},  # across sections: 3 does not divide the GPUs
+    {"ddp.bucket_cap_mb": -1}, {"ddp.bucket_cap_mb": True}, {"training.seq_len": "long"},  # invalid sections
+    {"ddp": None}, {"ddp.no_such_key": 1},
+])
+def test_a_variant_validated_with_the_bases_sections_is_the_whole_validation(updates: dict[str, Any]) -> None:
+    """A sweep point takes its base's validated sections where its own are equal: where that validates it must
+    equal the whole validation, reuse exactly the unchanged sections, and fail exactly where the whole
+    validation does (whose error the point then reports)."""
+    from simddp.config import ScenarioError, set_value
+
+    base = base_scenario(training={"micro_batch_size": 2, "global_batch_size": 128, "seq_len": 1024})
+    ref = sweeps.scenario_from_dict(base)
+    data, scenario = sweeps._variant(base, updates, "strong", ref)
+    expected = copy.deepcopy(base)
+    for path, value in updates.items():
+        expected = set_value(expected, path, value)
+    assert data == expected
+    try:
+        whole = sweeps.scenario_from_dict(data)
+    except ScenarioError as err:
+        assert scenario is None
+        assert sweeps.evaluate(data, scenario)[0].error == str(err)
+        return
+    assert scenario == whole
+    changed = {path.split(".")[0] for path in updates}
+    for section in ("cluster", "model", "training"):  # the base's own sections (the rest are defaults)
+        assert (getattr(scenario, section) is getattr(ref, section)) == (section not in changed)
