@@ -223,7 +223,8 @@ def with_values(
 
     When the cluster size changes, an explicit ``parallelism.dp`` is dropped (dp = GPUs / (tp x pp)), and
     with ``batch="weak"`` the global batch keeps the base's micro-batches per GPU. ``base_scenario`` is
-    ``base`` validated, when the caller has it (a sweep validates its base once, not once per point).
+    ``base`` validated, when the caller has it (a sweep validates its base once, not once per point; a caller
+    that simulates the variant should take :func:`_variant`'s validated scenario rather than validate again).
     """
     return _variant(base, updates, batch, base_scenario)[0]
 
@@ -406,7 +407,7 @@ def bucket_cap_sweep(
     base = as_scenario_dict(scenario)
     ref = scenario_from_dict(base)
     points = [
-        BucketCapPoint(bucket_cap_mb=cap, **_metrics(with_values(base, {"ddp.bucket_cap_mb": cap}, base_scenario=ref)))
+        BucketCapPoint(bucket_cap_mb=cap, **_metrics(*_variant(base, {"ddp.bucket_cap_mb": cap}, base_scenario=ref)))
         for cap in caps_mb
     ]
     return BucketCapSweep(scenario=ref.name, reference_bucket_cap_mb=ref.ddp.bucket_cap_mb, points=points)
