@@ -74,6 +74,11 @@ NOT_RUN: dict[str, tuple[str, bool]] = {
     "simddp calibrate validate profile.json ddp.json": ("validates the GPU measurements of the lines above", False),
     "simddp plan examples/gpt3-175b-3d-1024xA100.yaml --gpus 1024 --top 5 --jobs 2 --json > gpt3-plan.json":
         ("searches 7,920 GPT-3 layouts: about 50 s on 2 cores (benchmarks/bench_planner.py times it)", True),
+    "python benchmarks/bench_engine.py":
+        ("times issue 10's cases 15 times each and three 1,000-point sweeps: a few minutes (figures in "
+         "docs/performance.md)", True),
+    "python benchmarks/bench_instructions.py":
+        ("runs each case under valgrind, which CI need not have: about five minutes", True),
     "simddp calibrate collect comm --nnodes 2 --nproc-per-node 8 --rdzv-backend c10d --rdzv-endpoint $HEAD:29500 "
     "--backend nccl --out comm.json": ("needs two GPU hosts and a rendezvous host", False),
 }
