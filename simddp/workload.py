@@ -604,10 +604,7 @@ def _transformer_workload(scenario: Scenario, spec: TransformerSpec,
     first = block_layers(0) if spec.num_layers else []
     prefix = names.block.format(i=0)
     per_block = sum(len(ids) for module, ids in groups.items() if module.startswith(prefix + "."))
-    # Each layer of block 0 as (its fields, name after the block prefix, its parameters): the copies are made
-    # from a dict of their fields (copy_with without its call and keyword packing; 1,300 layers for a 1T model).
-    templates = [(la.__dict__, la.name[len(prefix):], la.param_indices) for la in first]
-    new, set_fields = object.__new__, object.__setattr__
+    templates = [(la, la.name[len(prefix):], la.param_indices) for la in first]  # name after the block prefix
     for i in range(spec.num_layers):
         stage = i * num_stages // spec.num_layers
         if i == 0:
@@ -615,11 +612,9 @@ def _transformer_workload(scenario: Scenario, spec: TransformerSpec,
             continue
         renamed = names.block.format(i=i)
         shift = i * per_block
-        for fields, rest, own in templates:
-            la = new(Layer)
-            set_fields(la, "__dict__", {**fields, "name": renamed + rest, "block": i, "stage": stage,
-                                        "param_indices": tuple([g + shift for g in own]) if own else own})
-            layers.append(la)
+        layers.extend([copy_with(la, name=renamed + rest, block=i, stage=stage,
+                                 param_indices=tuple([g + shift for g in own]) if own else own)
+                       for la, rest, own in templates])
     last_stage, end_of_blocks = num_stages - 1, len(layers)
     if spec.final_norm:
         layers.append(elementwise(names.final_norm, names.final_norm, norm_fwd, norm_bwd, h, t_sp, None))
@@ -742,5 +737,5 @@ def copy_with(obj: _D, **changes: Any) -> _D:
     layers copied once per layer of every block, where the constructor is the cost. The
     other fields, kernel and collective tuples included, are shared with ``obj``."""
     new = object.__new__(type(obj))
-    new.__dict__.update(obj.__dict__, **changes)
+    object.__setattr__(new, "__dict__", {**obj.__dict__, **changes})  # one dict, built whole
     return new  # type: ignore[no-any-return]
