@@ -184,7 +184,7 @@ def _ring(op: Op, size_bytes: int, group: CommGroup, proto: Protocol) -> tuple[f
 
 def _ring_terms(op: Op, group: CommGroup, proto: Protocol) -> tuple[float, float, float]:
     """A ring's latency, and the data factor and bus bandwidth of its transfer (``data * size / busbw``): what
-    does not depend on the size (a group of more than one rank)."""
+    does not depend on the size."""
     n = group.num_ranks
     if op == "all-reduce":
         nsteps, inter_steps, data = 2 * (n - 1), 2 * (group.num_nodes - 1), 2 * (n - 1) / n
@@ -457,17 +457,13 @@ def _candidate_terms(op: Op, group: CommGroup, algorithm: AlgorithmName, protoco
     protocol) in the tuner's order, with its latency and the terms of its transfer (``data * size / bandwidth``,
     or ``size / bandwidth`` where ``data`` is None). A collective costs a step one call per distinct size."""
     protos: tuple[Protocol, ...] = PROTOCOLS if protocol == "auto" else (protocol,)
-    single = group.num_ranks == 1  # every time is zero: the terms are never read
     out: list[tuple[str, str, float, float | None, float]] = []
     for proto in protos:
         if algorithm in ("auto", "ring"):
-            if op not in ("all-reduce", "reduce-scatter", "all-gather", "broadcast", "reduce"):
-                raise ValueError(f"ring does not implement {op}")
-            ring = (0.0, 1.0, 1.0) if single else _ring_terms(op, group, proto)
-            out.append(("ring", proto, ring[0], ring[1], ring[2]))
+            out.append(("ring", proto, *_ring_terms(op, group, proto)))
         if op == "all-reduce" and algorithm in ("auto", "tree"):
-            tree = (0.0, 1.0) if single else _tree_terms(group, proto)
-            out.append(("tree", proto, tree[0], None, 0.5 * tree[1]))
+            latency_s, busbw = _tree_terms(group, proto)
+            out.append(("tree", proto, latency_s, None, 0.5 * busbw))
     if op in NVLS_OPS and algorithm in ("auto", "nvls") and allow_nvls and protocol in ("auto", "Simple"):
         nvls = _nvls_terms(op, group)
         if nvls is not None:
