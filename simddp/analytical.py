@@ -30,13 +30,8 @@ def no_overlap_step_s(compute_s: float, cost_s: Sequence[float], tail_s: float) 
 def in_order_overlap_step_s(
     compute_s: float, ready_s: Sequence[float], cost_s: Sequence[float], tail_s: float
 ) -> float:
-    """The exact overlapped step: the later of the compute's end and the stream's last end (ends never
-    decrease, so the last is the latest), then the tail; :func:`in_order_schedule`'s recurrence, kept to its
-    last end."""
-    free = 0.0
-    for ready, cost in zip(ready_s, cost_s, strict=True):
-        free = (ready if ready > free else free) + cost
-    return max(compute_s, free) + tail_s
+    sched = in_order_schedule(ready_s, cost_s)
+    return max([compute_s] + [end for _, end in sched]) + tail_s
 
 
 def perfect_overlap_step_s(
