@@ -47,3 +47,64 @@ def test_a_keyed_cache_stays_consistent_across_threads() -> None:
         t.join()
     assert not errors
     assert len(cache.data) <= 8
+
+
+def test_the_collector_pause_restores_the_collector_as_it_was_after_nested_and_failing_uses() -> None:
+    import gc
+
+    import pytest
+
+    from simddp.engine_caches import collector_paused
+
+    was = gc.isenabled()
+    try:
+        gc.enable()
+        with collector_paused():
+            assert not gc.isenabled()
+            with collector_paused():
+                assert not gc.isenabled()
+            assert not gc.isenabled()  # the outer use still runs
+        assert gc.isenabled()
+        with pytest.raises(ZeroDivisionError), collector_paused():
+            1 / 0  # noqa: B018
+        assert gc.isenabled()
+        gc.disable()  # a caller that turned it off keeps it off
+        with collector_paused():
+            pass
+        assert not gc.isenabled()
+    finally:
+        if was:
+            gc.enable()
+        else:
+            gc.disable()
+
+
+def test_the_collector_resumes_when_the_last_of_concurrent_evaluations_ends() -> None:
+    import gc
+    from pathlib import Path
+
+    import simddp
+
+    default = Path(simddp.__file__).parent / "default_scenario.yaml"
+    was = gc.isenabled()
+    gc.enable()
+    errors: list[BaseException] = []
+
+    def work() -> None:
+        try:
+            for _ in range(3):
+                simddp.simulate(default, trace=False)
+        except BaseException as err:  # reported below
+            errors.append(err)
+
+    try:
+        threads = [threading.Thread(target=work) for _ in range(3)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert not errors
+        assert gc.isenabled()
+    finally:
+        if not was:
+            gc.disable()

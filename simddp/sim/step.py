@@ -37,6 +37,7 @@ from pydantic import TypeAdapter
 
 from simddp.analytical import in_order_overlap_step_s
 from simddp.config import Scenario
+from simddp.engine_caches import collector_paused
 from simddp.memory import memory_breakdown
 from simddp.results import BREAKDOWN_PARTS, Bounds, BucketTiming, Span, StepPart, StepResult, Trace
 from simddp.sim.layers import LayerPlan, Recorder, backward, forward, pass_alone_s
@@ -512,16 +513,19 @@ def simulate_step(scenario: Scenario, trace: bool = True, exact: bool = False,
         from simddp.sim.dataparallel import simulate_dataparallel
 
         return simulate_dataparallel(scenario, trace)
-    plan = build_plan(scenario, workload)
-    if plan.mode == "fsdp" or plan.ranks[0].rounds > 1:
-        check_simulation_size(scenario)  # ZeRO-3, or reductions every micro-batch: layer by layer in either engine
-    if not (exact or trace) and fast.supported(plan):
-        # The fast engine extends a repeating pipeline steady state, so its cost does not grow with the
-        # micro-batches; only what it would run one by one is bounded (a pass is a forward and a backward).
-        try:
-            return fast.run(plan, max_operations=2 * MAX_LAYER_PASSES)
-        except TooManyOperations:
-            pass  # the check below says why
+    with collector_paused():  # the plan and the fast engine make no reference cycles (engine_caches)
+        plan = build_plan(scenario, workload)
+        if plan.mode == "fsdp" or plan.ranks[0].rounds > 1:
+            check_simulation_size(scenario)  # ZeRO-3, or reductions every micro-batch: layer by layer either way
+        if not (exact or trace) and fast.supported(plan):
+            # The fast engine extends a repeating pipeline steady state, so its cost does not grow with the
+            # micro-batches; only what it would run one by one is bounded (a pass is a forward and a backward).
+            try:
+                result = fast.run(plan, max_operations=2 * MAX_LAYER_PASSES)
+                del plan  # freed before the collector resumes, so its first collection need not walk it
+                return result
+            except TooManyOperations:
+                pass  # the check below says why
     check_simulation_size(scenario)  # a pipeline or ZeRO-3 step simulates every micro-batch: bound it
     return run_plan(plan, trace)
 
