@@ -170,3 +170,60 @@ def test_declined_scenarios_fall_back_to_simpy() -> None:
                       "training": {"seq_len": 512, "micro_batch_size": 2}}
         base.update(extra)
         assert _check(base) is False
+
+
+@st.composite
+def deep_pipelines(draw: st.DrawFn) -> dict:
+    """:func:`pipelines` with 4 or 8 stages over 8 to 16 blocks (stages of one or two blocks, even or not)."""
+    data = draw(pipelines())
+    pp = draw(st.sampled_from([4, 8]))
+    tp = data["parallelism"]["tp"]
+    nodes = max(data["cluster"]["num_nodes"], tp * pp // 8)
+    data["cluster"]["num_nodes"] = nodes
+    data["parallelism"]["pp"] = pp
+    data["model"]["transformer"]["num_layers"] = draw(st.sampled_from([8, 12, 16]))
+    micro = pp * draw(st.sampled_from([1, 2]))
+    data["training"]["global_batch_size"] = micro * nodes * 8 // (tp * pp)
+    return data
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(deep_pipelines())
+def test_middle_ranks_of_one_shape_plan_as_each_would_alone(data: dict) -> None:
+    """build_plan copies the plan of a middle pipeline rank to later ranks of its shape (_twin): every rank's
+    plan equals the one it gets when each rank is planned itself."""
+    from unittest import mock
+
+    from simddp import engine_caches
+    from simddp.scenario_io import scenario_from_dict
+    from simddp.sim import plan as plan_module
+
+    try:
+        scenario = scenario_from_dict(data)
+    except ScenarioError:
+        return
+    engine_caches.clear()
+    shared = build_plan(scenario)
+    engine_caches.clear()  # a fresh workload: nothing the first plan kept in its memo
+    unique = iter(range(10**6))
+    with mock.patch.object(plan_module, "_rank_shape", lambda layers, rank: ((next(unique),), 0)):
+        alone = build_plan(scenario)
+    assert len({id(r.plans) for r in alone.ranks}) == len(alone.ranks) or scenario.parallelism.pp == 1
+    assert shared.ranks == alone.ranks
+    for a, b in zip(shared.ranks, alone.ranks, strict=True):
+        assert (a.grads.global_ids, a.grads.params, a.grads.ready_order) == (
+            b.grads.global_ids, b.grads.params, b.grads.ready_order)
+    engine_caches.clear()
+
+
+def test_a_pipeline_plans_each_shape_of_middle_rank_once() -> None:
+    from simddp.scenario_io import scenario_from_dict
+
+    plan = build_plan(scenario_from_dict({
+        "cluster": {"preset": "dgx-a100-80gb", "num_nodes": 8}, "model": {"preset": "gpt3-175b"},
+        "parallelism": {"tp": 8, "pp": 8, "pipeline_schedule": "interleaved-1f1b", "virtual_stages": 3},
+        "training": {"micro_batch_size": 1, "global_batch_size": 64, "seq_len": 2048}}))
+    # First rank (embedding), last rank (output layer), and the six middle ranks of one shape planned once.
+    assert len({id(r.plans) for r in plan.ranks}) == 3
+    assert [sorted(r.fwd_alone_s) for r in plan.ranks] == [[r, r + 8, r + 16] for r in range(8)]
+    assert plan.ranks[3].layers[0].name != plan.ranks[2].layers[0].name

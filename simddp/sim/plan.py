@@ -7,6 +7,7 @@ simulation runs.
 from __future__ import annotations
 
 import functools
+import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -340,9 +341,21 @@ def build_plan(scenario: Scenario, workload: Workload | None = None) -> StepPlan
     rank_plans: dict[int, LayerPlans] = workload.memo.setdefault(("layer plans", timing_key), {})
     rank_passes: dict[int, dict[str, dict[int, float]]] = workload.memo.setdefault(
         ("stage passes", timing_key, par.tp_comm_overlap, cluster.comm_compute_interference), {})
-    ranks = []
+    ranks: list[RankPlan] = []
+    # Pipeline ranks of one shape (a pipeline's middle ranks: the same blocks, their parameters shifted) plan
+    # alike: the first of each shape is planned, the others are copies of it (_twin).
+    shapes: dict[tuple[Any, ...], tuple[RankPlan, int]] = {}
+    twins = mode == "pipeline" and not unused
     for r in range(par.pp):
         layers = workload.rank_layers(r, par.pp)
+        shape: tuple[Any, ...] | None = None
+        if twins and 0 < r < par.pp - 1:  # the first and last ranks hold the embedding and the output layer
+            shape, anchor = _rank_shape(layers, r)
+            if shape in shapes:
+                twin = _twin(scenario, workload, *shapes[shape], r, layers, anchor, rule)
+                if twin is not None:
+                    ranks.append(twin)
+                    continue
         grads = rank_gradients(scenario, workload, r, rule)
         bucket_of_layer = grads.memo.get("bucket of layer")  # unused parameters are the model's: in the workload
         if bucket_of_layer is None:
@@ -393,6 +406,8 @@ def build_plan(scenario: Scenario, workload: Workload | None = None) -> StepPlan
                 getattr(rank, name).update(values)
         if mode == "fsdp":
             rank.fsdp_units, rank.fsdp_root = _fsdp_plans(workload, rank, dp, rule)
+        if shape is not None and shape not in shapes:
+            shapes[shape] = (rank, anchor)
         ranks.append(rank)
     ops: list[Sequence[PipeOp]] = [schedule(par.pipeline_schedule, par.pp, m, r, par.virtual_stages)
                                    for r in range(par.pp)] if mode == "pipeline" else [[] for _ in range(par.pp)]
@@ -405,6 +420,53 @@ def build_plan(scenario: Scenario, workload: Workload | None = None) -> StepPlan
             gather = collective_cost("all-gather", workload.boundary_gather_bytes, tp_group(scenario))
     return StepPlan(scenario, workload, ranks, m, mode, ops, p2p, gather, par.tp_comm_overlap,
                     cluster.comm_compute_interference, rule)
+
+
+def _rank_shape(layers: Sequence[Layer], rank: int) -> tuple[tuple[Any, ...], int]:
+    """What a pipeline rank's plan depends on in its layers, and the anchor its parameter indices are taken
+    from: per layer, its kernel and collective tuples (shared by identical blocks, :mod:`simddp.workload`),
+    recompute and measured times, its virtual stage's chunk and its parameters relative to the anchor (the
+    rank's first parameter)."""
+    anchor = next((la.param_indices[0] for la in layers if la.param_indices), 0)
+    return tuple((id(la.fwd), id(la.dgrad), id(la.wgrad), id(la.collectives), la.recompute, la.fwd_time_s,
+                  la.bwd_time_s, la.stage - rank, tuple([g - anchor for g in la.param_indices]))
+                 for la in layers), anchor
+
+
+def _twin(scenario: Scenario, workload: Workload, first: RankPlan, first_anchor: int, r: int,
+          layers: tuple[Layer, ...], anchor: int, rule: ZeroRule) -> RankPlan | None:
+    """The plan of middle pipeline rank ``r``, whose layers have the shape of ``first``'s (:func:`_rank_shape`):
+    ``first``'s plan with its own index, layers, gradients and virtual stages; None where its parameters
+    differ from ``first``'s in size or gradient-ready order (then it is planned itself).
+
+    Everything else the plan holds (layer plans, buckets and their collectives, optimizer, parameter sync,
+    gradient clipping, per-stage pass times) depends only on that shape and those sizes and order, so it is
+    ``first``'s. The gradients are stored where :func:`rank_gradients` keeps them, for the memory model and
+    the exports to find.
+    """
+    params, delta = workload.parameters, anchor - first_anchor
+    src = first.grads
+    global_ids = [g + delta for g in src.global_ids]
+    if len(src.ready_order) != len(global_ids) or any(params[g + delta][1:] != params[g][1:] for g in src.global_ids):
+        return None
+    position = workload.shared.get(("ready position",))
+    if position is None:
+        workload.ready_sorted(())  # fills the positions
+        position = workload.shared[("ready position",)]
+    ready = [position.get(global_ids[k], -1) for k in src.ready_order]
+    if any(a >= b for a, b in itertools.pairwise(ready)) or (ready and ready[0] < 0):
+        return None  # not the same gradient-ready order
+    key = ("rank gradients", r, scenario.parallelism.pp, rule, searches_unused(scenario))
+    grads = workload.shared.get(key)
+    if grads is None:
+        reduced = [grad_reduce_spec(params[g], rule.reduce_in_fp32) for g in global_ids]
+        grads = workload.shared[key] = RankGradients(global_ids, reduced, src.ready_order, src.buckets)
+    grads.memo.setdefault("bucket of layer", first.bucket_of_layer)
+    shift = r - first.index  # virtual stage vs of first is vs + shift here
+    rank = replace(first, index=r, layers=layers, grads=grads)
+    for name in _PASS_FIELDS:
+        setattr(rank, name, {vs + shift: value for vs, value in getattr(first, name).items()})
+    return rank
 
 
 #: The RankPlan fields :func:`_stage_passes` fills (virtual stage -> seconds).
