@@ -194,6 +194,34 @@ class Workload:
             self.memo[key] = [tuple(r) for r in ranks]
         return self.memo[key][rank]  # type: ignore[no-any-return]
 
+    def rank_twins(self, pp: int) -> list[tuple[int, int]]:
+        """For each pipeline rank, the first rank whose layers have its shape and how far its parameter indices
+        are shifted from that rank's: ``(r, 0)`` for a rank that is the first of its shape (always the first
+        and the last rank, which hold the embedding and the output layer).
+
+        A shape is, layer by layer, the kernel and collective tuples (identical blocks share them: their
+        identity names them), recompute and measured times, the virtual stage's chunk, the block relative to
+        the rank's first block, and the parameter indices relative to the rank's first one. Ranks of one
+        shape whose parameters also have equal sizes (which their users check) plan and size alike: a
+        pipeline's middle ranks. Worked out once per workload and pp.
+        """
+        key = ("rank twins", pp)
+        if key not in self.memo:
+            firsts: dict[tuple[Any, ...], tuple[int, int]] = {}
+            twins = []
+            for r in range(pp):
+                layers = self.rank_layers(r, pp)
+                anchor = next((la.param_indices[0] for la in layers if la.param_indices), 0)
+                block = next((la.block for la in layers if la.block is not None), 0)
+                shape = tuple((id(la.fwd), id(la.dgrad), id(la.wgrad), id(la.collectives), la.recompute,
+                               la.fwd_time_s, la.bwd_time_s, la.stage - r,
+                               None if la.block is None else la.block - block,
+                               tuple([g - anchor for g in la.param_indices])) for la in layers)
+                first, first_anchor = (r, anchor) if r in (0, pp - 1) else firsts.setdefault(shape, (r, anchor))
+                twins.append((first, anchor - first_anchor))
+            self.memo[key] = twins
+        return self.memo[key]  # type: ignore[no-any-return]
+
 
 #: Floating dtypes narrower than fp32, whose gradients ``reduce_in_fp32`` all-reduces in fp32.
 NARROW_FLOAT_DTYPES = ("bfloat16", "float16", "float8_e4m3fn", "float8_e5m2")

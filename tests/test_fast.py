@@ -190,24 +190,26 @@ def deep_pipelines(draw: st.DrawFn) -> dict:
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(deep_pipelines())
 def test_middle_ranks_of_one_shape_plan_as_each_would_alone(data: dict) -> None:
-    """build_plan copies the plan of a middle pipeline rank to later ranks of its shape (_twin): every rank's
-    plan equals the one it gets when each rank is planned itself."""
+    """build_plan copies the plan of a middle pipeline rank to later ranks of its shape (Workload.rank_twins),
+    and the memory model its states and buffers: every rank's plan, and the memory breakdown, equal those
+    when each rank is worked out itself."""
     from unittest import mock
 
     from simddp import engine_caches
+    from simddp.memory import memory_breakdown
     from simddp.scenario_io import scenario_from_dict
-    from simddp.sim import plan as plan_module
+    from simddp.workload import Workload
 
     try:
         scenario = scenario_from_dict(data)
     except ScenarioError:
         return
     engine_caches.clear()
-    shared = build_plan(scenario)
+    shared, shared_memory = build_plan(scenario), memory_breakdown(scenario)
     engine_caches.clear()  # a fresh workload: nothing the first plan kept in its memo
-    unique = iter(range(10**6))
-    with mock.patch.object(plan_module, "_rank_shape", lambda layers, rank: ((next(unique),), 0)):
-        alone = build_plan(scenario)
+    with mock.patch.object(Workload, "rank_twins", lambda self, pp: [(r, 0) for r in range(pp)]):
+        alone, alone_memory = build_plan(scenario), memory_breakdown(scenario)
+    assert shared_memory == alone_memory  # the memory model's stages too
     assert len({id(r.plans) for r in alone.ranks}) == len(alone.ranks) or scenario.parallelism.pp == 1
     assert shared.ranks == alone.ranks
     for a, b in zip(shared.ranks, alone.ranks, strict=True):

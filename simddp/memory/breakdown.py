@@ -36,7 +36,8 @@ def memory_breakdown(scenario: Scenario, workload: Workload | None = None, stage
     workload = workload or build_workload(scenario)
     rule = zero_rule(scenario)
     same: dict[tuple[object, ...], Any] = {}  # what every stage computes alike, computed once
-    stages = [_stage_items(scenario, workload, s, rule, same) for s in range(par.pp)]
+    twins = workload.rank_twins(par.pp) if par.pp > 1 else [(0, 0)]
+    stages = [_stage_items(scenario, workload, s, rule, same, twins[s]) for s in range(par.pp)]
     totals = [sum(i.size_bytes for i in items) for items, _, _ in stages]
     chosen = stage if stage is not None else max(range(par.pp), key=lambda s: (totals[s], -s))
     items, num_params, in_flight = stages[chosen]
@@ -106,15 +107,44 @@ def _find_stage_params(scenario: Scenario, workload: Workload, stage: int) -> li
 
 
 def _stage_items(scenario: Scenario, workload: Workload, stage: int, rule: ZeroRule,
-                 same: dict[tuple[object, ...], Any]) -> tuple[list[Item], int, float]:
-    tr, par, mem = scenario.training, scenario.parallelism, scenario.memory
+                 same: dict[tuple[object, ...], Any], twin: tuple[int, int]) -> tuple[list[Item], int, float]:
+    """The memory items of a GPU of ``stage``. ``twin``: the first stage of its shape and the shift of its
+    parameter indices (:meth:`simddp.workload.Workload.rank_twins`); a stage of a middle stage's shape whose
+    parameters have the same sizes holds the same states and buffers, so only its activations (micro-batches
+    in flight differ by stage) are worked out again."""
+    par, mem = scenario.parallelism, scenario.memory
+    first, delta = twin
+    fixed = same.get(("stage", first)) if first != stage else None
+    if fixed is not None:
+        params = workload.parameters
+        if any(params[g + delta][1:] != params[g][1:] for g in fixed[2]):
+            fixed = None  # a shape alike but parameter sizes that are not
+    if fixed is None:
+        fixed = same[("stage", stage)] = _fixed_items(scenario, workload, stage, rule)
+    states, num_params, _, buffers = fixed
+    in_flight = in_flight_micro_batches(par.pipeline_schedule, par.pp, stage, scenario.num_micro_batches,
+                                        par.virtual_stages)
+    items = states + _activation_items(scenario, workload, stage, in_flight, same) + buffers
+    transient = sum(i.size_bytes for i in items if i.category in ("activations", "buffers") and i.name != "NCCL")
+    items.append(Item(category="overhead", name="CUDA context", size_bytes=mem.cuda_context_bytes,
+                            note="memory.cuda_context_bytes"))
+    items.append(Item(category="overhead", name="allocator fragmentation",
+                            size_bytes=round(mem.fragmentation_fraction * transient),
+                            note=f"{mem.fragmentation_fraction:.0%} of activations and buffers"))
+    return items, num_params, in_flight
+
+
+def _fixed_items(scenario: Scenario, workload: Workload, stage: int,
+                 rule: ZeroRule) -> tuple[list[Item], int, list[int], list[Item]]:
+    """What a GPU of ``stage`` holds whatever the micro-batches in flight: its model-state items, parameter
+    count, the global indices of its parameters, and its buffers."""
+    tr, par = scenario.training, scenario.parallelism
     dp, zero = scenario.dp, par.zero_stage
     # FSDP keeps fp32 sharded parameters (the master weights) and fp32 sharded gradients whatever dtype it
     # reduces in: the ZeRO paper's 16 bytes per parameter (states.py); reduce_in_fp32 adds no gradient bytes.
     fp32_grads = rule.reduce_in_fp32 and not (rule.implementation == "torch" and zero >= 2)
     ids = _stage_params(scenario, workload, stage)
-    # A stage's parameter count and sizes, once per workload; stages holding the same parameter sizes (a
-    # pipeline's middle stages) hold the same states.
+    # A stage's parameter count and sizes, once per workload.
     sizes_key = ("stage sizes", stage, par.pp)
     if sizes_key not in workload.shared:
         params = [workload.parameters[i] for i in ids]
@@ -138,26 +168,7 @@ def _stage_items(scenario: Scenario, workload: Workload, stage: int, rule: ZeroR
         items.append(Item(category="optimizer", name=f"{tr.optimizer} states",
                                 size_bytes=states.optimizer_state_bytes,
                                 note=_state_note(tr.optimizer) + (shard if zero >= 1 else "")))
-    in_flight = in_flight_micro_batches(par.pipeline_schedule, par.pp, stage, scenario.num_micro_batches,
-                                        par.virtual_stages)
-    items += _activation_items(scenario, workload, stage, in_flight, same)
-    if par.pp > 1:  # stages of the same layers and parameter sizes (the middle ones) keep the same buffers
-        layers = workload.rank_layers(stage, par.pp)
-        shape = ("buffers", key, tuple((id(la.fwd), id(la.dgrad), id(la.wgrad), la.recompute, len(la.param_indices))
-                                       for la in layers))
-        buffers = same.get(shape)
-        if buffers is None:
-            buffers = same[shape] = buffer_items(scenario, workload, stage, ids, rule)
-        items += buffers
-    else:
-        items += buffer_items(scenario, workload, stage, ids, rule)
-    transient = sum(i.size_bytes for i in items if i.category in ("activations", "buffers") and i.name != "NCCL")
-    items.append(Item(category="overhead", name="CUDA context", size_bytes=mem.cuda_context_bytes,
-                            note="memory.cuda_context_bytes"))
-    items.append(Item(category="overhead", name="allocator fragmentation",
-                            size_bytes=round(mem.fragmentation_fraction * transient),
-                            note=f"{mem.fragmentation_fraction:.0%} of activations and buffers"))
-    return items, num_params, in_flight
+    return items, num_params, ids, buffer_items(scenario, workload, stage, ids, rule)
 
 
 def _state_note(optimizer: str) -> str:

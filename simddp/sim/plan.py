@@ -344,18 +344,15 @@ def build_plan(scenario: Scenario, workload: Workload | None = None) -> StepPlan
     ranks: list[RankPlan] = []
     # Pipeline ranks of one shape (a pipeline's middle ranks: the same blocks, their parameters shifted) plan
     # alike: the first of each shape is planned, the others are copies of it (_twin).
-    shapes: dict[tuple[Any, ...], tuple[RankPlan, int]] = {}
-    twins = mode == "pipeline" and not unused
+    twins = workload.rank_twins(par.pp) if mode == "pipeline" and not unused else None
     for r in range(par.pp):
         layers = workload.rank_layers(r, par.pp)
-        shape: tuple[Any, ...] | None = None
-        if twins and 0 < r < par.pp - 1:  # the first and last ranks hold the embedding and the output layer
-            shape, anchor = _rank_shape(layers, r)
-            if shape in shapes:
-                twin = _twin(scenario, workload, *shapes[shape], r, layers, anchor, rule)
-                if twin is not None:
-                    ranks.append(twin)
-                    continue
+        if twins is not None and twins[r][0] != r:
+            first, shift = twins[r]
+            twin = _twin(scenario, workload, ranks[first], shift, r, layers, rule)
+            if twin is not None:
+                ranks.append(twin)
+                continue
         grads = rank_gradients(scenario, workload, r, rule)
         bucket_of_layer = grads.memo.get("bucket of layer")  # unused parameters are the model's: in the workload
         if bucket_of_layer is None:
@@ -406,8 +403,6 @@ def build_plan(scenario: Scenario, workload: Workload | None = None) -> StepPlan
                 getattr(rank, name).update(values)
         if mode == "fsdp":
             rank.fsdp_units, rank.fsdp_root = _fsdp_plans(workload, rank, dp, rule)
-        if shape is not None and shape not in shapes:
-            shapes[shape] = (rank, anchor)
         ranks.append(rank)
     ops: list[Sequence[PipeOp]] = [schedule(par.pipeline_schedule, par.pp, m, r, par.virtual_stages)
                                    for r in range(par.pp)] if mode == "pipeline" else [[] for _ in range(par.pp)]
@@ -422,20 +417,10 @@ def build_plan(scenario: Scenario, workload: Workload | None = None) -> StepPlan
                     cluster.comm_compute_interference, rule)
 
 
-def _rank_shape(layers: Sequence[Layer], rank: int) -> tuple[tuple[Any, ...], int]:
-    """What a pipeline rank's plan depends on in its layers, and the anchor its parameter indices are taken
-    from: per layer, its kernel and collective tuples (shared by identical blocks, :mod:`simddp.workload`),
-    recompute and measured times, its virtual stage's chunk and its parameters relative to the anchor (the
-    rank's first parameter)."""
-    anchor = next((la.param_indices[0] for la in layers if la.param_indices), 0)
-    return tuple((id(la.fwd), id(la.dgrad), id(la.wgrad), id(la.collectives), la.recompute, la.fwd_time_s,
-                  la.bwd_time_s, la.stage - rank, tuple([g - anchor for g in la.param_indices]))
-                 for la in layers), anchor
-
-
-def _twin(scenario: Scenario, workload: Workload, first: RankPlan, first_anchor: int, r: int,
-          layers: tuple[Layer, ...], anchor: int, rule: ZeroRule) -> RankPlan | None:
-    """The plan of middle pipeline rank ``r``, whose layers have the shape of ``first``'s (:func:`_rank_shape`):
+def _twin(scenario: Scenario, workload: Workload, first: RankPlan, delta: int, r: int,
+          layers: tuple[Layer, ...], rule: ZeroRule) -> RankPlan | None:
+    """The plan of middle pipeline rank ``r``, whose layers have the shape of ``first``'s, their parameter
+    indices shifted by ``delta`` (:meth:`simddp.workload.Workload.rank_twins`):
     ``first``'s plan with its own index, layers, gradients and virtual stages; None where its parameters
     differ from ``first``'s in size or gradient-ready order (then it is planned itself).
 
@@ -444,7 +429,7 @@ def _twin(scenario: Scenario, workload: Workload, first: RankPlan, first_anchor:
     ``first``'s. The gradients are stored where :func:`rank_gradients` keeps them, for the memory model and
     the exports to find.
     """
-    params, delta = workload.parameters, anchor - first_anchor
+    params = workload.parameters
     src = first.grads
     global_ids = [g + delta for g in src.global_ids]
     if len(src.ready_order) != len(global_ids) or any(params[g + delta][1:] != params[g][1:] for g in src.global_ids):
