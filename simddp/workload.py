@@ -422,7 +422,8 @@ def _names(spec: TransformerSpec) -> _Names:
 def _transformer_params(
     spec: TransformerSpec, tp: int, dtype: str
 ) -> tuple[list[Param], dict[str, list[int]]]:
-    """Per-GPU parameters in Hugging Face definition order, and the indices each module (layer name) owns."""
+    """Per-GPU parameters in Hugging Face definition order, and the indices each module (layer name) owns, for
+    the modules outside the blocks and those of block 0 (block i's are block 0's shifted by i blocks)."""
     h, ffn, v = spec.hidden_size, spec.ffn_hidden_size, spec.vocab_size
     kv_shard = max(1, spec.kv_heads // tp) * (h // spec.num_heads)  # GQA with tp > kv_heads replicates
     q_shard = h // tp
@@ -490,14 +491,9 @@ def _transformer_params(
     # (name after the block prefix, elements, dtype) of block 0's parameters; tuple.__new__ skips the named
     # tuple's Python constructor (1,500 parameters for a 1T model).
     first = [(q.name[cut:], q.numel, q.dtype) for q in params[start:]]
-    first_modules = [(module[cut:], ids) for module, ids in groups.items() if ids[0] >= start]
     make = tuple.__new__
-    per_block = len(first)
     for i in range(1, spec.num_layers):
         renamed = names.block.format(i=i)
-        offset = i * per_block
-        for suffix, ids in first_modules:
-            groups[renamed + suffix] = [g + offset for g in ids]
         params.extend([make(Param, (renamed + rest, numel, dtype)) for rest, numel, dtype in first])
     if spec.final_norm:
         norm(names.final_norm, names.final_norm)

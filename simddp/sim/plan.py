@@ -356,11 +356,11 @@ def build_plan(scenario: Scenario, workload: Workload | None = None) -> StepPlan
         grads = rank_gradients(scenario, workload, r, rule)
         bucket_of_layer = grads.memo.get("bucket of layer")  # unused parameters are the model's: in the workload
         if bucket_of_layer is None:
-            local = {g: k for k, g in enumerate(grads.global_ids)}
-            bucket_of_param = {p: b.index for b in grads.buckets for p in b.param_indices}
+            ids = grads.global_ids
+            bucket_of = {ids[p]: b.index for b in grads.buckets for p in b.param_indices}.__getitem__  # global id
             bucket_of_layer = grads.memo["bucket of layer"] = [
-                [bucket_of_param[local[g]] for g in la.param_indices if g not in unused] if la.param_indices else []
-                for la in layers]
+                [bucket_of(g) for g in la.param_indices if g not in unused] if unused
+                else list(map(bucket_of, la.param_indices)) for la in layers]
         working = grads.memo.get("working")
         if working is None:
             working = grads.memo["working"] = [workload.parameters[g] for g in grads.global_ids]
