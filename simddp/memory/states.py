@@ -17,7 +17,9 @@ gradients and Adam states are 4 + 4 + 8 = 16Ψ/Nd, the same total).
 from __future__ import annotations
 
 import math
+from collections import Counter
 from collections.abc import Iterable
+from operator import attrgetter
 from typing import NamedTuple
 
 from simddp.bucketing import ParamLike
@@ -65,6 +67,9 @@ def _optimizer_state_numel(optimizer: str, numel: int) -> int:
     return min(numel, 2 * math.isqrt(numel - 1) + 2)  # r + c of a square matrix, ceil(sqrt(n)) each
 
 
+_SIZE = attrgetter("numel", "dtype")
+
+
 def model_states_bytes(
     params: Iterable[ParamLike],
     precision: str,
@@ -86,13 +91,14 @@ def model_states_bytes(
     if dp < 1:
         raise ValueError(f"dp({dp}) must be >= 1")
     p_bytes = g_bytes = master = state = 0
-    for p in params:
-        width = dtype_bytes(p.dtype)
-        p_bytes += p.numel * width
-        g_bytes += p.numel * (max(width, _FP32_BYTES) if reduce_in_fp32 else width)
+    # Integer sums, so parameters of one size and dtype (every block's) are counted together.
+    for (numel, dtype), count in Counter(map(_SIZE, params)).items():
+        width = dtype_bytes(dtype)
+        p_bytes += count * numel * width
+        g_bytes += count * numel * (max(width, _FP32_BYTES) if reduce_in_fp32 else width)
         if precision != "fp32" and width < _FP32_BYTES:
-            master += p.numel * _FP32_BYTES
-        state += _optimizer_state_numel(optimizer, p.numel) * _FP32_BYTES
+            master += count * numel * _FP32_BYTES
+        state += count * _optimizer_state_numel(optimizer, numel) * _FP32_BYTES
 
     def shard(num_bytes: int, sharded: bool) -> int:
         return -(-num_bytes // dp) if sharded else num_bytes
