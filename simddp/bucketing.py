@@ -133,9 +133,11 @@ def bucket_size_limits(bucket_cap_mb: float | None = None) -> tuple[int, int]:
     return cap_bytes, cap_bytes
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class BucketSpec:
-    """A bucket as the engine uses it (the fields of :class:`Bucket`, without validation's cost)."""
+    """A bucket as the engine uses it (the fields of :class:`Bucket`, without validation's cost). Not frozen:
+    a frozen dataclass's constructor sets each field through ``object.__setattr__``, and a 7B model's step
+    builds 226 of them (1.2 M instructions, 3% of its evaluation); nothing changes one once built."""
 
     index: int
     param_indices: list[int]
