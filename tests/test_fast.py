@@ -229,3 +229,33 @@ def test_a_pipeline_plans_each_shape_of_middle_rank_once() -> None:
     assert len({id(r.plans) for r in plan.ranks}) == 3
     assert [sorted(r.fwd_alone_s) for r in plan.ranks] == [[r, r + 8, r + 16] for r in range(8)]
     assert plan.ranks[3].layers[0].name != plan.ranks[2].layers[0].name
+
+
+def test_a_middle_rank_of_one_shape_but_other_parameter_sizes_is_planned_itself() -> None:
+    """Ranks alike in their layers but not in their parameters' sizes are not copies (the plan's _twin and the
+    memory model check sizes)."""
+    from dataclasses import replace
+    from unittest import mock
+
+    from simddp.memory import memory_breakdown
+    from simddp.scenario_io import scenario_from_dict
+    from simddp.workload import Param, Workload, build_workload
+
+    scenario = scenario_from_dict({
+        "cluster": {"preset": "dgx-a100-80gb", "num_nodes": 1}, "model": {"preset": "gpt2"},
+        "parallelism": {"pp": 4}, "training": {"micro_batch_size": 1, "global_batch_size": 8, "seq_len": 512}})
+    base = build_workload(scenario)
+    owned = [g for la in base.rank_layers(2, 4) for g in la.param_indices]
+    params = list(base.parameters)
+    params[owned[0]] = Param(params[owned[0]].name, params[owned[0]].numel * 3, params[owned[0]].dtype)
+    workload = replace(base, parameters=tuple(params), memo={}, shared={})
+    assert workload.rank_twins(4)[2][0] == 1  # the same shape as rank 1
+    plan, memory = build_plan(scenario, workload), memory_breakdown(scenario, workload)
+    with mock.patch.object(Workload, "rank_twins", lambda self, pp: [(r, 0) for r in range(pp)]):
+        fresh = replace(workload, memo={}, shared={})
+        alone, alone_memory = build_plan(scenario, fresh), memory_breakdown(scenario, fresh)
+    assert plan.ranks == alone.ranks
+    assert memory == alone_memory
+    assert (memory_breakdown(scenario, workload, stage=2).params_bytes
+            > memory_breakdown(scenario, workload, stage=1).params_bytes)
+    assert sum(b.size_bytes for b in plan.ranks[2].buckets) > sum(b.size_bytes for b in plan.ranks[1].buckets)
