@@ -30,6 +30,8 @@ def no_overlap_step_s(compute_s: float, cost_s: Sequence[float], tail_s: float) 
 def in_order_overlap_step_s(
     compute_s: float, ready_s: Sequence[float], cost_s: Sequence[float], tail_s: float
 ) -> float:
+    """The exact overlapped step: the later of the compute's end and the stream's last all-reduce end
+    (:func:`in_order_schedule`), then the tail."""
     sched = in_order_schedule(ready_s, cost_s)
     return max([compute_s] + [end for _, end in sched]) + tail_s
 
