@@ -195,32 +195,44 @@ class Workload:
         return self.memo[key][rank]  # type: ignore[no-any-return]
 
     def rank_twins(self, pp: int) -> list[tuple[int, int]]:
-        """For each pipeline rank, the first rank whose layers have its shape and how far its parameter indices
-        are shifted from that rank's: ``(r, 0)`` for a rank that is the first of its shape (always the first
+        """For each pipeline rank, the first rank that plans and sizes alike and how far its parameter indices
+        are shifted from that rank's: ``(r, 0)`` for a rank that is the first of its kind (always the first
         and the last rank, which hold the embedding and the output layer).
 
-        A shape is, layer by layer, the kernel and collective tuples (identical blocks share them: their
-        identity names them), recompute and measured times, the virtual stage's chunk, the block relative to
-        the rank's first block, and the parameter indices relative to the rank's first one. Ranks of one
-        shape whose parameters also have equal sizes (which their users check) plan and size alike: a
-        pipeline's middle ranks. Worked out once per workload and pp.
+        Two ranks are alike when they have one shape: layer by layer, the kernel and collective tuples
+        (identical blocks share them: their identity names them), recompute and measured times, the virtual
+        stage's chunk, the block relative to the rank's first block, and the parameter indices relative to
+        the rank's first one; and when their parameters, so shifted, have the same sizes and gradient-ready
+        order. A pipeline's middle ranks are. Worked out once per workload and pp.
         """
         key = ("rank twins", pp)
         if key not in self.memo:
-            firsts: dict[tuple[Any, ...], tuple[int, int]] = {}
+            firsts: dict[tuple[Any, ...], tuple[int, int, list[int]]] = {}
             twins = []
             for r in range(pp):
                 layers = self.rank_layers(r, pp)
-                anchor = next((la.param_indices[0] for la in layers if la.param_indices), 0)
+                ids = [g for la in layers for g in la.param_indices]
+                anchor = ids[0] if ids else 0
                 block = next((la.block for la in layers if la.block is not None), 0)
                 shape = tuple((id(la.fwd), id(la.dgrad), id(la.wgrad), id(la.collectives), la.recompute,
                                la.fwd_time_s, la.bwd_time_s, la.stage - r,
                                None if la.block is None else la.block - block,
                                tuple([g - anchor for g in la.param_indices])) for la in layers)
-                first, first_anchor = (r, anchor) if r in (0, pp - 1) else firsts.setdefault(shape, (r, anchor))
-                twins.append((first, anchor - first_anchor))
+                first, first_anchor, first_ids = (r, anchor, ids) if r in (0, pp - 1) else firsts.setdefault(
+                    shape, (r, anchor, ids))
+                delta = anchor - first_anchor
+                if first != r and not self._shifted_alike(first_ids, delta):
+                    first, delta = r, 0  # one shape, but other parameter sizes or order: its own kind
+                twins.append((first, delta))
             self.memo[key] = twins
         return self.memo[key]  # type: ignore[no-any-return]
+
+    def _shifted_alike(self, ids: list[int], delta: int) -> bool:
+        """Whether the parameters ``ids`` shifted by ``delta`` have their sizes and gradient-ready order."""
+        params = self.parameters
+        if any(params[g + delta][1:] != params[g][1:] for g in ids):
+            return False
+        return self.ready_sorted([g + delta for g in ids]) == [g + delta for g in self.ready_sorted(ids)]
 
 
 #: Floating dtypes narrower than fp32, whose gradients ``reduce_in_fp32`` all-reduces in fp32.

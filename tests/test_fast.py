@@ -232,8 +232,8 @@ def test_a_pipeline_plans_each_shape_of_middle_rank_once() -> None:
 
 
 def test_a_middle_rank_of_one_shape_but_other_parameter_sizes_is_planned_itself() -> None:
-    """Ranks alike in their layers but not in their parameters' sizes are not copies (the plan's _twin and the
-    memory model check sizes)."""
+    """Ranks alike in their layers but not in their parameters' sizes are not copies (Workload.rank_twins checks
+    sizes for the plan and the memory model)."""
     from dataclasses import replace
     from unittest import mock
 
@@ -249,7 +249,8 @@ def test_a_middle_rank_of_one_shape_but_other_parameter_sizes_is_planned_itself(
     params = list(base.parameters)
     params[owned[0]] = Param(params[owned[0]].name, params[owned[0]].numel * 3, params[owned[0]].dtype)
     workload = replace(base, parameters=tuple(params), memo={}, shared={})
-    assert workload.rank_twins(4)[2][0] == 1  # the same shape as rank 1
+    assert base.rank_twins(4)[2][0] == 1  # the same shape as rank 1, and before the change alike it
+    assert workload.rank_twins(4)[2] == (2, 0)  # after it, its own kind
     plan, memory = build_plan(scenario, workload), memory_breakdown(scenario, workload)
     with mock.patch.object(Workload, "rank_twins", lambda self, pp: [(r, 0) for r in range(pp)]):
         fresh = replace(workload, memo={}, shared={})

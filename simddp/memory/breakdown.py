@@ -108,20 +108,14 @@ def _find_stage_params(scenario: Scenario, workload: Workload, stage: int) -> li
 
 def _stage_items(scenario: Scenario, workload: Workload, stage: int, rule: ZeroRule,
                  same: dict[tuple[object, ...], Any], twin: tuple[int, int]) -> tuple[list[Item], int, float]:
-    """The memory items of a GPU of ``stage``. ``twin``: the first stage of its shape and the shift of its
-    parameter indices (:meth:`simddp.workload.Workload.rank_twins`); a stage of a middle stage's shape whose
-    parameters have the same sizes holds the same states and buffers, so only its activations (micro-batches
-    in flight differ by stage) are worked out again."""
+    """The memory items of a GPU of ``stage``. ``twin``: the first stage alike it
+    (:meth:`simddp.workload.Workload.rank_twins`), whose states and buffers it holds too, so only its
+    activations (micro-batches in flight differ by stage) are worked out again."""
     par, mem = scenario.parallelism, scenario.memory
-    first, delta = twin
-    fixed = same.get(("stage", first)) if first != stage else None
-    if fixed is not None:
-        params = workload.parameters
-        if any(params[g + delta][1:] != params[g][1:] for g in fixed[2]):
-            fixed = None  # a shape alike but parameter sizes that are not
+    fixed = same.get(("stage", twin[0]))
     if fixed is None:
         fixed = same[("stage", stage)] = _fixed_items(scenario, workload, stage, rule)
-    states, num_params, _, buffers = fixed
+    states, num_params, buffers = fixed
     in_flight = in_flight_micro_batches(par.pipeline_schedule, par.pp, stage, scenario.num_micro_batches,
                                         par.virtual_stages)
     items = states + _activation_items(scenario, workload, stage, in_flight, same) + buffers
@@ -135,9 +129,9 @@ def _stage_items(scenario: Scenario, workload: Workload, stage: int, rule: ZeroR
 
 
 def _fixed_items(scenario: Scenario, workload: Workload, stage: int,
-                 rule: ZeroRule) -> tuple[list[Item], int, list[int], list[Item]]:
+                 rule: ZeroRule) -> tuple[list[Item], int, list[Item]]:
     """What a GPU of ``stage`` holds whatever the micro-batches in flight: its model-state items, parameter
-    count, the global indices of its parameters, and its buffers."""
+    count and buffers."""
     tr, par = scenario.training, scenario.parallelism
     dp, zero = scenario.dp, par.zero_stage
     # FSDP keeps fp32 sharded parameters (the master weights) and fp32 sharded gradients whatever dtype it
@@ -168,7 +162,7 @@ def _fixed_items(scenario: Scenario, workload: Workload, stage: int,
         items.append(Item(category="optimizer", name=f"{tr.optimizer} states",
                                 size_bytes=states.optimizer_state_bytes,
                                 note=_state_note(tr.optimizer) + (shard if zero >= 1 else "")))
-    return items, num_params, ids, buffer_items(scenario, workload, stage, ids, rule)
+    return items, num_params, buffer_items(scenario, workload, stage, ids, rule)
 
 
 def _state_note(optimizer: str) -> str:

@@ -7,7 +7,6 @@ simulation runs.
 from __future__ import annotations
 
 import functools
-import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -62,12 +61,17 @@ def rank_gradients(scenario: Scenario, workload: Workload, index: int = 0,
     """Parameters and gradient buckets of pipeline rank ``index`` (its tp shard), as the simulator uses them:
     the buckets of the data-parallel implementation's rule (:func:`simddp.zero.gradient_buckets`)."""
     rule = rule or zero_rule(scenario)
-    unused = searches_unused(scenario)
-    key = ("rank gradients", index, scenario.parallelism.pp, rule, unused)
+    key = _rank_gradients_key(scenario, index, rule)
     grads = workload.shared.get(key)
     if grads is None:  # once per workload structure and these inputs (a sweep's configurations share it)
-        grads = workload.shared[key] = _rank_gradients(workload, index, scenario.parallelism.pp, rule, unused)
+        grads = workload.shared[key] = _rank_gradients(workload, index, scenario.parallelism.pp, rule, key[-1])
     return grads  # type: ignore[no-any-return]
+
+
+def _rank_gradients_key(scenario: Scenario, index: int, rule: ZeroRule) -> tuple[Any, ...]:
+    """Where :func:`rank_gradients` keeps rank ``index``'s gradients in the workload's shared memo (its last
+    item: whether torch DDP searches for unused parameters)."""
+    return ("rank gradients", index, scenario.parallelism.pp, rule, searches_unused(scenario))
 
 
 def _rank_gradients(workload: Workload, index: int, pp: int, rule: ZeroRule, unused: bool) -> RankGradients:
@@ -349,10 +353,8 @@ def build_plan(scenario: Scenario, workload: Workload | None = None) -> StepPlan
         layers = workload.rank_layers(r, par.pp)
         if twins is not None and twins[r][0] != r:
             first, shift = twins[r]
-            twin = _twin(scenario, workload, ranks[first], shift, r, layers, rule)
-            if twin is not None:
-                ranks.append(twin)
-                continue
+            ranks.append(_twin(scenario, workload, ranks[first], shift, r, layers, rule))
+            continue
         grads = rank_gradients(scenario, workload, r, rule)
         bucket_of_layer = grads.memo.get("bucket of layer")  # unused parameters are the model's: in the workload
         if bucket_of_layer is None:
@@ -418,33 +420,22 @@ def build_plan(scenario: Scenario, workload: Workload | None = None) -> StepPlan
 
 
 def _twin(scenario: Scenario, workload: Workload, first: RankPlan, delta: int, r: int,
-          layers: tuple[Layer, ...], rule: ZeroRule) -> RankPlan | None:
-    """The plan of middle pipeline rank ``r``, whose layers have the shape of ``first``'s, their parameter
-    indices shifted by ``delta`` (:meth:`simddp.workload.Workload.rank_twins`):
-    ``first``'s plan with its own index, layers, gradients and virtual stages; None where its parameters
-    differ from ``first``'s in size or gradient-ready order (then it is planned itself).
+          layers: tuple[Layer, ...], rule: ZeroRule) -> RankPlan:
+    """The plan of middle pipeline rank ``r``, alike ``first`` with parameter indices shifted by ``delta``
+    (:meth:`simddp.workload.Workload.rank_twins`): ``first``'s plan with its own index, layers, gradients and
+    virtual stages.
 
     Everything else the plan holds (layer plans, buckets and their collectives, optimizer, parameter sync,
-    gradient clipping, per-stage pass times) depends only on that shape and those sizes and order, so it is
-    ``first``'s. The gradients are stored where :func:`rank_gradients` keeps them, for the memory model and
-    the exports to find.
+    gradient clipping, per-stage pass times) depends only on the layers' shape and the parameters' sizes and
+    order, so it is ``first``'s. The gradients are stored where :func:`rank_gradients` keeps them, for the
+    memory model and the exports to find.
     """
-    params = workload.parameters
-    src = first.grads
-    global_ids = [g + delta for g in src.global_ids]
-    if len(src.ready_order) != len(global_ids) or any(params[g + delta][1:] != params[g][1:] for g in src.global_ids):
-        return None
-    position = workload.shared.get(("ready position",))
-    if position is None:
-        workload.ready_sorted(())  # fills the positions
-        position = workload.shared[("ready position",)]
-    ready = [position.get(global_ids[k], -1) for k in src.ready_order]
-    if any(a >= b for a, b in itertools.pairwise(ready)) or (ready and ready[0] < 0):
-        return None  # not the same gradient-ready order
-    key = ("rank gradients", r, scenario.parallelism.pp, rule, searches_unused(scenario))
+    key = _rank_gradients_key(scenario, r, rule)
     grads = workload.shared.get(key)
     if grads is None:
-        reduced = [grad_reduce_spec(params[g], rule.reduce_in_fp32) for g in global_ids]
+        src = first.grads
+        global_ids = [g + delta for g in src.global_ids]
+        reduced = [grad_reduce_spec(workload.parameters[g], rule.reduce_in_fp32) for g in global_ids]
         grads = workload.shared[key] = RankGradients(global_ids, reduced, src.ready_order, src.buckets)
     grads.memo.setdefault("bucket of layer", first.bucket_of_layer)
     shift = r - first.index  # virtual stage vs of first is vs + shift here
