@@ -34,6 +34,7 @@ from __future__ import annotations
 import functools
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
+from operator import attrgetter
 from typing import Any, Literal, NamedTuple, TypeVar
 
 from simddp.config import Scenario, TransformerSpec
@@ -199,41 +200,62 @@ class Workload:
         are shifted from that rank's: ``(r, 0)`` for a rank that is the first of its kind (always the first
         and the last rank, which hold the embedding and the output layer).
 
-        Two ranks are alike when they have one shape: layer by layer, the kernel and collective tuples
-        (identical blocks share them: their identity names them), recompute and measured times, the virtual
+        Two ranks are alike when they have one shape: layer by layer, equal kernel and collective tuples
+        (identical blocks share them, so they compare by identity at once), recompute and measured times, the virtual
         stage's chunk, the block relative to the rank's first block, and the parameter indices relative to
         the rank's first one; and when their parameters, so shifted, have the same sizes and gradient-ready
         order. A pipeline's middle ranks are. Worked out once per workload and pp.
         """
         key = ("rank twins", pp)
         if key not in self.memo:
-            firsts: dict[tuple[Any, ...], tuple[int, int, list[int]]] = {}
+            # Candidates (rank, anchor, ids, shape), compared in turn: shapes are lists whose kernel tuples
+            # compare by identity first (identical blocks share them), never hashed.
+            firsts: list[tuple[int, int, list[int], tuple[list[Any], ...]]] = []
             twins = []
             for r in range(pp):
+                if r in (0, pp - 1):
+                    twins.append((r, 0))
+                    continue
                 layers = self.rank_layers(r, pp)
-                ids = [g for la in layers for g in la.param_indices]
+                owned = [la.param_indices for la in layers]
+                ids = [g for own in owned for g in own]
                 anchor = ids[0] if ids else 0
                 block = next((la.block for la in layers if la.block is not None), 0)
-                shape = tuple((id(la.fwd), id(la.dgrad), id(la.wgrad), id(la.collectives), la.recompute,
-                               la.fwd_time_s, la.bwd_time_s, la.stage - r,
-                               None if la.block is None else la.block - block,
-                               tuple([g - anchor for g in la.param_indices])) for la in layers)
-                first, first_anchor, first_ids = (r, anchor, ids) if r in (0, pp - 1) else firsts.setdefault(
-                    shape, (r, anchor, ids))
-                delta = anchor - first_anchor
-                if first != r and not self._shifted_alike(first_ids, delta):
-                    first, delta = r, 0  # one shape, but other parameter sizes or order: its own kind
+                shape = (list(map(_LAYER_KIND, layers)), [la.stage - r for la in layers],
+                         [None if la.block is None else la.block - block for la in layers],
+                         list(map(len, owned)), [g - anchor for g in ids])
+                first, delta = r, 0
+                for other, other_anchor, other_ids, other_shape in firsts:
+                    if other_shape == shape:
+                        first, delta = other, anchor - other_anchor
+                        if not self._shifted_alike(other_ids, delta):
+                            first, delta = r, 0  # one shape, but other parameter sizes or order: its own kind
+                        break
+                else:
+                    firsts.append((r, anchor, ids, shape))
                 twins.append((first, delta))
             self.memo[key] = twins
         return self.memo[key]  # type: ignore[no-any-return]
 
     def _shifted_alike(self, ids: list[int], delta: int) -> bool:
         """Whether the parameters ``ids`` shifted by ``delta`` have their sizes and gradient-ready order."""
-        params = self.parameters
-        if any(params[g + delta][1:] != params[g][1:] for g in ids):
+        sizes = self.shared.get(("parameter sizes",))
+        if sizes is None:
+            sizes = self.shared[("parameter sizes",)] = [p[1:] for p in self.parameters]
+        shifted = [g + delta for g in ids]
+        if list(map(sizes.__getitem__, shifted)) != list(map(sizes.__getitem__, ids)):
             return False
-        return self.ready_sorted([g + delta for g in ids]) == [g + delta for g in self.ready_sorted(ids)]
+        self.ready_sorted(())  # its positions, worked out once
+        position = self.shared[("ready position",)]
+        before, after = list(map(position.get, ids)), list(map(position.get, shifted))
+        if None in before or None in after:  # parameters outside the ready order: compare what is left
+            return self.ready_sorted(shifted) == [g + delta for g in self.ready_sorted(ids)]
+        # One order when sorting by either's positions permutes the parameters alike.
+        return sorted(range(len(ids)), key=before.__getitem__) == sorted(range(len(ids)), key=after.__getitem__)
 
+
+#: What makes two layers of twin ranks alike, besides where they sit (:meth:`Workload.rank_twins`).
+_LAYER_KIND = attrgetter("fwd", "dgrad", "wgrad", "collectives", "recompute", "fwd_time_s", "bwd_time_s")
 
 #: Floating dtypes narrower than fp32, whose gradients ``reduce_in_fp32`` all-reduces in fp32.
 NARROW_FLOAT_DTYPES = ("bfloat16", "float16", "float8_e4m3fn", "float8_e5m2")
