@@ -139,38 +139,39 @@ class Schedule(Sequence[PipeOp]):
         return w + 2 * k + 1 if k < total - w else total + k
 
     def codes(self, start: int, stop: int) -> list[int]:
-        """:meth:`code_at` of positions ``start`` to ``stop`` (one list built per phase of a 1F1B or GPipe
-        schedule: its forwards, alternating pairs and backwards)."""
-        if self.interleaved:
-            return self._interleaved_codes(start, stop)
-        w, total, step, own = self.warmup, self.total, 2 * self.p * self.v, 2 * self.rank
+        """:meth:`code_at` of positions ``start`` to ``stop``, built phase by phase (the warm-up forwards, the
+        alternating pairs, the drain's backwards), each phase's forwards and backwards in one list each."""
+        w, total = self.warmup, self.total
         pairs_end = 2 * total - w
-        out = [step * k + own for k in range(start, min(stop, w))]  # warm-up forwards k = i
+        out = self._kth(0, range(start, stop if stop < w else w)) if start < w else []  # warm-up forward k = i
         lo, hi = max(start, w), min(stop, pairs_end)
-        for i in range(lo, hi):  # forward w + j/2 at even j = i - w, backward j // 2 at odd j
-            j = i - w
-            out.append(step * (j >> 1) + own + 1 if j & 1 else step * (w + (j >> 1)) + own)
-        out += [step * (i - total) + own + 1 for i in range(max(start, pairs_end), stop)]  # drain backwards
+        if lo < hi:  # forward w + j/2 at even j = i - w, backward j // 2 at odd j
+            j0, n = lo - w, hi - lo
+            first = j0 & 1  # where the first forward is among the pairs
+            if n <= 2:  # a frontier's last pair, or one operation: no lists to interleave
+                out += [self.code_at(i) for i in range(lo, hi)]
+            else:
+                pairs = [0] * n
+                forwards = (n - first + 1) >> 1
+                k_f, k_b = w + ((j0 + first) >> 1), (j0 + 1 - first) >> 1
+                pairs[first::2] = self._kth(0, range(k_f, k_f + forwards))
+                pairs[1 - first::2] = self._kth(1, range(k_b, k_b + n - forwards))
+                out += pairs
+        if stop > pairs_end:
+            out += self._kth(1, range(max(start, pairs_end) - total, stop - total))  # drain backward k = i - total
         return out
 
-    def _interleaved_codes(self, start: int, stop: int) -> list[int]:
-        """:meth:`code_at` of positions ``start`` to ``stop`` of an interleaved schedule, its arithmetic inline:
-        the ``k``-th forward (``b`` 0) or backward (``b`` 1) runs micro-batch ``(k // pv) p + k % p`` through
-        chunk ``c = (k % pv) // p`` (backwards take the chunks in reverse order)."""
-        p, v, rank, w, total = self.p, self.v, self.rank, self.warmup, self.total
-        pv = p * v
-        out = []
-        for i in range(start, stop):
-            if i < w:
-                b, k = 0, i
-            elif i < 2 * total - w:
-                j = i - w
-                b, k = (1, j >> 1) if j & 1 else (0, w + (j >> 1))
-            else:
-                b, k = 1, i - total
-            c = (k % pv) // p
-            out.append(((((k // pv) * p + k % p) * pv + (v - c - 1 if b else c) * p + rank) << 1) | b)
-        return out
+    def _kth(self, b: int, ks: range) -> list[int]:
+        """Codes of the ``k``-th forwards (``b`` 0) or backwards (``b`` 1) for ``k`` in ``ks``: interleaved, the
+        ``k``-th runs micro-batch ``(k // pv) p + k % p`` through chunk ``c = (k % pv) // p`` (backwards take the
+        chunks in reverse order); else micro-batch ``k``."""
+        p, v = self.p, self.v
+        pv, base = p * v, 2 * self.rank + b
+        if not self.interleaved:
+            return [2 * pv * k + base for k in ks]
+        if b:
+            return [((((k // pv) * p + k % p) * pv + (v - 1 - (k % pv) // p) * p) << 1) + base for k in ks]
+        return [((((k // pv) * p + k % p) * pv + ((k % pv) // p) * p) << 1) + base for k in ks]
 
     def last_backwards(self) -> dict[int, int]:
         """:func:`last_backward` of this schedule, in closed form: each of its virtual stages' last backward is
