@@ -280,25 +280,30 @@ def _release(out: Outcome, vs: int, start: float, counts: dict[int, int], overla
         by_stage = p.grads.memo["backward positions by stage"] = {}
         for k in range(len(p.layers) - 1, -1, -1):
             by_stage.setdefault(p.layers[k].stage, []).append(k)
+    plans, bucket_of_layer, ready_at = p.plans, p.bucket_of_layer, out.ready_at
+    busy, work = out.link_busy_s, out.link_work_s
     for k in by_stage.get(vs, ()):
-        plan = p.plans[k]
-        key = id(plan.timing)
-        if key not in seen:
+        plan = plans[k]
+        got = seen.get(id(plan.timing))
+        if got is None:
             # This pass runs layer by layer in the simpy engine, its TP collectives on the link.
             costs = plan.bwd_pre + plan.dgrad_post + plan.wgrad_pre
             if plan.recompute_comm:
                 costs += plan.fwd_pre + plan.fwd_post
-            seen[key] = (layer_release_s(plan, overlap, interference), layer_alone(plan, overlap, "B", interference)[0],
-                         [(c.tier, c.transfer_s) for c in costs if c.time_s > 0])
-        release, duration, transfers = seen[key]
+            got = seen[id(plan.timing)] = (
+                layer_release_s(plan, overlap, interference), layer_alone(plan, overlap, "B", interference)[0],
+                [(c.tier, c.transfer_s) for c in costs if c.time_s > 0])
+        release, duration, transfers = got
         ready = t + release
         t += duration
-        for tier, transfer in transfers:
-            out.transfer(tier, transfer)
-        for b in p.bucket_of_layer[k]:
-            counts[b] -= 1
-            if counts[b] == 0:
-                out.ready_at[(0, b)] = ready
+        for tier, transfer in transfers:  # Outcome.transfer, inline
+            busy[tier] += transfer
+            work[tier] += transfer
+        for b in bucket_of_layer[k]:
+            left = counts[b] - 1
+            counts[b] = left
+            if not left:
+                ready_at[(0, b)] = ready
 
 
 def _run_pipeline(plan: StepPlan, max_operations: int | None = None) -> list[Outcome]:

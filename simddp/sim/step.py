@@ -751,21 +751,31 @@ def bound_steps(plan: StepPlan) -> tuple[Linear, Linear]:
     first_release = [min(last_backward(ops, par.virtual_stages).values(), default=len(ops)) for ops in plan.ops]
     costs: list[dict[tuple[str, int], tuple[float, float]]] = []
     tp_part: dict[tuple[int, str], float] = {}  # identical layers share one plan object (layer_plans)
+    # Each virtual stage's TP time per kind, summed once per layer plans and chunk: twin ranks share their plans.
+    tp_sums: dict[tuple[int, int, str], float] = {}
     for rp in plan.ranks:
         per: dict[tuple[str, int], tuple[float, float]] = {}
+        stage_plans: dict[int, list[LayerPlan]] | None = None
         for vs in rp.fwd_work_s:
-            plans = [p for p, la in zip(rp.plans, rp.layers, strict=True) if la.stage == vs]
             for kind in ("F", "B"):
                 send = plan.p2p.get(vs if kind == "F" else vs - 1)
                 received = (vs > 0) if kind == "F" else (vs < num_vs - 1)
                 gather = plan.p2p_gather.time_s if (plan.p2p_gather is not None and received) else 0.0
-                tp = 0.0  # summed in layer order, as sum() would
-                for p in plans:
-                    key = (id(p), kind)
-                    part = tp_part.get(key)
-                    if part is None:
-                        part = tp_part[key] = _tp_part(p, kind)
-                    tp += part
+                sum_key = (id(rp.plans), vs - rp.index, kind)
+                tp = tp_sums.get(sum_key)
+                if tp is None:
+                    if stage_plans is None:  # the rank's layer plans by virtual stage, in one pass
+                        stage_plans = {}
+                        for p, la in zip(rp.plans, rp.layers, strict=True):
+                            stage_plans.setdefault(la.stage, []).append(p)
+                    tp = 0.0  # summed in layer order, as sum() would
+                    for p in stage_plans.get(vs, ()):
+                        key = (id(p), kind)
+                        part = tp_part.get(key)
+                        if part is None:
+                            part = tp_part[key] = _tp_part(p, kind)
+                        tp += part
+                    tp_sums[sum_key] = tp
                 comm = tp + (send.time_s if send is not None else 0.0) + gather
                 per[(kind, vs)] = ((rp.fwd_work_s if kind == "F" else rp.bwd_work_s)[vs], comm)
         costs.append(per)
