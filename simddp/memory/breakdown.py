@@ -101,8 +101,9 @@ def _find_stage_params(scenario: Scenario, workload: Workload, stage: int) -> li
     tf = scenario.model.transformer
     pp = scenario.parallelism.pp
     if tf is not None and tf.tied_embeddings and pp > 1 and stage == pp - 1:
-        word = [i for i, p in enumerate(workload.parameters) if p.name.endswith(("wte.weight", "embed_tokens.weight"))]
-        ids = sorted(set(ids) | set(word[:1]))
+        word = next((i for i, p in enumerate(workload.parameters)
+                     if p.name.endswith(("wte.weight", "embed_tokens.weight"))), None)  # the first
+        ids = sorted(set(ids) | ({word} if word is not None else set()))
     return ids
 
 
