@@ -194,7 +194,7 @@ class ScheduleRun:
         ready = deque(range(len(pos)))
         consts = self._consts
         while ready:
-            r = ready.pop()
+            r = ready.popleft()
             i, lim, base, rc = pos[r], limits[r], bases[r], codes[r]
             t0, t1, t2, w = c0[r], c1[r], c2[r], waits[r]
             rank_consts = consts[r]
