@@ -245,11 +245,9 @@ class Workload:
         shifted = [g + delta for g in ids]
         if list(map(sizes.__getitem__, shifted)) != list(map(sizes.__getitem__, ids)):
             return False
-        self.ready_sorted(())  # its positions, worked out once
-        position = self.shared[("ready position",)]
-        before, after = list(map(position.get, ids)), list(map(position.get, shifted))
-        if None in before or None in after:  # parameters outside the ready order: compare what is left
-            return self.ready_sorted(shifted) == [g + delta for g in self.ready_sorted(ids)]
+        self.ready_sorted(())  # its positions, worked out once (every parameter has one: the order is a permutation)
+        position = self.shared[("ready position",)].__getitem__
+        before, after = list(map(position, ids)), list(map(position, shifted))
         # One order when sorting by either's positions permutes the parameters alike.
         return sorted(range(len(ids)), key=before.__getitem__) == sorted(range(len(ids)), key=after.__getitem__)
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -231,9 +232,10 @@ def test_a_pipeline_plans_each_shape_of_middle_rank_once() -> None:
     assert plan.ranks[3].layers[0].name != plan.ranks[2].layers[0].name
 
 
-def test_a_middle_rank_of_one_shape_but_other_parameter_sizes_is_planned_itself() -> None:
-    """Ranks alike in their layers but not in their parameters' sizes are not copies (Workload.rank_twins checks
-    sizes for the plan and the memory model)."""
+@pytest.mark.parametrize("change", ["sizes", "ready order"])
+def test_a_middle_rank_of_one_shape_but_other_parameters_is_planned_itself(change: str) -> None:
+    """Ranks alike in their layers but not in their parameters' sizes or gradient-ready order are not copies
+    (Workload.rank_twins checks both for the plan and the memory model)."""
     from dataclasses import replace
     from unittest import mock
 
@@ -246,9 +248,15 @@ def test_a_middle_rank_of_one_shape_but_other_parameter_sizes_is_planned_itself(
         "parallelism": {"pp": 4}, "training": {"micro_batch_size": 1, "global_batch_size": 8, "seq_len": 512}})
     base = build_workload(scenario)
     owned = [g for la in base.rank_layers(2, 4) for g in la.param_indices]
-    params = list(base.parameters)
-    params[owned[0]] = Param(params[owned[0]].name, params[owned[0]].numel * 3, params[owned[0]].dtype)
-    workload = replace(base, parameters=tuple(params), memo={}, shared={})
+    if change == "sizes":
+        params = list(base.parameters)
+        params[owned[0]] = Param(params[owned[0]].name, params[owned[0]].numel * 3, params[owned[0]].dtype)
+        workload = replace(base, parameters=tuple(params), memo={}, shared={})
+    else:  # two of its parameters' gradients become ready the other way round
+        ready = list(base.grad_ready_order)
+        i, j = ready.index(owned[0]), ready.index(owned[1])
+        ready[i], ready[j] = ready[j], ready[i]
+        workload = replace(base, grad_ready_order=tuple(ready), memo={}, shared={})
     assert base.rank_twins(4)[2][0] == 1  # the same shape as rank 1, and before the change alike it
     assert workload.rank_twins(4)[2] == (2, 0)  # after it, its own kind
     plan, memory = build_plan(scenario, workload), memory_breakdown(scenario, workload)
@@ -257,6 +265,8 @@ def test_a_middle_rank_of_one_shape_but_other_parameter_sizes_is_planned_itself(
         alone, alone_memory = build_plan(scenario, fresh), memory_breakdown(scenario, fresh)
     assert plan.ranks == alone.ranks
     assert memory == alone_memory
+    if change != "sizes":
+        return
     assert (memory_breakdown(scenario, workload, stage=2).params_bytes
             > memory_breakdown(scenario, workload, stage=1).params_bytes)
     assert sum(b.size_bytes for b in plan.ranks[2].buckets) > sum(b.size_bytes for b in plan.ranks[1].buckets)
