@@ -79,6 +79,12 @@ NOT_RUN: dict[str, tuple[str, bool]] = {
          "docs/performance.md)", True),
     "python benchmarks/bench_instructions.py":
         ("runs each case under valgrind, which CI need not have: about five minutes", True),
+    "python benchmarks/bench_inputs.py":
+        ("times the worst cases within the input caps: about two minutes (figures in docs/safety.md; "
+         "tests/test_config_inputs.py and tests/robustness check the caps)", True),
+    "python tests/robustness/robustness_probe.py":
+        ("every hostile input in its own process: about two minutes; tests/robustness/test_corpus.py runs the "
+         "same cases in-process", True),
     "simddp calibrate collect comm --nnodes 2 --nproc-per-node 8 --rdzv-backend c10d --rdzv-endpoint $HEAD:29500 "
     "--backend nccl --out comm.json": ("needs two GPU hosts and a rendezvous host", False),
 }
