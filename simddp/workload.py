@@ -177,12 +177,17 @@ class Workload:
         """Layers of one virtual stage, in forward order."""
         return tuple(layer for layer in self.layers if layer.stage == stage)
 
-    def ready_sorted(self, ids: Sequence[int]) -> list[int]:
-        """``ids`` in gradient-ready order (the order filtered to them), without a walk over every parameter of
-        the model per pipeline rank: positions in the order are computed once per workload structure."""
+    def ready_position(self) -> dict[int, int]:
+        """Each parameter's position in the gradient-ready order, computed once per workload structure."""
         position = self.shared.get(("ready position",))
         if position is None:
             position = self.shared[("ready position",)] = {g: k for k, g in enumerate(self.grad_ready_order)}
+        return position  # type: ignore[no-any-return]
+
+    def ready_sorted(self, ids: Sequence[int]) -> list[int]:
+        """``ids`` in gradient-ready order (the order filtered to them), without a walk over every parameter of
+        the model per pipeline rank (:meth:`ready_position`)."""
+        position = self.ready_position()
         return sorted((g for g in ids if g in position), key=position.__getitem__)
 
     def rank_layers(self, rank: int, pp: int) -> tuple[Layer, ...]:
@@ -245,8 +250,7 @@ class Workload:
         shifted = [g + delta for g in ids]
         if list(map(sizes.__getitem__, shifted)) != list(map(sizes.__getitem__, ids)):
             return False
-        self.ready_sorted(())  # its positions, worked out once (every parameter has one: the order is a permutation)
-        position = self.shared[("ready position",)].__getitem__
+        position = self.ready_position().__getitem__  # every parameter has one: the order is a permutation
         before, after = list(map(position, ids)), list(map(position, shifted))
         # One order when sorting by either's positions permutes the parameters alike.
         return sorted(range(len(ids)), key=before.__getitem__) == sorted(range(len(ids)), key=after.__getitem__)
