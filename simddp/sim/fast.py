@@ -39,7 +39,7 @@ from simddp.sim.fluid import Outcome
 from simddp.sim.layers import layer_alone, layer_release_s
 from simddp.sim.periodic import Linear, ScheduleRun, steady
 from simddp.sim.pipeline import PipeOp, Schedule, decode, last_backward, op_code
-from simddp.sim.plan import RankPlan, StepPlan
+from simddp.sim.plan import RankPlan, StepPlan, stage_positions
 
 #: Work below this many seconds counts as done (as the simpy engine's fluid server does).
 _EPS_S = 1e-15
@@ -276,10 +276,9 @@ def _release(out: Outcome, vs: int, start: float, counts: dict[int, int], overla
     p = out.plan
     t = start
     by_stage = p.grads.memo.get("backward positions by stage")  # the layers' stages are the structure's
-    if by_stage is None:  # each stage's layer positions in backward order, in one pass over the rank's layers
-        by_stage = p.grads.memo["backward positions by stage"] = {}
-        for k in range(len(p.layers) - 1, -1, -1):
-            by_stage.setdefault(p.layers[k].stage, []).append(k)
+    if by_stage is None:  # each stage's layer positions in backward order
+        by_stage = p.grads.memo["backward positions by stage"] = {
+            vs: positions[::-1] for vs, positions in stage_positions(p.layers).items()}
     plans, bucket_of_layer, ready_at = p.plans, p.bucket_of_layer, out.ready_at
     busy, work = out.link_busy_s, out.link_work_s
     for k in by_stage.get(vs, ()):

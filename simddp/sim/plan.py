@@ -298,6 +298,14 @@ def layer_plans(scenario: Scenario, layers: Sequence[Layer], parameters: Sequenc
     return out
 
 
+def stage_positions(layers: Sequence[Layer]) -> dict[int, list[int]]:
+    """Each virtual stage's positions in ``layers`` (a rank's), in forward order, from one pass over them."""
+    positions: dict[int, list[int]] = {}
+    for k, layer in enumerate(layers):
+        positions.setdefault(layer.stage, []).append(k)
+    return positions
+
+
 def boundary_group(scenario: Scenario, virtual_stage: int) -> CommGroup:
     """The pair of ranks that send/recv between virtual stage ``vs`` and ``vs + 1`` (pipeline neighbours).
 
@@ -393,10 +401,9 @@ def build_plan(scenario: Scenario, workload: Workload | None = None) -> StepPlan
         # Each virtual stage's passes, once per layer plans and the two inputs they add.
         stage_values = rank_passes.get(r)
         if stage_values is None:
-            stages = sorted({la.stage for la in layers})
-            for vs in stages:
-                stage_plans = rank.plans if len(stages) == 1 else [rank.plans[i] for i, la in enumerate(layers)
-                                                                   if la.stage == vs]
+            positions = stage_positions(layers)
+            for vs in sorted(positions):
+                stage_plans = rank.plans if len(positions) == 1 else [rank.plans[i] for i in positions[vs]]
                 _stage_passes(rank, vs, stage_plans, par.tp_comm_overlap, cluster.comm_compute_interference,
                               passes)
             stage_values = rank_passes[r] = {name: dict(getattr(rank, name)) for name in _PASS_FIELDS}

@@ -43,7 +43,7 @@ from simddp.results import BREAKDOWN_PARTS, Bounds, BucketTiming, Span, StepPart
 from simddp.sim.layers import LayerPlan, Recorder, backward, forward, pass_alone_s
 from simddp.sim.periodic import Linear, ScheduleRun, steady
 from simddp.sim.pipeline import PipeOp, dependency, last_backward
-from simddp.sim.plan import FsdpUnitPlan, RankPlan, StepPlan, build_plan
+from simddp.sim.plan import FsdpUnitPlan, RankPlan, StepPlan, build_plan, stage_positions
 from simddp.sim.resources import Gpu
 from simddp.workload import Workload
 from simddp.zero import zero_rule
@@ -755,7 +755,7 @@ def bound_steps(plan: StepPlan) -> tuple[Linear, Linear]:
     tp_sums: dict[tuple[int, int, str], float] = {}
     for rp in plan.ranks:
         per: dict[tuple[str, int], tuple[float, float]] = {}
-        stage_plans: dict[int, list[LayerPlan]] | None = None
+        positions: dict[int, list[int]] | None = None
         for vs in rp.fwd_work_s:
             for kind in ("F", "B"):
                 send = plan.p2p.get(vs if kind == "F" else vs - 1)
@@ -764,12 +764,10 @@ def bound_steps(plan: StepPlan) -> tuple[Linear, Linear]:
                 sum_key = (id(rp.plans), vs - rp.index, kind)
                 tp = tp_sums.get(sum_key)
                 if tp is None:
-                    if stage_plans is None:  # the rank's layer plans by virtual stage, in one pass
-                        stage_plans = {}
-                        for p, la in zip(rp.plans, rp.layers, strict=True):
-                            stage_plans.setdefault(la.stage, []).append(p)
+                    if positions is None:
+                        positions = stage_positions(rp.layers)
                     tp = 0.0  # summed in layer order, as sum() would
-                    for p in stage_plans.get(vs, ()):
+                    for p in map(rp.plans.__getitem__, positions.get(vs, ())):
                         key = (id(p), kind)
                         part = tp_part.get(key)
                         if part is None:
