@@ -31,9 +31,11 @@ def in_order_overlap_step_s(
     compute_s: float, ready_s: Sequence[float], cost_s: Sequence[float], tail_s: float
 ) -> float:
     """The exact overlapped step: the later of the compute's end and the stream's last all-reduce end
-    (:func:`in_order_schedule`), then the tail."""
-    sched = in_order_schedule(ready_s, cost_s)
-    return max([compute_s] + [end for _, end in sched]) + tail_s
+    (:func:`in_order_schedule`; its ends never decrease, so the last is the latest), then the tail."""
+    free = 0.0
+    for ready, cost in zip(ready_s, cost_s, strict=True):  # in_order_schedule's recurrence, ends only
+        free = (ready if ready > free else free) + cost
+    return max(compute_s, free) + tail_s
 
 
 def perfect_overlap_step_s(

@@ -270,3 +270,32 @@ def test_a_middle_rank_of_one_shape_but_other_parameters_is_planned_itself(chang
     assert (memory_breakdown(scenario, workload, stage=2).params_bytes
             > memory_breakdown(scenario, workload, stage=1).params_bytes)
     assert sum(b.size_bytes for b in plan.ranks[2].buckets) > sum(b.size_bytes for b in plan.ranks[1].buckets)
+
+
+@pytest.mark.parametrize("cap_mb", [1, 25, 10_000])
+def test_data_parallel_backward_runs_are_its_layers_between_releases(cap_mb: int) -> None:
+    """The fast engine times backward as runs of layers, each ending where a layer completes buckets: the runs
+    hold every layer's work, each bucket is released once, at the end of its run, in the layers' order."""
+    import itertools
+
+    from simddp.scenario_io import scenario_from_dict
+    from simddp.sim.fast import _backward
+
+    plan = build_plan(scenario_from_dict({
+        "cluster": {"preset": "dgx-h100-80gb", "num_nodes": 2}, "model": {"preset": "gpt2-xl"},
+        "ddp": {"bucket_cap_mb": cap_mb}, "training": {"micro_batch_size": 2, "global_batch_size": 64}}))
+    rank = plan.ranks[0]
+    runs, costs = _backward(rank)
+    work = rank.plans.backward_work
+    assert sum(w for w, _, _ in runs) == pytest.approx(sum(w for w, _ in work), rel=1e-12)
+    assert sum(r for _, r, _ in runs) == pytest.approx(sum(r for _, r in work), rel=1e-12)
+    assert all(released for _, _, released in runs[:-1])  # only the last run may end without a release
+    released = list(itertools.chain.from_iterable(b for _, _, b in runs))
+    assert sorted(released) == list(range(len(rank.buckets))) == list(range(len(costs)))
+    # A run ends at the layer that gives its buckets their last gradient: as many runs as such layers.
+    last_layer = {}
+    for position, buckets in enumerate(reversed(rank.bucket_of_layer)):
+        for b in buckets:
+            last_layer[b] = position
+    assert len([r for r in runs if r[2]]) == len(set(last_layer.values()))
+    assert _backward(rank)[0] is runs  # once per layer plans and gradients

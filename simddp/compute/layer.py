@@ -111,17 +111,18 @@ def workload_timings(workload: Workload, gpu: GPU, training: Training, stage: in
     return [layer_timing(layer, gpu, training) for layer in workload.stage_layers(stage)]
 
 
-def optimizer_step_s(workload: Workload, gpu: GPU, training: Training, shard: int = 1,
+def optimizer_step_s(workload: Workload | int, gpu: GPU, training: Training, shard: int = 1,
                      impl: str = "fused") -> float:
-    """Optimizer step over this GPU's parameters (divided by ``shard`` under ZeRO), memory-bound: the bytes
-    the ``impl`` path (``fused`` or torch's ``foreach``, :func:`optimizer_impl`) moves per parameter.
+    """Optimizer step over this GPU's parameters (a workload's, or this many), divided by ``shard`` under
+    ZeRO; memory-bound: the bytes the ``impl`` path (``fused`` or torch's ``foreach``, :func:`optimizer_impl`)
+    moves per parameter.
 
     A measured ``training.optimizer_time_s`` (calibration, whole unsharded model) is used instead when set;
     ZeRO divides it by ``shard`` like the bytes, since the step is elementwise over the parameters.
     """
     if training.optimizer_time_s is not None:
         return training.optimizer_time_s / shard
-    num_params = workload.num_params / shard
+    num_params = (workload if isinstance(workload, int) else workload.num_params) / shard
     table = FOREACH_OPTIMIZER_BYTES_PER_PARAM if impl == "foreach" else OPTIMIZER_BYTES_PER_PARAM
     return num_params * table[training.optimizer] / gpu.streaming_bandwidth_bytes_per_s
 

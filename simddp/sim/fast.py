@@ -160,11 +160,16 @@ def _advance(t: float, work: float, intervals: deque[tuple[float, float]], rate_
     return t
 
 
-def _backward(p: RankPlan) -> tuple[list[tuple[float, float]], list[tuple[int, ...]], list[tuple[float, str, float]]]:
-    """Backward in reverse layer order: each layer's (kernel work, its recompute part); the buckets each layer
-    releases (its gradients are the last its buckets wait for); each bucket's reduction (time, link tier,
-    transfer). The first comes once per layer plans, the second once per gradients (a sweep's points share
-    both). Bucket indices are positions in ``p.buckets``."""
+def _backward(p: RankPlan) -> tuple[list[tuple[float, float, tuple[int, ...]]], list[tuple[float, str, float]]]:
+    """Backward as the compute stream sees it, and each bucket's reduction (time, link tier, transfer).
+
+    Backward runs its layers' kernels back to back, in reverse layer order; only a layer whose gradients
+    complete buckets (the last its buckets wait for) starts anything. So it comes as *runs* of layers, each
+    ending with a layer that releases buckets (and a last run that may release none): each run's (kernel work,
+    its recompute part, the buckets released at its end). A run's kernels end when their summed work ends
+    (:func:`_advance` is additive in the work it is given), so a run is one job. The releases come once per
+    gradients, the runs once per those and the layer plans (a sweep's points share both). Bucket indices are
+    positions in ``p.buckets``."""
     releases = p.grads.memo.get("releases")
     if releases is None:
         left = {b.index: b.num_params for b in p.buckets}
@@ -177,8 +182,21 @@ def _backward(p: RankPlan) -> tuple[list[tuple[float, float]], list[tuple[int, .
                     done.append(b)
             releases.append(tuple(done))
         p.grads.memo["releases"] = releases
+    runs_of = p.plans.memo.get(id(releases))  # kept beside the releases: an id is only theirs while they live
+    if runs_of is None or runs_of[0] is not releases:
+        runs: list[tuple[float, float, tuple[int, ...]]] = []
+        work = redo = 0.0
+        for (w, r), released in zip(p.plans.backward_work, releases, strict=True):
+            work += w
+            redo += r
+            if released:
+                runs.append((work, redo, released))
+                work = redo = 0.0
+        if work or redo or not runs:
+            runs.append((work, redo, ()))
+        runs_of = p.plans.memo[id(releases)] = (releases, runs)
     costs = [(b.reduce.time_s, b.reduce.tier, b.reduce.transfer_s) for b in p.buckets]
-    return p.plans.backward_work, releases, costs
+    return runs_of[1], costs
 
 
 def _run_dp(plan: StepPlan) -> list[Outcome]:
@@ -196,7 +214,7 @@ def _run_dp(plan: StepPlan) -> list[Outcome]:
         out.add("recompute", p.bwd_recompute_s[0] * silent)
     overlap = plan.rule.overlap
     fwd = p.fwd_work_s[0]
-    backward, releases, costs = _backward(p)
+    backward, costs = _backward(p)
     stream = _Reductions(out, rounds, costs)
     acct, intervals, ready = out.acct, stream.intervals, stream.ready
     for rnd in range(rounds):
@@ -208,7 +226,7 @@ def _run_dp(plan: StepPlan) -> list[Outcome]:
         t = end
         # The parts are summed in the same order as out.add would, in locals (one layer at a time).
         compute, recompute, interference = acct["compute"], acct.get("recompute", 0.0), acct["interference"]
-        for (work, redo), released in zip(backward, releases, strict=True):
+        for work, redo, released in backward:
             if intervals:
                 end = _advance(t, work, intervals, rate_in)
             else:  # nothing in flight: _advance's answer, without the call

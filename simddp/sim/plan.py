@@ -142,6 +142,12 @@ class LayerPlans(list[LayerPlan]):
     share their layer plans (:func:`build_plan` keeps them in the workload's memo) share these too."""
 
     @functools.cached_property
+    def memo(self) -> dict[Any, Any]:
+        """Values derived from these plans and the inputs in their keys, computed once (as
+        :attr:`RankGradients.memo`)."""
+        return {}
+
+    @functools.cached_property
     def kernel_s(self) -> float:
         """Kernel time (forward, recompute, backward) of one micro-batch."""
         return sum(p.timing.compute_s for p in self)
@@ -374,18 +380,15 @@ def build_plan(scenario: Scenario, workload: Workload | None = None) -> StepPlan
         working = grads.memo.get("working")
         if working is None:
             working = grads.memo["working"] = [workload.parameters[g] for g in grads.global_ids]
-        buckets = []
-        for b in grads.buckets:
-            gather = None
-            if rule.overlap_param_gather:
-                gather = collective_cost("all-gather", sum(working[i].numel * dtype_bytes(working[i].dtype)
-                                                           for i in b.param_indices), dp)
-            reduce = reduces.get(b.size_bytes)
-            if reduce is None:
-                reduce = reduces[b.size_bytes] = dp_collective(scenario, op, b.size_bytes, dp, algorithm)
-            buckets.append(BucketPlan(b.index, b.size_bytes, len(b.param_indices), reduce, gather))
-        stage_workload = replace(workload, parameters=tuple(grads.params))
-        opt_s = optimizer_step_s(stage_workload, cluster.gpu, tr, shard, impl) if grads.params else 0.0
+        for size in {b.size_bytes for b in grads.buckets}.difference(reduces):
+            reduces[size] = dp_collective(scenario, op, size, dp, algorithm)
+        gathers: list[CollectiveCost | None] = [None] * len(grads.buckets)
+        if rule.overlap_param_gather:
+            gathers = [collective_cost("all-gather", sum(working[i].numel * dtype_bytes(working[i].dtype)
+                                                         for i in b.param_indices), dp) for b in grads.buckets]
+        buckets = [BucketPlan(b.index, b.size_bytes, len(b.param_indices), reduces[b.size_bytes], gather)
+                   for b, gather in zip(grads.buckets, gathers, strict=True)]
+        opt_s = optimizer_step_s(grads.num_params, cluster.gpu, tr, shard, impl) if grads.params else 0.0
         gather_after = None
         if grads.params and mode != "fsdp" and not rule.overlap_param_gather:
             sync_key = ("param sync", rule.param_sync, dp)

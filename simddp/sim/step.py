@@ -666,12 +666,14 @@ def _result(plan: StepPlan, states: list[Any], spans: list[Span] | None) -> Step
 def _bounds(plan: StepPlan, states: list[Any], host: float) -> Bounds:
     """Closed-form bounds: every collective serialised after the compute it follows (no overlap, no sharing,
     no interference), and the most any resource of a GPU must be busy (perfect overlap)."""
-    m = plan.num_micro_batches
+    m, rule = plan.num_micro_batches, plan.rule
     upper, lower = [], []
-    for st in states:
+    reduce_s = [[b.reduce.time_s for b in st.plan.buckets] for st in states]  # each rank's, in bucket order
+    for st, times in zip(states, reduce_s, strict=True):
         rp = st.plan
-        dp_serial = sum(b.reduce.time_s for b in rp.buckets) * rp.rounds
-        dp_serial += sum(b.gather.time_s for b in rp.buckets if b.gather)
+        dp_serial = sum(times) * rp.rounds
+        if rule.overlap_param_gather:  # the buckets' gathers (build_plan)
+            dp_serial += sum(b.gather.time_s for b in rp.buckets if b.gather)
         if rp.unused_map_reduce is not None and rp.buckets:
             dp_serial += rp.unused_map_reduce.time_s * rp.rounds
         clip_comm = sum(c.time_s for c in rp.clip_reduces)
@@ -701,10 +703,12 @@ def _bounds(plan: StepPlan, states: list[Any], host: float) -> Bounds:
         lower.append(max(kernels + host_serial, *work_before_step.values()) + clip_passes + clip_comm + rp.opt_s
                      + gather_after)
     in_order = None
-    if plan.mode == "dp" and plan.ranks[0].rounds == 1 and not any(b.gather for b in plan.ranks[0].buckets):
+    gathers = rule.overlap_param_gather and any(b.gather for b in plan.ranks[0].buckets)
+    if plan.mode == "dp" and plan.ranks[0].rounds == 1 and not gathers:
         st = states[0]
-        readies = [st.ready_at[(0, b.index)] for b in st.plan.buckets]
-        costs = [b.reduce.time_s for b in st.plan.buckets]
+        ready_at = st.ready_at
+        readies = [ready_at[(0, b.index)] for b in st.plan.buckets]
+        costs = reduce_s[0]
         if st.plan.unused_map_reduce is not None and readies:  # queued behind the last bucket
             readies.append(max(readies))
             costs.append(st.plan.unused_map_reduce.time_s)
