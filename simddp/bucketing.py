@@ -46,7 +46,7 @@ import math
 import operator
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -176,36 +176,35 @@ def bucket_assignment(
     limits = bucket_size_limits(bucket_cap_mb)
 
     closed: list[tuple[list[int], int, str, int]] = []
-    # Per-dtype accumulators; dict order is first appearance, as the unordered_map's insertion order.
-    open_indices: dict[str, list[int]] = {}
-    open_bytes: dict[str, int] = {}
-    limit_pos: dict[str, int] = {}
+    # Per-dtype accumulators [indices, bytes, position in limits]; dict order is first appearance, as the
+    # unordered_map's insertion order. The current dtype's are kept in locals (most models have one dtype).
+    accumulators: dict[str, list[Any]] = {}
     widths: dict[str, tuple[str, int]] = {}  # a parameter's dtype as given -> (without "torch.", element bytes)
+    last = len(limits) - 1
+    dtype, width, indices, size, pos = "", 0, [], 0, 0
     for param_index in order:
         param = params[param_index]
         known = widths.get(param.dtype)
         if known is None:
             name = param.dtype.removeprefix("torch.")
             known = widths[param.dtype] = (name, dtype_bytes(name))
-        dtype, width = known
-        indices = open_indices.get(dtype)
-        if indices is None:
-            indices = open_indices[dtype] = []
-            open_bytes[dtype] = limit_pos[dtype] = 0
+        if known[0] != dtype:  # another dtype's accumulator: put this one back, take that one out
+            if dtype:
+                accumulators[dtype] = [indices, size, pos]
+            dtype, width = known
+            indices, size, pos = accumulators.setdefault(dtype, [[], 0, 0])
         indices.append(param_index)
-        size = open_bytes[dtype] + param.numel * width
-        pos = limit_pos[dtype]
+        size += param.numel * width
         if size >= limits[pos]:
             closed.append((indices, size, dtype, limits[pos]))
-            open_indices[dtype] = []
-            open_bytes[dtype] = 0
-            limit_pos[dtype] = min(pos + 1, len(limits) - 1)
-        else:
-            open_bytes[dtype] = size
+            indices, size, pos = [], 0, min(pos + 1, last)
+    if dtype:
+        accumulators[dtype] = [indices, size, pos]
 
-    for dtype in _unordered_map_order(list(open_indices)):
-        if open_indices[dtype]:
-            closed.append((open_indices[dtype], open_bytes[dtype], dtype, limits[limit_pos[dtype]]))
+    for dtype in _unordered_map_order(list(accumulators)):
+        indices, size, pos = accumulators[dtype]
+        if indices:
+            closed.append((indices, size, dtype, limits[pos]))
 
     return [BucketSpec(i, indices, size, dtype, cap) for i, (indices, size, dtype, cap) in enumerate(closed)]
 
