@@ -181,7 +181,8 @@ def bucket_assignment(
     accumulators: dict[str, list[Any]] = {}
     widths: dict[str, tuple[str, int]] = {}  # a parameter's dtype as given -> (without "torch.", element bytes)
     last = len(limits) - 1
-    dtype, width, indices, size, pos = "", 0, [], 0, 0
+    indices: list[int] = []
+    dtype, width, size, pos = "", 0, 0, 0
     for param_index in order:
         param = params[param_index]
         known = widths.get(param.dtype)
