@@ -713,8 +713,7 @@ def _transformer_workload(scenario: Scenario, spec: TransformerSpec,
     ready: list[int] = []
     for layer in reversed(layers):
         ready.extend(reversed(layer.param_indices))
-    seen: set[int] = set()
-    ready = [i for i in ready if not (i in seen or seen.add(i))]  # type: ignore[func-returns-value]
+    ready = list(dict.fromkeys(ready))  # each parameter at its first appearance (a tied weight is in two layers)
     if sorted(ready) != list(range(len(params))):
         raise AssertionError("every parameter belongs to one layer")  # a bug in this module, not user input
 
