@@ -12,13 +12,16 @@ from __future__ import annotations
 import argparse
 import statistics
 import time
+from pathlib import Path
 from typing import Any
 
 import simddp
+from simddp.cli import default_scenario_path
 from simddp.config import set_value
 from simddp.sweeps import as_scenario_dict
 
-DEFAULT = "simddp/default_scenario.yaml"
+ROOT = Path(__file__).resolve().parent.parent  # scenario files by the repository's paths, from any directory
+DEFAULT = str(default_scenario_path())
 
 CASES: dict[str, Any] = {
     "default: Llama-2-7B ZeRO-1, 128 H100": DEFAULT,
@@ -38,10 +41,10 @@ CASES: dict[str, Any] = {
 #: Steps with collectives beside the layers (no target in issue 10; the fast engine follows them layer by layer,
 #: simddp/sim/fluid.py): FSDP, TP in data parallel, a 3D pipeline whose reduction overlaps its last backwards.
 EXTRA: dict[str, Any] = {
-    "Llama-2-70B FSDP (ZeRO-3), 64 H100": "examples/llama2-70b-zero3-64xH100.yaml",
+    "Llama-2-70B FSDP (ZeRO-3), 64 H100": str(ROOT / "examples/llama2-70b-zero3-64xH100.yaml"),
     "Llama-2-70B tp8 ZeRO-1 (dp 16), 128 H100": {"_base": DEFAULT, "model.preset": "llama2-70b",
                                                   "parallelism.tp": 8, "training.global_batch_size": 256},
-    "GPT-3 175B 3D example, 1,024 A100 (tp8 pp8 v2, ZeRO-1)": "examples/gpt3-175b-3d-1024xA100.yaml",
+    "GPT-3 175B 3D example, 1,024 A100 (tp8 pp8 v2, ZeRO-1)": str(ROOT / "examples/gpt3-175b-3d-1024xA100.yaml"),
 }
 
 

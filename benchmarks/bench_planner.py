@@ -13,13 +13,16 @@ from __future__ import annotations
 
 import argparse
 import time
+from pathlib import Path
 
 import simddp
 from simddp.cli import default_scenario_path
 from simddp.planner import plan_layouts
 
+EXAMPLES = Path(__file__).resolve().parent.parent / "examples"  # found from any working directory
+
 CASES = [
-    ("GPT-3 175B, 1,024 A100, batch 1,536", "examples/gpt3-175b-3d-1024xA100.yaml", 1024),
+    ("GPT-3 175B, 1,024 A100, batch 1,536", str(EXAMPLES / "gpt3-175b-3d-1024xA100.yaml"), 1024),
     ("default Llama-2-7B on 16 H100, batch 512", str(default_scenario_path()), 16),
 ]
 
