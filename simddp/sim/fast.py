@@ -224,7 +224,7 @@ def _run_dp(plan: StepPlan) -> list[Outcome]:
         out.add("compute", fwd)
         out.add("interference", end - t - fwd)
         t = end
-        # The parts are summed in the same order as out.add would, in locals (one layer at a time).
+        # The parts are summed in the same order as out.add would, in locals (one run of layers at a time).
         compute, recompute, interference = acct["compute"], acct.get("recompute", 0.0), acct["interference"]
         for work, redo, released in backward:
             if intervals:
