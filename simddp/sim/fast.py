@@ -192,7 +192,7 @@ def _backward(p: RankPlan) -> tuple[list[tuple[float, float, tuple[int, ...]]], 
             if released:
                 runs.append((work, redo, released))
                 work = redo = 0.0
-        if work or redo or not runs:
+        if work or redo:  # layers after the last release (a rank without layers has no runs)
             runs.append((work, redo, ()))
         runs_of = p.plans.memo[id(releases)] = (releases, runs)
     costs = [(b.reduce.time_s, b.reduce.tier, b.reduce.transfer_s) for b in p.buckets]
