@@ -292,10 +292,14 @@ def test_data_parallel_backward_runs_are_its_layers_between_releases(cap_mb: int
     assert all(released for _, _, released in runs[:-1])  # only the last run may end without a release
     released = list(itertools.chain.from_iterable(b for _, _, b in runs))
     assert sorted(released) == list(range(len(rank.buckets))) == list(range(len(costs)))
-    # A run ends at the layer that gives its buckets their last gradient: as many runs as such layers.
-    last_layer = {}
+    # A run ends at the layer that gives its buckets their last gradient, and releases exactly those buckets,
+    # runs in backward order.
+    last_layer: dict[int, int] = {}
     for position, buckets in enumerate(reversed(rank.bucket_of_layer)):
         for b in buckets:
             last_layer[b] = position
-    assert len([r for r in runs if r[2]]) == len(set(last_layer.values()))
+    by_layer: dict[int, set[int]] = {}
+    for b, position in last_layer.items():
+        by_layer.setdefault(position, set()).add(b)
+    assert [set(r[2]) for r in runs if r[2]] == [by_layer[k] for k in sorted(by_layer)]
     assert _backward(rank)[0] is runs  # once per layer plans and gradients
