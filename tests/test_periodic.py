@@ -162,3 +162,18 @@ def test_a_runner_refuses_to_run_more_operations_one_by_one_than_allowed() -> No
     with pytest.raises(TooManyOperations):
         run.run(steady(ops))
     ScheduleRun(ops, 8, [step], max_operations=sum(len(o) for o in ops)).run(steady(ops))
+
+
+def test_1f1b_ranks_jump_to_their_drains() -> None:
+    # Rank r of 1F1B jumps r units further than rank 0 (simddp.sim.periodic._moves): what runs one by one is the
+    # warm-up forwards, the units compared, about one pair per rank and the drain's backwards, not the r extra
+    # steady pairs rank r would have left after a common cut (p (p - 1) more operations).
+    p, m = 16, 256
+    times = {(r, k, r): (1.0 + 0.3 * (r == 0) + 0.5 * (r == p - 1) + 0.01 * r) * (1 if k == "F" else 2)
+             for r in range(p) for k in "FB"}
+    reference, run = _runs("1f1b", p, m, 1, times, 0.01)
+    assert all(math.isclose(a, b, rel_tol=1e-12) for a, b in zip(run.clock, reference, strict=True))
+    warm_up = drain = p * (p - 1) // 2
+    assert run.detected_at is not None
+    units = run.detected_at[0]
+    assert run.ran <= warm_up + drain + 2 * p * (units + 1)
