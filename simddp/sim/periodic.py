@@ -203,8 +203,16 @@ class ScheduleRun:
         fixed = [(rc, lim - base, {i - base for i in special}, *per_slot)
                  for rc, lim, base, (*per_slot, special) in zip(codes, limits, bases, self._consts, strict=True)]
         state = [(*c, w, p - base) for *c, w, p, base in zip(*self.clocks, self.waits, self.pos, bases, strict=True)]
+        # Every rank once in order, then the ranks woken, last woken first: a rank woken by what its neighbour
+        # made runs after that neighbour's own waking neighbour, so a drain's ranks each run all their
+        # backwards at once (highest first) instead of taking turns one operation each.
+        first_pass = len(bases)
         while ready:
-            r = ready.popleft()
+            if first_pass:
+                first_pass -= 1
+                r = ready.popleft()
+            else:
+                r = ready.pop()
             rc, stop, special, pre0, pre1, pre2, post0, post1, post2 = fixed[r]
             t0, t1, t2, w, first = state[r]
             j = first
