@@ -192,13 +192,24 @@ class Workload:
 
     def rank_layers(self, rank: int, pp: int) -> tuple[Layer, ...]:
         """Layers held by pipeline rank ``rank`` (all its virtual stages), in forward order."""
+        return self._rank_walk(pp)[0][rank]
+
+    def rank_stage_positions(self, rank: int, pp: int) -> dict[int, list[int]]:
+        """Each virtual stage's positions in :meth:`rank_layers`, in forward order (the engines walk a rank's
+        layers stage by stage). Shared: callers must not change the lists."""
+        return self._rank_walk(pp)[1][rank]
+
+    def _rank_walk(self, pp: int) -> tuple[list[tuple[Layer, ...]], list[dict[int, list[int]]]]:
         key = ("rank_layers", pp)
         if key not in self.memo:  # every rank's in one walk (a 1T model has 64 ranks and ~1,700 layers)
             ranks: list[list[Layer]] = [[] for _ in range(pp)]
+            positions: list[dict[int, list[int]]] = [{} for _ in range(pp)]
             for layer in self.layers:
-                ranks[layer.stage % pp].append(layer)
-            self.memo[key] = [tuple(r) for r in ranks]
-        return self.memo[key][rank]  # type: ignore[no-any-return]
+                r = layer.stage % pp
+                positions[r].setdefault(layer.stage, []).append(len(ranks[r]))
+                ranks[r].append(layer)
+            self.memo[key] = ([tuple(r) for r in ranks], positions)
+        return self.memo[key]  # type: ignore[no-any-return]
 
     def rank_twins(self, pp: int) -> list[tuple[int, int]]:
         """For each pipeline rank, the first rank that plans and sizes alike and how far its parameter indices

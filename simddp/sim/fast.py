@@ -39,7 +39,7 @@ from simddp.sim.fluid import Outcome
 from simddp.sim.layers import layer_alone, layer_release_s
 from simddp.sim.periodic import Linear, ScheduleRun, steady
 from simddp.sim.pipeline import PipeOp, Schedule, decode, last_backward, op_code
-from simddp.sim.plan import RankPlan, StepPlan, stage_positions
+from simddp.sim.plan import RankPlan, StepPlan
 
 #: Work below this many seconds counts as done (as the simpy engine's fluid server does).
 _EPS_S = 1e-15
@@ -285,21 +285,18 @@ def _finish(out: Outcome, comm_end: float) -> None:
 
 
 # ---------------------------------------------------------------------------------------- pipelines
-def _release(out: Outcome, vs: int, start: float, counts: dict[int, int], overlap: str, interference: float,
-             seen: dict[int, tuple[float, float, list[tuple[str, float]]]]) -> None:
-    """Bucket ready times of a rank's last backward of ``vs``: its layers run alone, in reverse order.
+def _release(out: Outcome, vs: int, start: float, positions: dict[int, list[int]], counts: dict[int, int],
+             overlap: str, interference: float, seen: dict[int, tuple[float, float, list[tuple[str, float]]]]) -> None:
+    """Bucket ready times of a rank's last backward of ``vs``: its layers (``positions[vs]`` in its layers) run
+    alone, in reverse order.
 
     ``seen`` keeps each distinct layer's (release offset, duration, TP transfers) across calls: layers of
     identical blocks share one timing object (as :func:`simddp.sim.layers.pass_alone` relies on)."""
     p = out.plan
     t = start
-    by_stage = p.grads.memo.get("backward positions by stage")  # the layers' stages are the structure's
-    if by_stage is None:  # each stage's layer positions in backward order
-        by_stage = p.grads.memo["backward positions by stage"] = {
-            vs: positions[::-1] for vs, positions in stage_positions(p.layers).items()}
     plans, bucket_of_layer, ready_at = p.plans, p.bucket_of_layer, out.ready_at
     busy, work = out.link_busy_s, out.link_work_s
-    for k in by_stage.get(vs, ()):
+    for k in reversed(positions.get(vs, ())):
         plan = plans[k]
         got = seen.get(id(plan.timing))
         if got is None:
@@ -385,7 +382,8 @@ def _run_pipeline(plan: StepPlan, max_operations: int | None = None) -> list[Out
     def release(r: int, vs: int) -> Callable[[float], None]:
         """At a rank's last backward of ``vs`` (once what it waited for arrived and was gathered): its
         gradients become ready, layer by layer."""
-        return lambda t: _release(outs[r], vs, t, counts[r], plan.overlap, plan.interference, seen)
+        positions = plan.workload.rank_stage_positions(r, par.pp)
+        return lambda t: _release(outs[r], vs, t, positions, counts[r], plan.overlap, plan.interference, seen)
 
     zeros = [0.0] * two
     releases = [{} if overlapped else {i: release(r, vs) for vs, i in last_b[r].items()} for r in range(len(outs))]

@@ -697,9 +697,7 @@ def pipeline_tail(plan: StepPlan, first: list[int], at: list[float],
     ranks = []
     for r, rp in enumerate(plan.ranks):
         e, out = Engine(plan), Outcome(rp)
-        by_stage: dict[int, list[int]] = {}
-        for i, layer in enumerate(rp.layers):
-            by_stage.setdefault(layer.stage, []).append(i)
+        by_stage = plan.workload.rank_stage_positions(rp.index, par.pp)
         ranks.append((e, out, _Reductions(e, out, 1), by_stage, last_backward(plan.ops[r], par.virtual_stages)))
     position, clock = list(first), list(at)
     left = [r for r in range(len(ranks)) if position[r] < len(plan.ops[r])]

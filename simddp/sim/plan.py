@@ -304,14 +304,6 @@ def layer_plans(scenario: Scenario, layers: Sequence[Layer], parameters: Sequenc
     return out
 
 
-def stage_positions(layers: Sequence[Layer]) -> dict[int, list[int]]:
-    """Each virtual stage's positions in ``layers`` (a rank's), in forward order, from one pass over them."""
-    positions: dict[int, list[int]] = {}
-    for k, layer in enumerate(layers):
-        positions.setdefault(layer.stage, []).append(k)
-    return positions
-
-
 def boundary_group(scenario: Scenario, virtual_stage: int) -> CommGroup:
     """The pair of ranks that send/recv between virtual stage ``vs`` and ``vs + 1`` (pipeline neighbours).
 
@@ -404,7 +396,7 @@ def build_plan(scenario: Scenario, workload: Workload | None = None) -> StepPlan
         # Each virtual stage's passes, once per layer plans and the two inputs they add.
         stage_values = rank_passes.get(r)
         if stage_values is None:
-            positions = stage_positions(layers)
+            positions = workload.rank_stage_positions(r, par.pp)
             for vs in sorted(positions):
                 stage_plans = rank.plans if len(positions) == 1 else [rank.plans[i] for i in positions[vs]]
                 _stage_passes(rank, vs, stage_plans, par.tp_comm_overlap, cluster.comm_compute_interference,

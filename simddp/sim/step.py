@@ -43,7 +43,7 @@ from simddp.results import BREAKDOWN_PARTS, Bounds, BucketTiming, Span, StepPart
 from simddp.sim.layers import LayerPlan, Recorder, backward, forward, pass_alone_s
 from simddp.sim.periodic import Linear, ScheduleRun, steady
 from simddp.sim.pipeline import PipeOp, dependency, last_backward
-from simddp.sim.plan import FsdpUnitPlan, RankPlan, StepPlan, build_plan, stage_positions
+from simddp.sim.plan import FsdpUnitPlan, RankPlan, StepPlan, build_plan
 from simddp.sim.resources import Gpu
 from simddp.workload import Workload
 from simddp.zero import zero_rule
@@ -454,9 +454,7 @@ def _run_pipeline(env: simpy.Environment, plan: StepPlan, states: list[_Rank]) -
     def rank(st: _Rank, ops: Sequence[PipeOp]) -> ProcessGen:
         last_b = last_backward(ops, par.virtual_stages)
         sends: list[simpy.Process] = []
-        by_stage: dict[int, list[int]] = {}
-        for i, la in enumerate(st.plan.layers):
-            by_stage.setdefault(la.stage, []).append(i)
+        by_stage = plan.workload.rank_stage_positions(st.plan.index, par.pp)
         for i in range(len(ops)):
             op = ops[i]
             dep = dependency(op, num_vs)
@@ -769,7 +767,7 @@ def bound_steps(plan: StepPlan) -> tuple[Linear, Linear]:
                 tp = tp_sums.get(sum_key)
                 if tp is None:
                     if positions is None:
-                        positions = stage_positions(rp.layers)
+                        positions = plan.workload.rank_stage_positions(rp.index, par.pp)
                     tp = 0.0  # summed in layer order, as sum() would
                     for p in map(rp.plans.__getitem__, positions.get(vs, ())):
                         key = (id(p), kind)
