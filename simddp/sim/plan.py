@@ -437,11 +437,15 @@ def _twin(scenario: Scenario, workload: Workload, first: RankPlan, delta: int, r
     if grads is None:
         src = first.grads
         global_ids = [g + delta for g in src.global_ids]
-        reduced = [grad_reduce_spec(workload.parameters[g], rule.reduce_in_fp32) for g in global_ids]
+        params = workload.parameters
+        reduced = ([grad_reduce_spec(params[g], True) for g in global_ids] if rule.reduce_in_fp32
+                   else list(map(params.__getitem__, global_ids)))  # grad_reduce_spec's identity, no call each
         grads = workload.shared[key] = RankGradients(global_ids, reduced, src.ready_order, src.buckets)
     grads.memo.setdefault("bucket of layer", first.bucket_of_layer)
     shift = r - first.index  # virtual stage vs of first is vs + shift here
-    rank = replace(first, index=r, layers=layers, grads=grads)
+    # dataclasses.replace's result (every other field the same object), without its call through __init__.
+    rank = object.__new__(RankPlan)
+    rank.__dict__.update(first.__dict__, index=r, layers=layers, grads=grads)
     for name in _PASS_FIELDS:
         setattr(rank, name, {vs + shift: value for vs, value in getattr(first, name).items()})
     return rank
