@@ -196,16 +196,15 @@ class ScheduleRun:
         delta[0] = delta[two - 1] = 0
         waiting: dict[int, int] = {}
         ready = deque(range(len(bases)))
-        # Per rank, what its resumes read (in a drain ranks take turns operation by operation, so one unpack
-        # each): its codes from ``bases[r]`` on, where to stop in them, its special positions (an ``extra``
-        # or ``on_start``) among them and its per-slot constants; and its state: three clocks, its waits and
-        # its index in its codes.
+        # Per rank, what each of its resumes reads in one unpack: its codes from ``bases[r]`` on, where to stop
+        # in them, its special positions (an ``extra`` or ``on_start``) among them and its per-slot constants;
+        # and its state: three clocks, its waits and its index in its codes.
         fixed = [(rc, lim - base, {i - base for i in special}, *per_slot)
                  for rc, lim, base, (*per_slot, special) in zip(codes, limits, bases, self._consts, strict=True)]
         state = [(*c, w, p - base) for *c, w, p, base in zip(*self.clocks, self.waits, self.pos, bases, strict=True)]
-        # Every rank once in order, then the ranks woken, last woken first: a rank woken by what its neighbour
-        # made runs after that neighbour's own waking neighbour, so a drain's ranks each run all their
-        # backwards at once (highest first) instead of taking turns one operation each.
+        # Every rank once in order, then the woken ranks, last woken first. In a drain, the rank that has just
+        # run all its backwards wakes the one below it, which then finds every backward it waits for and runs
+        # its own at once; first in, first out, the ranks would take turns one operation each.
         first_pass = len(bases)
         while ready:
             if first_pass:
@@ -272,9 +271,9 @@ class ScheduleRun:
 
     def _rank_consts(self, r: int) -> tuple[Any, ...]:
         """Rank ``r``'s per-slot constants of the three recurrences and its special positions (where an
-        ``extra`` or ``on_start`` applies): read once per run, not each time the rank resumes (in a drain,
-        ranks take turns operation by operation). An operation that is not special adds one constant per
-        recurrence after its start: ``mid + hold + tail`` where it has a dependency, else ``hold + tail``."""
+        ``extra`` or ``on_start`` applies): read once per run, not each time the rank resumes. An operation
+        that is not special adds one constant per recurrence after its start: ``mid + hold + tail`` where it
+        has a dependency, else ``hold + tail``."""
         two = 2 * self.num_vs
         ops = self.ops[r]
         # The rank's own slots (other slots' constants are never read): virtual stages r, r + p, ... of a
@@ -361,7 +360,7 @@ def _moves(shape: Steady, units: int, cycle: int) -> list[int]:
     or a warm-up forward whose inputs are too. Each such pair repeats the one a unit before plus the constant,
     by induction from the repeating cuts, so each rank's clock, frontier and waits extend by its own count of
     units. That leaves each rank the same few pairs before its drain, instead of ``r`` more on rank r (1T
-    tp8 pp64 runs 4,4xx operations one by one instead of 8,448).
+    tp8 pp64 runs 4,544 operations one by one instead of 8,448).
     """
     common = [(shape.max_units - units) // cycle] * len(shape.offset)
     if cycle != 1 or shape.unit != 1 or not any(shape.stagger):
