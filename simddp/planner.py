@@ -187,8 +187,8 @@ def step_lower_bound(scenario: Scenario, workload: Workload) -> float:
     for r in range(par.pp):
         layers = workload.rank_layers(r, par.pp)
         plans = layer_plans(scenario, layers, workload.parameters, seen, rule)
-        for vs in {layer.stage for layer in layers}:
-            stage = [p for p, layer in zip(plans, layers, strict=True) if layer.stage == vs]
+        for vs, where in workload.rank_stage_positions(r, par.pp).items():
+            stage = [plans[i] for i in where]
             fwd[vs] = pass_alone(stage, overlap, "F", interference)[0]
             bwd[vs] = pass_alone(stage, overlap, "B", interference)[0]
     if par.pp > 1 and workload.boundary_activation_bytes:
