@@ -143,6 +143,11 @@ class ScheduleRun:
         self.pos = [0] * len(ops)
         self.clocks = [[0.0] * len(ops) for _ in range(3)]
         self.arrival: dict[int, tuple[float, ...]] = {}  # op code -> its arrival in each recurrence
+        # Per slot, where its operation's dependency is: a forward's the code 2 below, a backward's 2 above;
+        # the first forward and the last backward have none (0).
+        two = 2 * num_virtual_stages
+        self._delta = [(-2 if s % 2 == 0 else 2) for s in range(two)]
+        self._delta[0] = self._delta[two - 1] = 0
         self._consts = [self._rank_consts(r) for r in range(len(ops))]  # per rank once, not at each resume
         self.jumped_units = 0  # for tests and benchmarks: how much of the steady state was extended
         self.detected_at: tuple[int, int] | None = None  # (units run, cycle) when the repeat was found
@@ -188,12 +193,8 @@ class ScheduleRun:
             raise RuntimeError("pipeline schedule deadlocks")  # a schedule bug, not user input
 
     def _advance_linear(self, limits: Sequence[int], bases: list[int], codes: list[list[int]]) -> None:
-        arrival = self.arrival
+        arrival, delta = self.arrival, self._delta
         two = 2 * self.num_vs
-        # A forward's dependency is the code 2 below, a backward's 2 above; the first forward and the last
-        # backward have none.
-        delta = [(-2 if s % 2 == 0 else 2) for s in range(two)]
-        delta[0] = delta[two - 1] = 0
         waiting: dict[int, int] = {}
         ready = deque(range(len(bases)))
         # Per rank, what each of its resumes reads in one unpack: its codes from ``bases[r]`` on, where to stop
@@ -289,7 +290,7 @@ class ScheduleRun:
             mid, hold, tail = s.mid[r], s.hold[r], s.tail[r]
             post = [0.0] * two
             for k in slots:
-                post[k] = (mid[k] if 0 < k < two - 1 else 0.0) + hold[k] + tail[k]
+                post[k] = (mid[k] if self._delta[k] else 0.0) + hold[k] + tail[k]
             posts.append(post)
         s0 = self.recurrences[0]
         if s0.on_start is not None:

@@ -437,9 +437,7 @@ def _twin(scenario: Scenario, workload: Workload, first: RankPlan, delta: int, r
     if grads is None:
         src = first.grads
         global_ids = [g + delta for g in src.global_ids]
-        params = workload.parameters
-        reduced = ([grad_reduce_spec(params[g], True) for g in global_ids] if rule.reduce_in_fp32
-                   else list(map(params.__getitem__, global_ids)))  # grad_reduce_spec's identity, no call each
+        reduced = [grad_reduce_spec(workload.parameters[g], rule.reduce_in_fp32) for g in global_ids]
         grads = workload.shared[key] = RankGradients(global_ids, reduced, src.ready_order, src.buckets)
     grads.memo.setdefault("bucket of layer", first.bucket_of_layer)
     shift = r - first.index  # virtual stage vs of first is vs + shift here
