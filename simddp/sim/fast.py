@@ -28,6 +28,7 @@ Three cases are covered:
 
 from __future__ import annotations
 
+import functools
 from collections import deque
 from collections.abc import Callable
 from dataclasses import replace
@@ -285,39 +286,63 @@ def _finish(out: Outcome, comm_end: float) -> None:
 
 
 # ---------------------------------------------------------------------------------------- pipelines
-def _release(out: Outcome, vs: int, start: float, positions: dict[int, list[int]], counts: dict[int, int],
-             overlap: str, interference: float, seen: dict[int, tuple[float, float, list[tuple[str, float]]]]) -> None:
-    """Bucket ready times of a rank's last backward of ``vs``: its layers (``positions[vs]`` in its layers) run
-    alone, in reverse order.
+#: A rank's gradient releases (:func:`_rank_releases`): per virtual stage, relative to the rank's first
+#: one, the buckets it completes with their ready times after the stage's last backward starts, and the TP
+#: transfers of that backward per link tier.
+Releases = dict[int, tuple[list[tuple[int, float]], dict[str, float]]]
+
+
+def _rank_releases(p: RankPlan, positions: dict[int, list[int]], order: list[int], overlap: str,
+                   interference: float, seen: dict[int, tuple[float, float, list[tuple[str, float]]]]) -> Releases:
+    """What rank ``p``'s last backward of each virtual stage releases, its virtual stages taken in ``order``
+    (that of their last backwards in its schedule): that backward's layers (``positions[vs]`` in its layers)
+    run alone, in reverse order, and a bucket is ready once the last of its gradients is.
 
     ``seen`` keeps each distinct layer's (release offset, duration, TP transfers) across calls: layers of
-    identical blocks share one timing object (as :func:`simddp.sim.layers.pass_alone` relies on)."""
-    p = out.plan
-    t = start
-    plans, bucket_of_layer, ready_at = p.plans, p.bucket_of_layer, out.ready_at
-    busy, work = out.link_busy_s, out.link_work_s
-    for k in reversed(positions.get(vs, ())):
-        plan = plans[k]
-        got = seen.get(id(plan.timing))
-        if got is None:
-            # This pass runs layer by layer in the simpy engine, its TP collectives on the link.
-            costs = plan.bwd_pre + plan.dgrad_post + plan.wgrad_pre
-            if plan.recompute_comm:
-                costs += plan.fwd_pre + plan.fwd_post
-            got = seen[id(plan.timing)] = (
-                layer_release_s(plan, overlap, interference), layer_alone(plan, overlap, "B", interference)[0],
-                [(c.tier, c.transfer_s) for c in costs if c.time_s > 0])
-        release, duration, transfers = got
-        ready = t + release
-        t += duration
-        for tier, transfer in transfers:  # Outcome.transfer, inline
-            busy[tier] += transfer
-            work[tier] += transfer
-        for b in bucket_of_layer[k]:
-            left = counts[b] - 1
-            counts[b] = left
-            if not left:
-                ready_at[(0, b)] = ready
+    identical blocks share one timing object (as :func:`simddp.sim.layers.pass_alone` relies on). Twin ranks
+    (:meth:`simddp.workload.Workload.rank_twins`) share their layer plans and buckets, so one answer serves
+    them all: its keys are virtual stages less the rank's index."""
+    plans, bucket_of_layer = p.plans, p.bucket_of_layer
+    left = {b.index: b.num_params for b in p.buckets}
+    out: Releases = {}
+    for vs in order:
+        t = 0.0
+        done: list[tuple[int, float]] = []
+        transfers: dict[str, float] = {}
+        for k in reversed(positions.get(vs, ())):
+            plan = plans[k]
+            got = seen.get(id(plan.timing))
+            if got is None:
+                # This pass runs layer by layer in the simpy engine, its TP collectives on the link.
+                costs = plan.bwd_pre + plan.dgrad_post + plan.wgrad_pre
+                if plan.recompute_comm:
+                    costs += plan.fwd_pre + plan.fwd_post
+                got = seen[id(plan.timing)] = (
+                    layer_release_s(plan, overlap, interference), layer_alone(plan, overlap, "B", interference)[0],
+                    [(c.tier, c.transfer_s) for c in costs if c.time_s > 0])
+            release, duration, layer_transfers = got
+            ready = t + release
+            t += duration
+            for tier, transfer in layer_transfers:
+                transfers[tier] = transfers.get(tier, 0.0) + transfer
+            for b in bucket_of_layer[k]:
+                left[b] -= 1
+                if not left[b]:
+                    done.append((b, ready))
+        out[vs - p.index] = (done, transfers)
+    return out
+
+
+def _release(out: Outcome, released: tuple[list[tuple[int, float]], dict[str, float]], start: float) -> None:
+    """A rank's last backward of a virtual stage starts at ``start``: the buckets it completes are ready
+    (:func:`_rank_releases`), and its TP transfers go on the links."""
+    ready_at, busy, work = out.ready_at, out.link_busy_s, out.link_work_s
+    done, transfers = released
+    for b, offset in done:
+        ready_at[(0, b)] = start + offset
+    for tier, transfer in transfers.items():  # Outcome.transfer, inline
+        busy[tier] += transfer
+        work[tier] += transfer
 
 
 def _run_pipeline(plan: StepPlan, max_operations: int | None = None) -> list[Outcome]:
@@ -376,17 +401,25 @@ def _run_pipeline(plan: StepPlan, max_operations: int | None = None) -> list[Out
                     out.link_work_s[send.tier] += n * send.transfer_s
                 per[2 * vs + (kind == "B")] = alone + sent
         hold.append(per)
-    counts = [{b.index: b.num_params for b in r.buckets} for r in plan.ranks]
     seen: dict[int, tuple[float, float, list[tuple[str, float]]]] = {}
+    # Each kind of rank's releases, worked out once: twin ranks share layer plans, buckets and the order of
+    # their virtual stages' last backwards (keys: virtual stages less the rank's index).
+    kinds: dict[tuple[int, int, int, tuple[int, ...]], Releases] = {}
 
-    def release(r: int, vs: int) -> Callable[[float], None]:
-        """At a rank's last backward of ``vs`` (once what it waited for arrived and was gathered): its
-        gradients become ready, layer by layer."""
-        positions = plan.workload.rank_stage_positions(r, par.pp)
-        return lambda t: _release(outs[r], vs, t, positions, counts[r], plan.overlap, plan.interference, seen)
+    def releases_of(r: int) -> dict[int, Callable[[float], None]]:
+        """At a rank's last backward of each virtual stage (once what it waited for arrived and was gathered):
+        its gradients become ready."""
+        rp, last = plan.ranks[r], last_b[r]
+        order = sorted(last, key=last.__getitem__)
+        key = (id(rp.plans), id(rp.buckets), id(rp.bucket_of_layer), tuple(vs - r for vs in order))
+        kind = kinds.get(key)
+        if kind is None:
+            kind = kinds[key] = _rank_releases(rp, plan.workload.rank_stage_positions(r, par.pp), order,
+                                               plan.overlap, plan.interference, seen)
+        return {i: functools.partial(_release, outs[r], kind[vs - r]) for vs, i in last.items()}
 
     zeros = [0.0] * two
-    releases = [{} if overlapped else {i: release(r, vs) for vs, i in last_b[r].items()} for r in range(len(outs))]
+    releases = [{} if overlapped else releases_of(r) for r in range(len(outs))]
     step = Linear(pre=[zeros] * len(outs), mid=[[gather] * two] * len(outs), hold=hold, tail=[zeros] * len(outs),
                   extra=[{} for _ in outs], on_start=releases)
     # The two bounds' schedules (simddp.sim.step._bounds) ride along: same operations, same traversal.
