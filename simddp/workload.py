@@ -32,6 +32,7 @@ Models given as a parameter list use their layer FLOP when given, else the dense
 from __future__ import annotations
 
 import functools
+import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from operator import attrgetter
@@ -745,8 +746,41 @@ def _transformer_workload(scenario: Scenario, spec: TransformerSpec,
         boundary_activation_bytes=t * h * a // tp,
         boundary_gather_bytes=t * h * a if tp > 1 else 0,
         notes=notes,
+        memo={("rank twins", par.pp): twins} if (twins := _block_twins(spec.num_layers, par.pp,
+                                                                        par.virtual_stages, per_block)) else {},
         shared={} if structure_memo is None else structure_memo,
     )
+
+
+def _block_twins(num_layers: int, pp: int, v: int, per_block: int) -> list[tuple[int, int]] | None:
+    """:meth:`Workload.rank_twins` of a transformer workload, from how :func:`_transformer_workload` lays it
+    out rather than from a walk over every rank's layers and parameters (a 1T pipeline's 62 middle ranks).
+
+    A middle rank holds blocks only: in its chunk ``c``, those of virtual stage ``c pp + r`` (block ``i`` goes
+    to stage ``i S // L``), each a copy of block 0 with its parameters shifted by ``i`` blocks. Two middle
+    ranks therefore have one shape exactly when their chunks hold as many blocks each and their first blocks
+    are the same distance apart in every chunk; the later one's parameters are then the earlier one's shifted
+    by that many blocks, with their sizes and ready order. As the walk does, a rank takes the first earlier
+    rank of its shape. ``None`` (the walk answers) when a stage holds no block. ``tests/test_workload.py``
+    checks the answer against the walk's."""
+    stages = pp * v
+    first = [-(-s * num_layers // stages) for s in range(stages + 1)]  # first block of each stage (and the end)
+    if pp < 2 or any(b >= e for b, e in itertools.pairwise(first)):
+        return None
+    kinds: list[tuple[int, tuple[int, ...], tuple[int, ...]]] = []  # (rank, blocks per chunk, first blocks)
+    twins = [(0, 0)]
+    for r in range(1, pp - 1):
+        starts = tuple(first[c * pp + r] for c in range(v))
+        counts = tuple(first[c * pp + r + 1] - first[c * pp + r] for c in range(v))
+        for other, other_counts, other_starts in kinds:
+            shift = starts[0] - other_starts[0]
+            if counts == other_counts and all(a - b == shift for a, b in zip(starts, other_starts, strict=True)):
+                twins.append((other, shift * per_block))
+                break
+        else:
+            kinds.append((r, counts, starts))
+            twins.append((r, 0))
+    return [*twins, (pp - 1, 0)]
 
 
 def _attention_core(name: str, scenario: Scenario, b: int, s: int, heads: int, kv_heads: int, head_dim: int,

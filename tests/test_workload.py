@@ -222,3 +222,38 @@ def test_virtual_stages_change_the_structure() -> None:
                                             training={"global_batch_size": 64}))
     assert structure_key(two) != structure_key(four)
     assert _structure(fresh_workload(two)) != _structure(fresh_workload(four))
+
+
+def test_rank_twins_from_the_layout_are_the_walks() -> None:
+    """A transformer workload knows its pipeline ranks' twins from how it lays blocks out
+    (``workload._block_twins``); the walk over every rank's layers and parameters (Workload.rank_twins on a
+    workload without that answer) must give the same, with equal and unequal stages, interleaved or not."""
+    from dataclasses import replace
+
+    from simddp.errors import ScenarioError
+
+    checked, unequal, kinds = 0, 0, set()
+    for layers in (12, 13, 15, 16, 17, 19, 20, 24, 30):
+        for pp in (2, 3, 4, 5, 6, 7, 8):
+            for v in (1, 2, 3):
+                data = deep_merge(base_scenario(), {
+                    "cluster": {"num_nodes": pp},
+                    "model": {"preset": None, "transformer": {
+                        "num_layers": layers, "hidden_size": 256, "num_heads": 4, "ffn_hidden_size": 1024,
+                        "vocab_size": 1000, "max_position_embeddings": 1024}},
+                    "training": {"micro_batch_size": 1, "global_batch_size": 24 * pp},
+                    "parallelism": {"pp": pp, "virtual_stages": v,
+                                    "pipeline_schedule": "interleaved-1f1b" if v > 1 else "1f1b"}})
+                try:
+                    scenario = scenario_from_dict(data)
+                except (ScenarioError, ValueError):
+                    continue
+                w = build_workload(scenario)
+                walked = replace(w, memo={}).rank_twins(pp)
+                assert ("rank twins", pp) in w.memo or layers < pp * v  # answered from the layout
+                assert w.rank_twins(pp) == walked, (layers, pp, v)
+                checked += 1
+                unequal += layers % (pp * v) != 0
+                kinds.add(len({first for first, _ in walked}))
+    assert checked >= 150 and unequal >= 100  # the grid's cases, most with stages of unequal sizes
+    assert max(kinds) >= 4  # some with middle ranks of more than one kind
