@@ -191,6 +191,20 @@ class Workload:
         position = self.ready_position()
         return sorted((g for g in ids if g in position), key=position.__getitem__)
 
+    def reduced_gradients(self, ids: Sequence[int], reduce_in_fp32: bool) -> tuple[list[Param], list[int]]:
+        """The parameters ``ids`` as data-parallel reduction sees their gradients (:func:`grad_reduce_spec`),
+        and their positions in ``ids`` in gradient-ready order (those the order lists). Once per workload
+        structure, ids and dtype rule: the plan's rank gradients and the memory model's buffers ask alike.
+        Shared: callers must not change the lists."""
+        key = ("reduced gradients", reduce_in_fp32, tuple(ids))
+        got = self.shared.get(key)
+        if got is None:
+            local = {g: k for k, g in enumerate(ids)}
+            parameters = self.parameters
+            got = self.shared[key] = ([grad_reduce_spec(parameters[g], reduce_in_fp32) for g in ids],
+                                      [local[g] for g in self.ready_sorted(ids)])
+        return got  # type: ignore[no-any-return]
+
     def rank_layers(self, rank: int, pp: int) -> tuple[Layer, ...]:
         """Layers held by pipeline rank ``rank`` (all its virtual stages), in forward order."""
         return self._rank_walk(pp)[0][rank]

@@ -60,7 +60,7 @@ from simddp.config import (
 )
 from simddp.engine_caches import KeyedCache
 from simddp.units import MiB, dtype_bytes
-from simddp.workload import Layer, Param, Workload, fsdp_unit_layers, grad_reduce_spec
+from simddp.workload import Layer, Workload, fsdp_unit_layers
 
 ReduceOp = Literal["all-reduce", "reduce-scatter"]
 BucketRule = Literal["torch", "deepspeed", "megatron", "units"]
@@ -448,11 +448,6 @@ def _bucket_ends(groups: list[_Group], params: Sequence[ParamLike], rule: ZeroRu
 
 
 # -------------------------------------------------------------------------------------- helpers
-def reduce_specs(rule: ZeroRule, params: Sequence[Param]) -> list[Param]:
-    """The parameters as gradient reduction sees them (fp32 with ``reduce_in_fp32``)."""
-    return [grad_reduce_spec(p, rule.reduce_in_fp32) for p in params]
-
-
 def param_bytes(params: Sequence[ParamLike], ids: Sequence[int]) -> int:
     return sum(params[g].numel * dtype_bytes(params[g].dtype) for g in ids)
 
@@ -487,7 +482,6 @@ __all__ = [
     "gradient_buckets",
     "param_bytes",
     "param_units",
-    "reduce_specs",
     "stage_gradient_buckets",
     "zero_rule",
 ]

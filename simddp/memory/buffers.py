@@ -29,7 +29,7 @@ from simddp.config import Scenario
 from simddp.memory.items import Item
 from simddp.units import dtype_bytes
 from simddp.workload import PRECISION_ACT_BYTES, Layer, Workload
-from simddp.zero import ZeroRule, param_bytes, param_units, reduce_specs, stage_gradient_buckets, zero_rule
+from simddp.zero import ZeroRule, param_bytes, param_units, stage_gradient_buckets, zero_rule
 
 
 def buffer_items(scenario: Scenario, workload: Workload, stage: int, ids: list[int],
@@ -57,17 +57,11 @@ def data_parallel_buffers(rule: ZeroRule, scenario: Scenario, workload: Workload
                           ids: list[int]) -> list[Item]:
     """The gradient and parameter buffers ``rule`` keeps on a GPU of pipeline ``stage`` holding ``ids``."""
     params = workload.parameters
-    # The gradients as reduced and their ready order: once per workload structure, stage and dtype rule
-    # (the configurations of a sweep share it).
-    key = ("reduced gradients", stage, scenario.parallelism.pp, rule.reduce_in_fp32, tuple(ids))
-    if key not in workload.shared:
-        grads = reduce_specs(rule, [params[i] for i in ids])
-        local = {g: k for k, g in enumerate(ids)}
-        order = [local[g] for g in workload.ready_sorted(ids)]
+    # The gradients as reduced and their ready order, as the plan's rank gradients have them.
+    grads, order = workload.reduced_gradients(ids, rule.reduce_in_fp32)
+    if len(order) < len(ids):
         seen = set(order)
-        order += [k for k in range(len(ids)) if k not in seen]  # a tied copy not in this stage's order
-        workload.shared[key] = grads, order
-    grads, order = workload.shared[key]
+        order = order + [k for k in range(len(ids)) if k not in seen]  # a tied copy not in this stage's order
     layers = workload.rank_layers(stage, scenario.parallelism.pp)
     dp = scenario.dp
     if rule.unsharded_across_micro_batches:

@@ -77,9 +77,7 @@ def _rank_gradients_key(scenario: Scenario, index: int, rule: ZeroRule) -> tuple
 def _rank_gradients(workload: Workload, index: int, pp: int, rule: ZeroRule, unused: bool) -> RankGradients:
     layers = workload.rank_layers(index, pp)
     global_ids = sorted({i for layer in layers for i in layer.param_indices})
-    local = {g: k for k, g in enumerate(global_ids)}
-    params = [grad_reduce_spec(workload.parameters[g], rule.reduce_in_fp32) for g in global_ids]
-    ready_order = [local[g] for g in workload.ready_sorted(global_ids)]
+    params, ready_order = workload.reduced_gradients(global_ids, rule.reduce_in_fp32)
     if params and unused:  # torch never rebuilds these buckets (bucketing.ddp_initial_buckets)
         # Only torch DDP searches for unused parameters, and its rule carries ddp.bucket_cap_mb.
         buckets = [BucketSpec(b.index, b.param_indices, b.size_bytes, b.dtype, b.cap_bytes)
