@@ -167,8 +167,8 @@ class Schedule(Sequence[PipeOp]):
         chunks in reverse order); else micro-batch ``k``."""
         p, v = self.p, self.v
         pv, base = p * v, 2 * self.rank + b
-        if not self.interleaved:
-            return [2 * pv * k + base for k in ks]
+        if not self.interleaved:  # an arithmetic progression (``ks`` steps by 1)
+            return list(range(2 * pv * ks.start + base, 2 * pv * ks.stop + base, 2 * pv))
         if b:
             return [((((k // pv) * p + k % p) * pv + (v - 1 - (k % pv) // p) * p) << 1) + base for k in ks]
         return [((((k // pv) * p + k % p) * pv + ((k % pv) // p) * p) << 1) + base for k in ks]
