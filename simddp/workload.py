@@ -191,6 +191,16 @@ class Workload:
         position = self.ready_position()
         return sorted((g for g in ids if g in position), key=position.__getitem__)
 
+    def rank_param_ids(self, rank: int, pp: int) -> list[int]:
+        """Global indices of the parameters pipeline rank ``rank``'s layers own, ascending: once per workload
+        structure (the plan's rank gradients and the memory model's stage parameters start from them).
+        Shared: callers must not change the list."""
+        key = ("rank params", rank, pp)
+        ids = self.shared.get(key)
+        if ids is None:
+            ids = self.shared[key] = sorted({i for layer in self.rank_layers(rank, pp) for i in layer.param_indices})
+        return ids  # type: ignore[no-any-return]
+
     def reduced_gradients(self, ids: Sequence[int], reduce_in_fp32: bool) -> tuple[list[Param], list[int]]:
         """The parameters ``ids`` as data-parallel reduction sees their gradients (:func:`grad_reduce_spec`),
         and their positions in ``ids`` in gradient-ready order (those the order lists). Once per workload

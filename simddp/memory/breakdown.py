@@ -97,7 +97,7 @@ def _stage_params(scenario: Scenario, workload: Workload, stage: int) -> list[in
 
 
 def _find_stage_params(scenario: Scenario, workload: Workload, stage: int) -> list[int]:
-    ids = sorted({i for layer in workload.rank_layers(stage, scenario.parallelism.pp) for i in layer.param_indices})
+    ids = workload.rank_param_ids(stage, scenario.parallelism.pp)
     tf = scenario.model.transformer
     pp = scenario.parallelism.pp
     if tf is not None and tf.tied_embeddings and pp > 1 and stage == pp - 1:

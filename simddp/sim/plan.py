@@ -76,7 +76,7 @@ def _rank_gradients_key(scenario: Scenario, index: int, rule: ZeroRule) -> tuple
 
 def _rank_gradients(workload: Workload, index: int, pp: int, rule: ZeroRule, unused: bool) -> RankGradients:
     layers = workload.rank_layers(index, pp)
-    global_ids = sorted({i for layer in layers for i in layer.param_indices})
+    global_ids = workload.rank_param_ids(index, pp)
     params, ready_order = workload.reduced_gradients(global_ids, rule.reduce_in_fp32)
     if params and unused:  # torch never rebuilds these buckets (bucketing.ddp_initial_buckets)
         # Only torch DDP searches for unused parameters, and its rule carries ddp.bucket_cap_mb.
