@@ -701,9 +701,11 @@ def _transformer_workload(scenario: Scenario, spec: TransformerSpec,
     prefix = names.block.format(i=0)
     per_block = sum(len(ids) for module, ids in groups.items() if module.startswith(prefix + "."))
     # (fields, name after the block prefix, parameters) of block 0's layers; each copy is copy_with's, inline
-    # (a 1T model copies 1,270 layers): one dict built whole, no constructor.
+    # (a 1T model copies 1,270 layers): no constructor, and the fields a copy of block 0's dict with four
+    # changed (copying a dict of one size is a block copy; a {**fields, ...} display inserts key by key).
     templates = [(la.__dict__, la.name[len(prefix):], la.param_indices) for la in first]
     make, set_fields = object.__new__, object.__setattr__
+    append = layers.append
     for i in range(spec.num_layers):
         stage = i * num_stages // spec.num_layers
         if i == 0:
@@ -712,10 +714,13 @@ def _transformer_workload(scenario: Scenario, spec: TransformerSpec,
         renamed = names.block.format(i=i)
         shift = i * per_block
         for fields, rest, own in templates:
+            copied = fields.copy()
+            copied["name"], copied["block"], copied["stage"] = renamed + rest, i, stage
+            if own:
+                copied["param_indices"] = tuple([g + shift for g in own])
             layer = make(Layer)
-            set_fields(layer, "__dict__", {**fields, "name": renamed + rest, "block": i, "stage": stage,
-                                           "param_indices": tuple([g + shift for g in own]) if own else own})
-            layers.append(layer)
+            set_fields(layer, "__dict__", copied)
+            append(layer)
     last_stage, end_of_blocks = num_stages - 1, len(layers)
     if spec.final_norm:
         layers.append(elementwise(names.final_norm, names.final_norm, norm_fwd, norm_bwd, h, t_sp, None))
@@ -869,6 +874,8 @@ def copy_with(obj: _D, **changes: Any) -> _D:
     """``dataclasses.replace(obj, **changes)`` without re-running the dataclass constructor: for the frozen
     layers copied once per layer of every block, where the constructor is the cost. The
     other fields, kernel and collective tuples included, are shared with ``obj``."""
+    fields = obj.__dict__.copy()  # a block copy, then the changes (see _transformer_workload)
+    fields.update(changes)
     new = object.__new__(type(obj))
-    object.__setattr__(new, "__dict__", {**obj.__dict__, **changes})  # one dict, built whole
+    object.__setattr__(new, "__dict__", fields)
     return new  # type: ignore[no-any-return]

@@ -439,11 +439,14 @@ def _twin(scenario: Scenario, workload: Workload, first: RankPlan, delta: int, r
         grads = workload.shared[key] = RankGradients(global_ids, reduced, src.ready_order, src.buckets)
     grads.memo.setdefault("bucket of layer", first.bucket_of_layer)
     shift = r - first.index  # virtual stage vs of first is vs + shift here
-    # dataclasses.replace's result (every other field the same object), without its call through __init__.
-    rank = object.__new__(RankPlan)
-    rank.__dict__.update(first.__dict__, index=r, layers=layers, grads=grads)
+    # dataclasses.replace's result (every other field the same object), without its call through __init__:
+    # first's fields copied whole, then the rank's own.
+    fields = first.__dict__.copy()
+    fields["index"], fields["layers"], fields["grads"] = r, layers, grads
     for name in _PASS_FIELDS:
-        setattr(rank, name, {vs + shift: value for vs, value in getattr(first, name).items()})
+        fields[name] = {vs + shift: value for vs, value in fields[name].items()}
+    rank = object.__new__(RankPlan)
+    rank.__dict__ = fields
     return rank
 
 
