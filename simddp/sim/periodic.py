@@ -28,7 +28,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from simddp.sim.pipeline import PipeOp, Schedule, last_backward, op_code
+from simddp.sim.pipeline import PipeOp, Schedule, last_backward, op_codes
 
 #: Cycle lengths (in units) tried when comparing cuts; max-plus systems can be periodic with cyclicity > 1.
 MAX_CYCLE = 3
@@ -175,10 +175,7 @@ class ScheduleRun:
         del self.clocks[self.count:]
 
     def _codes(self, r: int, start: int, stop: int) -> list[int]:
-        ops = self.ops[r]
-        if isinstance(ops, Schedule):
-            return ops.codes(start, stop)
-        return [op_code(ops[i], self.num_vs) for i in range(start, stop)]
+        return op_codes(self.ops[r], start, stop, self.num_vs)
 
     def advance(self, limits: Sequence[int]) -> None:
         """Run every rank up to position ``limits[r]`` (a cut closed under dependencies, or the end).

@@ -208,6 +208,13 @@ def op_code(op: PipeOp, num_virtual_stages: int) -> int:
     return ((op.micro_batch * num_virtual_stages + op.virtual_stage) << 1) | (op.kind == "B")
 
 
+def op_codes(ops: Sequence[PipeOp], start: int, stop: int, num_virtual_stages: int) -> list[int]:
+    """:func:`op_code` of ``ops[start:stop]``: a :class:`Schedule` builds them without its operations."""
+    if isinstance(ops, Schedule):
+        return ops.codes(start, stop)
+    return [op_code(ops[i], num_virtual_stages) for i in range(start, stop)]
+
+
 def decode(code: int, num_virtual_stages: int) -> PipeOp:
     """The operation of :func:`op_code` ``code``."""
     q = code >> 1

@@ -42,7 +42,7 @@ from simddp.memory import memory_breakdown
 from simddp.results import BREAKDOWN_PARTS, Bounds, BucketTiming, Span, StepPart, StepResult, Trace
 from simddp.sim.layers import LayerPlan, Recorder, backward, forward, pass_alone_s
 from simddp.sim.periodic import Linear, ScheduleRun, steady
-from simddp.sim.pipeline import PipeOp, dependency, last_backward
+from simddp.sim.pipeline import PipeOp, dependency, last_backward, op_codes
 from simddp.sim.plan import FsdpUnitPlan, RankPlan, StepPlan, build_plan
 from simddp.sim.resources import Gpu
 from simddp.workload import Workload
@@ -799,11 +799,12 @@ def bound_steps(plan: StepPlan) -> tuple[Linear, Linear]:
     kernels = Linear(pre=[], mid=[], hold=[], tail=[], extra=[])
     for r, rp in enumerate(plan.ranks):
         reduce = sum(b.reduce.time_s for b in rp.buckets)
-        after = sum(costs[r][(op.kind, op.virtual_stage)][1] for op in plan.ops[r][first_release[r]:])
         works, comms, lates = [0.0] * two, [0.0] * two, [0.0] * two  # by slot: 2 virtual stage + 1 if backward
         for (kind, vs), (w, c) in costs[r].items():
             slot = 2 * vs + (kind == "B")
             works[slot], comms[slot], lates[slot] = w, c, late.get((kind, vs), 0.0)
+        ops = plan.ops[r]
+        after = sum(comms[code % two] for code in op_codes(ops, first_release[r], len(ops), num_vs))
         zeros = [0.0] * two
         serial.pre.append(lates)
         serial.hold.append(works)
