@@ -117,15 +117,23 @@ def _stage_items(scenario: Scenario, workload: Workload, stage: int, rule: ZeroR
     if fixed is None:
         fixed = same[("stage", stage)] = _fixed_items(scenario, workload, stage, rule)
     states, num_params, buffers = fixed
-    in_flight = in_flight_micro_batches(par.pipeline_schedule, par.pp, stage, scenario.num_micro_batches,
-                                        par.virtual_stages)
-    items = states + _activation_items(scenario, workload, stage, in_flight, same) + buffers
-    transient = sum(i.size_bytes for i in items if i.category in ("activations", "buffers") and i.name != "NCCL")
-    items.append(Item(category="overhead", name="CUDA context", size_bytes=mem.cuda_context_bytes,
-                            note="memory.cuda_context_bytes"))
+    m = same.get(("micro-batches",))
+    if m is None:
+        m = same[("micro-batches",)] = scenario.num_micro_batches
+    in_flight = in_flight_micro_batches(par.pipeline_schedule, par.pp, stage, m, par.virtual_stages)
+    activations = _activation_items(scenario, workload, stage, in_flight, same)
+    items = states + activations + buffers
+    transient = sum(i.size_bytes for i in activations) + sum(i.size_bytes for i in buffers if i.name != "NCCL")
+    fragmentation = same.get(("fragmentation",))
+    if fragmentation is None:
+        fragmentation = same[("fragmentation",)] = (
+            Item(category="overhead", name="CUDA context", size_bytes=mem.cuda_context_bytes,
+                 note="memory.cuda_context_bytes"),
+            f"{mem.fragmentation_fraction:.0%} of activations and buffers")
+    context, note = fragmentation
+    items.append(context)
     items.append(Item(category="overhead", name="allocator fragmentation",
-                            size_bytes=round(mem.fragmentation_fraction * transient),
-                            note=f"{mem.fragmentation_fraction:.0%} of activations and buffers"))
+                      size_bytes=round(mem.fragmentation_fraction * transient), note=note))
     return items, num_params, in_flight
 
 
@@ -176,33 +184,35 @@ def _state_note(optimizer: str) -> str:
 def _activation_items(scenario: Scenario, workload: Workload, stage: int, in_flight: float,
                       same: dict[tuple[object, ...], Any]) -> list[Item]:
     tr, par = scenario.training, scenario.parallelism
-    layers = workload.rank_layers(stage, scenario.parallelism.pp)
     spec = scenario.model.transformer
     k = f"x {in_flight:g} micro-batch{'es' if in_flight != 1 else ''}"
     if spec is None:
+        layers = workload.rank_layers(stage, par.pp)
         per_mb = sum(layer.activation_bytes for layer in layers)
         return [Item(category="activations", name="layer activations", size_bytes=round(per_mb * in_flight),
                            note=f"{len(layers)} layers' activation_numel_per_sample {k}")]
-    shape: dict[str, Any] = {
-        "seq_len": tr.seq_len,
-        "micro_batch_size": tr.micro_batch_size,
-        "tp": par.tp,
-        "sequence_parallel": par.sequence_parallel,
-    }
-    act = PRECISION_ACT_BYTES[tr.precision]
-    dropout = uses_dropout(scenario)
-    blocks_key = ("blocks", stage, par.pp)
-    if blocks_key not in workload.shared:
-        workload.shared[blocks_key] = {layer.block for layer in layers if layer.block is not None}
-    blocks = workload.shared[blocks_key]
-    if ("layer", tr.recompute) not in same:
+    if ("layer", tr.recompute) not in same:  # what every stage computes alike
+        shape: dict[str, Any] = {
+            "seq_len": tr.seq_len,
+            "micro_batch_size": tr.micro_batch_size,
+            "tp": par.tp,
+            "sequence_parallel": par.sequence_parallel,
+        }
+        act = PRECISION_ACT_BYTES[tr.precision]
+        dropout = uses_dropout(scenario)
         for recompute in {tr.recompute, "none"}:
             same[("layer", recompute)] = transformer_layer_activation_bytes(
                 spec, **shape, recompute=recompute, act_bytes=act, dropout=dropout, attention=tr.attention)
+        same[("activation inputs",)] = shape, act, dropout, fmt_bytes(same[("layer", tr.recompute)])
+    shape, act, dropout, per_layer_text = same[("activation inputs",)]
+    blocks_key = ("blocks", stage, par.pp)
+    if blocks_key not in workload.shared:
+        workload.shared[blocks_key] = {la.block for la in workload.rank_layers(stage, par.pp) if la.block is not None}
+    blocks = workload.shared[blocks_key]
     per_layer = same[("layer", tr.recompute)]
     items = [Item(category="activations", name="transformer layers",
                         size_bytes=round(len(blocks) * per_layer * in_flight),
-                        note=f"{len(blocks)} layers x {fmt_bytes(per_layer)} {k} (recompute {tr.recompute})")]
+                        note=f"{len(blocks)} layers x {per_layer_text} {k} (recompute {tr.recompute})")]
     if stage == 0:
         emb = transformer_embedding_activation_bytes(spec, **shape, dropout=dropout)
         items.append(Item(category="activations", name="embedding", size_bytes=round(emb * in_flight),
