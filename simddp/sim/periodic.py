@@ -151,6 +151,7 @@ class ScheduleRun:
         self._consts = [self._rank_consts(r) for r in range(len(ops))]  # per rank once, not at each resume
         self.jumped_units = 0  # for tests and benchmarks: how much of the steady state was extended
         self.detected_at: tuple[int, int] | None = None  # (units run, cycle) when the repeat was found
+        self._pairs: dict[tuple[int, int], list[int]] = {}  # (rank, position) -> the two codes before it
 
     @property
     def clock(self) -> list[float]:
@@ -177,6 +178,12 @@ class ScheduleRun:
     def _codes(self, r: int, start: int, stop: int) -> list[int]:
         return op_codes(self.ops[r], start, stop, self.num_vs)
 
+    def _last_pair(self, r: int, cut: int) -> list[int]:
+        """The codes of rank ``r``'s two operations before position ``cut``: the end of what :meth:`advance`
+        last read when it stopped there (the repeat detection and the jump look at each cut it runs to)."""
+        pair = self._pairs.get((r, cut))
+        return pair if pair is not None else self._codes(r, cut - 2, cut)
+
     def advance(self, limits: Sequence[int]) -> None:
         """Run every rank up to position ``limits[r]`` (a cut closed under dependencies, or the end).
 
@@ -185,6 +192,8 @@ class ScheduleRun:
         """
         bases = list(self.pos)  # codes[r][k] is the operation at bases[r] + k
         codes = [self._codes(r, p, lim) for r, (p, lim) in enumerate(zip(bases, limits, strict=True))]
+        self._pairs = {(r, lim): rc[-2:] for r, (rc, lim) in enumerate(zip(codes, limits, strict=True))
+                       if len(rc) >= 2}
         self._advance_linear(limits, bases, codes)
         if any(p < lim for p, lim in zip(self.pos, limits, strict=True)):
             raise RuntimeError("pipeline schedule deadlocks")  # a schedule bug, not user input
@@ -299,7 +308,7 @@ class ScheduleRun:
 
     def _frontier(self, cut: list[int]) -> list[int]:
         """The codes of each rank's last forward and backward before ``cut`` (in its last steady pair)."""
-        return [code for r, c in enumerate(cut) for code in self._codes(r, c - 2, c)]
+        return [code for r, c in enumerate(cut) for code in self._last_pair(r, c)]
 
     def _state(self, cut: list[int]) -> list[list[float]]:
         """Per recurrence: the clocks, then the frontier's arrivals."""
@@ -338,7 +347,7 @@ class ScheduleRun:
         arrival = self.arrival
         for r, n in enumerate(moves):
             moved = (shape.shift * cycle * n * self.num_vs) << 1  # the same operation, micro-batches later
-            for k in self._codes(r, cut[r] - 2, cut[r]):
+            for k in self._last_pair(r, cut[r]):
                 arrival[k + moved] = tuple(a + d * n for a, d in zip(arrival[k], deltas, strict=True))
             for clock, d in zip(self.clocks, deltas, strict=True):
                 clock[r] += d * n
