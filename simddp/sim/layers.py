@@ -206,6 +206,17 @@ def _alone(plan: LayerPlan, overlap: str, kind: str, interference: float) -> tup
     return duration + end, busy + (dgrad_end - pre) + wgrad_ran, duration + wgrad_start + wgrad_ran
 
 
+def layer_tp_s(plan: LayerPlan, kind: str) -> float:
+    """A layer's TP collectives of a forward (``kind='F'``) or backward (``'B'``, with the forward's again
+    where recompute re-runs them), each alone on its link and added (the no-overlap bound's serialised
+    communication)."""
+    fwd = sum(c.time_s for c in plan.fwd_pre + plan.fwd_post)
+    if kind == "F":
+        return fwd
+    bwd = sum(c.time_s for c in plan.bwd_pre + plan.dgrad_post + plan.wgrad_pre)
+    return bwd + (fwd if plan.recompute_comm else 0.0)
+
+
 def pass_alone_s(plans: Sequence[LayerPlan], overlap: str, kind: str, interference: float) -> float:
     """Duration of a forward (``kind='F'``) or backward (``'B'``) through ``plans`` on an otherwise idle GPU.
 

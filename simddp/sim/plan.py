@@ -22,7 +22,7 @@ from simddp.compute import (
     optimizer_step_s,
 )
 from simddp.config import Scenario
-from simddp.sim.layers import LayerPlan, layer_alone
+from simddp.sim.layers import LayerPlan, layer_alone, layer_tp_s
 from simddp.sim.pipeline import PipeOp, schedule
 from simddp.topology import CommGroup, dp_group, group, pp_boundary_group, tp_group
 from simddp.units import dtype_bytes
@@ -207,6 +207,8 @@ class RankPlan:
     fwd_work_s: dict[int, float] = field(default_factory=dict)  # kernels only
     bwd_work_s: dict[int, float] = field(default_factory=dict)
     bwd_recompute_s: dict[int, float] = field(default_factory=dict)
+    fwd_tp_s: dict[int, float] = field(default_factory=dict)  # TP collectives, each alone, added (layer_tp_s)
+    bwd_tp_s: dict[int, float] = field(default_factory=dict)
     # DDP's unused-parameter handling (torch reducer.cpp): host time of the graph search after each forward
     # whose backward reduces (before that backward starts); parameters without a gradient, per bucket, marked
     # ready at the first gradient hook of that backward (they are left out of bucket_of_layer); the all-reduce
@@ -452,16 +454,17 @@ def _twin(scenario: Scenario, workload: Workload, first: RankPlan, delta: int, r
 
 #: The RankPlan fields :func:`_stage_passes` fills (virtual stage -> seconds).
 _PASS_FIELDS = ("fwd_alone_s", "fwd_busy_s", "bwd_alone_s", "bwd_busy_s", "fwd_work_s", "bwd_work_s",
-                "bwd_recompute_s")
+                "bwd_recompute_s", "fwd_tp_s", "bwd_tp_s")
 
 
 def _stage_passes(rank: RankPlan, vs: int, plans: Sequence[LayerPlan], overlap: str, interference: float,
                   per_timing: dict[int, tuple[float, ...]]) -> None:
-    """Forward and backward of virtual stage ``vs`` on an idle GPU (:func:`simddp.sim.layers.pass_alone`) and
-    their kernel sums, in one pass over its layers; layers of identical blocks share one timing object, whose
+    """Forward and backward of virtual stage ``vs`` on an idle GPU (:func:`simddp.sim.layers.pass_alone`),
+    their kernel sums and their TP collectives added (:func:`simddp.sim.layers.layer_tp_s`, for the
+    no-overlap bound), in one pass over its layers; layers of identical blocks share one timing object, whose
     numbers are worked out once per plan (``per_timing``, shared by the ranks: the timing objects live as long
     as the plan's layer plans do). The sums run in layer order, as ``sum()`` over the layers would."""
-    fwd_alone = fwd_busy = bwd_alone = bwd_busy = fwd_work = bwd_work = recompute = 0.0
+    fwd_alone = fwd_busy = bwd_alone = bwd_busy = fwd_work = bwd_work = recompute = fwd_tp = bwd_tp = 0.0
     for plan in plans:
         key = id(plan.timing)
         values = per_timing.get(key)
@@ -469,7 +472,8 @@ def _stage_passes(rank: RankPlan, vs: int, plans: Sequence[LayerPlan], overlap: 
             t = plan.timing
             values = per_timing[key] = (*layer_alone(plan, overlap, "F", interference),
                                         *layer_alone(plan, overlap, "B", interference),
-                                        t.fwd_s, t.bwd_s, t.recompute_s)
+                                        t.fwd_s, t.bwd_s, t.recompute_s,
+                                        layer_tp_s(plan, "F"), layer_tp_s(plan, "B"))
         fwd_alone += values[0]
         fwd_busy += values[1]
         bwd_alone += values[2]
@@ -477,9 +481,12 @@ def _stage_passes(rank: RankPlan, vs: int, plans: Sequence[LayerPlan], overlap: 
         fwd_work += values[4]
         bwd_work += values[5]
         recompute += values[6]
+        fwd_tp += values[7]
+        bwd_tp += values[8]
     rank.fwd_alone_s[vs], rank.fwd_busy_s[vs] = fwd_alone, fwd_busy
     rank.bwd_alone_s[vs], rank.bwd_busy_s[vs] = bwd_alone, bwd_busy
     rank.fwd_work_s[vs], rank.bwd_work_s[vs], rank.bwd_recompute_s[vs] = fwd_work, bwd_work, recompute
+    rank.fwd_tp_s[vs], rank.bwd_tp_s[vs] = fwd_tp, bwd_tp
 
 
 def dp_collective(scenario: Scenario, op: Op, size_bytes: int, group: CommGroup,

@@ -40,7 +40,7 @@ from simddp.config import Scenario
 from simddp.engine_caches import collector_paused
 from simddp.memory import memory_breakdown
 from simddp.results import BREAKDOWN_PARTS, Bounds, BucketTiming, Span, StepPart, StepResult, Trace
-from simddp.sim.layers import LayerPlan, Recorder, backward, forward, pass_alone_s
+from simddp.sim.layers import LayerPlan, Recorder, backward, forward, layer_tp_s, pass_alone_s
 from simddp.sim.periodic import Linear, ScheduleRun, steady
 from simddp.sim.pipeline import PipeOp, dependency, last_backward, op_codes
 from simddp.sim.plan import FsdpUnitPlan, RankPlan, StepPlan, build_plan
@@ -752,37 +752,21 @@ def bound_steps(plan: StepPlan) -> tuple[Linear, Linear]:
     i = plan.interference
     first_release = [min(last_backward(ops, par.virtual_stages).values(), default=len(ops)) for ops in plan.ops]
     costs: list[dict[tuple[str, int], tuple[float, float]]] = []
-    tp_part: dict[tuple[int, str], float] = {}  # identical layers share one plan object (layer_plans)
-    # Each virtual stage's TP time per kind, summed once per layer plans and chunk: twin ranks share their plans.
-    tp_sums: dict[tuple[int, int, str], float] = {}
     for rp in plan.ranks:
         per: dict[tuple[str, int], tuple[float, float]] = {}
-        positions: dict[int, list[int]] | None = None
-        for vs in rp.fwd_work_s:
+        for vs in rp.fwd_work_s:  # each virtual stage's TP time per kind: the plan's (plan._stage_passes)
             for kind in ("F", "B"):
                 send = plan.p2p.get(vs if kind == "F" else vs - 1)
                 received = (vs > 0) if kind == "F" else (vs < num_vs - 1)
                 gather = plan.p2p_gather.time_s if (plan.p2p_gather is not None and received) else 0.0
-                sum_key = (id(rp.plans), vs - rp.index, kind)
-                tp = tp_sums.get(sum_key)
-                if tp is None:
-                    if positions is None:
-                        positions = plan.workload.rank_stage_positions(rp.index, par.pp)
-                    tp = 0.0  # summed in layer order, as sum() would
-                    for p in map(rp.plans.__getitem__, positions.get(vs, ())):
-                        key = (id(p), kind)
-                        part = tp_part.get(key)
-                        if part is None:
-                            part = tp_part[key] = _tp_part(p, kind)
-                        tp += part
-                    tp_sums[sum_key] = tp
+                tp = (rp.fwd_tp_s if kind == "F" else rp.bwd_tp_s)[vs]
                 comm = tp + (send.time_s if send is not None else 0.0) + gather
                 per[(kind, vs)] = ((rp.fwd_work_s if kind == "F" else rp.bwd_work_s)[vs], comm)
         costs.append(per)
     late: dict[tuple[str, int], float] = {}  # (kind, receiving virtual stage) -> extra arrival delay
     if par.pp_p2p_overlap:
         for r, rp in enumerate(plan.ranks):
-            tp_stream = plan.p2p_gather is not None or any(_tp_part(p, k) > 0 for p in rp.plans for k in "FB")
+            tp_stream = plan.p2p_gather is not None or any(layer_tp_s(p, k) > 0 for p in rp.plans for k in "FB")
             dp_stream = rp.overlap and any(b.reduce.time_s > 0 for b in rp.buckets)
             shared = int(tp_stream) + int(dp_stream)  # streams besides the send's own
             for vs in rp.fwd_work_s:
@@ -817,14 +801,6 @@ def bound_steps(plan: StepPlan) -> tuple[Linear, Linear]:
         for rec in (serial, kernels):
             rec.mid.append(zeros)
     return serial, kernels
-
-
-def _tp_part(p: LayerPlan, kind: str) -> float:
-    fwd = sum(c.time_s for c in p.fwd_pre + p.fwd_post)
-    if kind == "F":
-        return fwd
-    bwd = sum(c.time_s for c in p.bwd_pre + p.dgrad_post + p.wgrad_pre)
-    return bwd + (fwd if p.recompute_comm else 0.0)
 
 
 __all__ = ["not_modelled", "pass_alone_s", "run_plan", "simulate_step"]
