@@ -101,7 +101,8 @@ def searches_unused(scenario: Scenario) -> bool:
 class BucketPlan:
     """A gradient bucket: its collective, and the parameter all-gather of the same bucket (ZeRO). Not frozen:
     a 7B model's step builds 226 of them, and a frozen dataclass's constructor is the cost; nothing changes
-    one after :func:`build_plan`."""
+    one after :func:`build_plan`, and plans whose gradients and data-parallel collectives are the same share
+    them (``RankGradients.memo``)."""
 
     index: int
     size_bytes: int
@@ -372,14 +373,22 @@ def build_plan(scenario: Scenario, workload: Workload | None = None) -> StepPlan
         working = grads.memo.get("working")
         if working is None:
             working = grads.memo["working"] = [workload.parameters[g] for g in grads.global_ids]
-        for size in {b.size_bytes for b in grads.buckets}.difference(reduces):
-            reduces[size] = dp_collective(scenario, op, size, dp, algorithm)
-        gathers: list[CollectiveCost | None] = [None] * len(grads.buckets)
-        if rule.overlap_param_gather:
-            gathers = [collective_cost("all-gather", sum(working[i].numel * dtype_bytes(working[i].dtype)
-                                                         for i in b.param_indices), dp) for b in grads.buckets]
-        buckets = [BucketPlan(b.index, b.size_bytes, len(b.param_indices), reduces[b.size_bytes], gather)
-                   for b, gather in zip(grads.buckets, gathers, strict=True)]
+        # The buckets' collectives: once per gradients and everything dp_collective reads besides the size
+        # (the points of a sweep over batch, cluster or ZeRO stage that share a group share them).
+        gloo = scenario.cluster.gloo if ddp.backend == "gloo" else None
+        plans_key = ("bucket plans", op, algorithm, dp, ddp.backend, gloo, rule.overlap_param_gather)
+        buckets = grads.memo.get(plans_key)
+        if buckets is None:
+            for size in {b.size_bytes for b in grads.buckets}.difference(reduces):
+                reduces[size] = dp_collective(scenario, op, size, dp, algorithm)
+            gathers: list[CollectiveCost | None] = [None] * len(grads.buckets)
+            if rule.overlap_param_gather:
+                gathers = [collective_cost("all-gather", sum(working[i].numel * dtype_bytes(working[i].dtype)
+                                                             for i in b.param_indices), dp)
+                           for b in grads.buckets]
+            buckets = grads.memo[plans_key] = [
+                BucketPlan(b.index, b.size_bytes, len(b.param_indices), reduces[b.size_bytes], gather)
+                for b, gather in zip(grads.buckets, gathers, strict=True)]
         opt_s = optimizer_step_s(grads.num_params, cluster.gpu, tr, shard, impl) if grads.params else 0.0
         gather_after = None
         if grads.params and mode != "fsdp" and not rule.overlap_param_gather:
