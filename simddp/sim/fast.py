@@ -196,8 +196,11 @@ def _backward(p: RankPlan) -> tuple[list[tuple[float, float, tuple[int, ...]]], 
         if work or redo:  # layers after the last release (a rank without layers has no runs)
             runs.append((work, redo, ()))
         runs_of = p.plans.memo[id(releases)] = (releases, runs)
-    costs = [(b.reduce.time_s, b.reduce.tier, b.reduce.transfer_s) for b in p.buckets]
-    return runs_of[1], costs
+    costs_of = p.grads.memo.get(("reduction costs", id(p.buckets)))  # bucket plans are shared (build_plan)
+    if costs_of is None or costs_of[0] is not p.buckets:
+        costs_of = p.grads.memo[("reduction costs", id(p.buckets))] = (
+            p.buckets, [(b.reduce.time_s, b.reduce.tier, b.reduce.transfer_s) for b in p.buckets])
+    return runs_of[1], costs_of[1]
 
 
 def _run_dp(plan: StepPlan) -> list[Outcome]:
