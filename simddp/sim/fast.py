@@ -289,9 +289,9 @@ def _finish(out: Outcome, comm_end: float) -> None:
 
 
 # ---------------------------------------------------------------------------------------- pipelines
-#: A rank's gradient releases (:func:`_rank_releases`): per virtual stage, relative to the rank's first
-#: one, the buckets it completes with their ready times after the stage's last backward starts, and the TP
-#: transfers of that backward per link tier.
+#: A rank's gradient releases (:func:`_rank_releases`): per virtual stage (less the rank's index), the
+#: buckets its last backward completes with their ready times after that backward starts, and the
+#: backward's TP transfers per link tier.
 Releases = dict[int, tuple[list[tuple[int, float]], dict[str, float]]]
 
 
