@@ -262,7 +262,7 @@ class Workload:
                 ids = [g for own in owned for g in own]
                 anchor = ids[0] if ids else 0
                 block = next((la.block for la in layers if la.block is not None), 0)
-                shape = (list(map(_LAYER_KIND, layers)), [la.stage - r for la in layers],
+                shape = (list(map(LAYER_KIND, layers)), [la.stage - r for la in layers],
                          [None if la.block is None else la.block - block for la in layers],
                          list(map(len, owned)), [g - anchor for g in ids])
                 first, delta = r, 0
@@ -292,8 +292,9 @@ class Workload:
         return sorted(range(len(ids)), key=before.__getitem__) == sorted(range(len(ids)), key=after.__getitem__)
 
 
-#: What makes two layers of twin ranks alike, besides where they sit (:meth:`Workload.rank_twins`).
-_LAYER_KIND = attrgetter("fwd", "dgrad", "wgrad", "collectives", "recompute", "fwd_time_s", "bwd_time_s")
+#: What makes two layers alike, besides where they sit and what they own: twin ranks' layers
+#: (:meth:`Workload.rank_twins`) and the layers one layer plan times (:func:`simddp.sim.plan.layer_plans`).
+LAYER_KIND = attrgetter("fwd", "dgrad", "wgrad", "collectives", "recompute", "fwd_time_s", "bwd_time_s")
 
 #: Floating dtypes narrower than fp32, whose gradients ``reduce_in_fp32`` all-reduces in fp32.
 NARROW_FLOAT_DTYPES = ("bfloat16", "float16", "float8_e4m3fn", "float8_e5m2")

@@ -26,7 +26,7 @@ from simddp.sim.layers import LayerPlan, layer_alone, layer_tp_s
 from simddp.sim.pipeline import PipeOp, schedule
 from simddp.topology import CommGroup, dp_group, group, pp_boundary_group, tp_group
 from simddp.units import dtype_bytes
-from simddp.workload import Collective, Layer, Param, Workload, build_workload, grad_reduce_spec
+from simddp.workload import LAYER_KIND, Collective, Layer, Param, Workload, build_workload, grad_reduce_spec
 from simddp.zero import (
     ParamUnit,
     ZeroRule,
@@ -282,26 +282,25 @@ def layer_plans(scenario: Scenario, layers: Sequence[Layer], parameters: Sequenc
         # Layers sharing kernel tuples come from one template and own parameters of the same shapes
         # (tests/test_workload.py checks it), so the accumulation time goes with them; layers without kernels
         # (measured times) may share the empty tuple, so their parameter shapes join the key.
-        shapes = (tuple(parameters[g][1:] for g in layer.param_indices)
-                  if not (layer.fwd or layer.dgrad or layer.wgrad) else ())
-        key = (id(layer.fwd), id(layer.dgrad), id(layer.wgrad), id(layer.collectives), layer.recompute,
-               layer.fwd_time_s, layer.bwd_time_s, shapes)
-        if key not in seen:
+        fwd, dgrad, wgrad, colls, recompute, fwd_time_s, bwd_time_s = LAYER_KIND(layer)
+        shapes = tuple(parameters[g][1:] for g in layer.param_indices) if not (fwd or dgrad or wgrad) else ()
+        key = (id(fwd), id(dgrad), id(wgrad), id(colls), recompute, fwd_time_s, bwd_time_s, shapes)
+        plan = seen.get(key)
+        if plan is None:
             t: LayerTiming = layer_timing(layer, gpu, tr, eff)
             accumulate = grad_accumulation_s([parameters[g] for g in layer.param_indices], rule.grad_accumulation,
                                              m, rule.reduce_in_fp32, gpu)
             if accumulate:
                 t = replace(t, wgrad_s=t.wgrad_s + accumulate)
-            if par.tp > 1 and layer.collectives:
-                cs = layer.collectives
-                seen[key] = LayerPlan(
-                    t, fwd_pre=_tp_costs(cs, "fwd-pre", tp), fwd_post=_tp_costs(cs, "fwd-post", tp),
-                    bwd_pre=_tp_costs(cs, "bwd-pre", tp), dgrad_post=_tp_costs(cs, "dgrad-post", tp),
-                    wgrad_pre=_tp_costs(cs, "wgrad-pre", tp), recompute_comm=t.recompute_s > 0,
+            if par.tp > 1 and colls:
+                plan = seen[key] = LayerPlan(
+                    t, fwd_pre=_tp_costs(colls, "fwd-pre", tp), fwd_post=_tp_costs(colls, "fwd-post", tp),
+                    bwd_pre=_tp_costs(colls, "bwd-pre", tp), dgrad_post=_tp_costs(colls, "dgrad-post", tp),
+                    wgrad_pre=_tp_costs(colls, "wgrad-pre", tp), recompute_comm=t.recompute_s > 0,
                 )
             else:
-                seen[key] = LayerPlan(t)
-        out.append(seen[key])  # shared by identical layers: a layer's name is its Layer's (RankPlan.layers)
+                plan = seen[key] = LayerPlan(t)
+        out.append(plan)  # shared by identical layers: a layer's name is its Layer's (RankPlan.layers)
     return out
 
 
