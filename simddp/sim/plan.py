@@ -408,7 +408,7 @@ def build_plan(scenario: Scenario, workload: Workload | None = None) -> StepPlan
             for vs in sorted(positions):
                 stage_plans = rank.plans if len(positions) == 1 else [rank.plans[i] for i in positions[vs]]
                 _stage_passes(rank, vs, stage_plans, par.tp_comm_overlap, cluster.comm_compute_interference,
-                              passes)
+                              passes, par.tp > 1)
             stage_values = rank_passes[r] = {name: dict(getattr(rank, name)) for name in _PASS_FIELDS}
         else:
             for name, values in stage_values.items():
@@ -450,8 +450,9 @@ def _twin(scenario: Scenario, workload: Workload, first: RankPlan, delta: int, r
     grads.memo.setdefault("bucket of layer", first.bucket_of_layer)
     shift = r - first.index  # virtual stage vs of first is vs + shift here
     # dataclasses.replace's result (every other field the same object), without its call through __init__:
-    # first's fields copied whole, then the rank's own.
-    fields = first.__dict__.copy()
+    # first's fields copied whole into a plain dict (a copy of its key-sharing dict would read slower), then
+    # the rank's own.
+    fields = {**first.__dict__}
     fields["index"], fields["layers"], fields["grads"] = r, layers, grads
     for name in _PASS_FIELDS:
         fields[name] = {vs + shift: value for vs, value in fields[name].items()}
@@ -466,12 +467,13 @@ _PASS_FIELDS = ("fwd_alone_s", "fwd_busy_s", "bwd_alone_s", "bwd_busy_s", "fwd_w
 
 
 def _stage_passes(rank: RankPlan, vs: int, plans: Sequence[LayerPlan], overlap: str, interference: float,
-                  per_timing: dict[int, tuple[float, ...]]) -> None:
-    """Forward and backward of virtual stage ``vs`` on an idle GPU (:func:`simddp.sim.layers.pass_alone`),
-    their kernel sums and their TP collectives added (:func:`simddp.sim.layers.layer_tp_s`, for the
-    no-overlap bound), in one pass over its layers; layers of identical blocks share one timing object, whose
-    numbers are worked out once per plan (``per_timing``, shared by the ranks: the timing objects live as long
-    as the plan's layer plans do). The sums run in layer order, as ``sum()`` over the layers would."""
+                  per_timing: dict[int, tuple[float, ...]], tp: bool) -> None:
+    """Forward and backward of virtual stage ``vs`` on an idle GPU (:func:`simddp.sim.layers.pass_alone`) and
+    their kernel sums, in one pass over its layers, and with ``tp`` (layers have TP collectives only then)
+    their TP collectives added (:func:`simddp.sim.layers.layer_tp_s`, for the no-overlap bound; else 0).
+    Layers of identical blocks share one timing object, whose numbers are worked out once per plan
+    (``per_timing``, shared by the ranks: the timing objects live as long as the plan's layer plans do). The
+    sums run in layer order, as ``sum()`` over the layers would."""
     fwd_alone = fwd_busy = bwd_alone = bwd_busy = fwd_work = bwd_work = recompute = fwd_tp = bwd_tp = 0.0
     for plan in plans:
         key = id(plan.timing)
@@ -489,8 +491,11 @@ def _stage_passes(rank: RankPlan, vs: int, plans: Sequence[LayerPlan], overlap: 
         fwd_work += values[4]
         bwd_work += values[5]
         recompute += values[6]
-        fwd_tp += values[7]
-        bwd_tp += values[8]
+    if tp:
+        for plan in plans:
+            values = per_timing[id(plan.timing)]
+            fwd_tp += values[7]
+            bwd_tp += values[8]
     rank.fwd_alone_s[vs], rank.fwd_busy_s[vs] = fwd_alone, fwd_busy
     rank.bwd_alone_s[vs], rank.bwd_busy_s[vs] = bwd_alone, bwd_busy
     rank.fwd_work_s[vs], rank.bwd_work_s[vs], rank.bwd_recompute_s[vs] = fwd_work, bwd_work, recompute
