@@ -483,7 +483,7 @@ def _stage_passes(rank: RankPlan, vs: int, plans: Sequence[LayerPlan], overlap: 
             values = per_timing[key] = (*layer_alone(plan, overlap, "F", interference),
                                         *layer_alone(plan, overlap, "B", interference),
                                         t.fwd_s, t.bwd_s, t.recompute_s,
-                                        layer_tp_s(plan, "F"), layer_tp_s(plan, "B"))
+                                        *((layer_tp_s(plan, "F"), layer_tp_s(plan, "B")) if tp else (0.0, 0.0)))
         fwd_alone += values[0]
         fwd_busy += values[1]
         bwd_alone += values[2]
