@@ -40,7 +40,7 @@ from simddp.config import Scenario
 from simddp.engine_caches import collector_paused
 from simddp.memory import memory_breakdown
 from simddp.results import BREAKDOWN_PARTS, Bounds, BucketTiming, Span, StepPart, StepResult, Trace
-from simddp.sim.layers import LayerPlan, Recorder, backward, forward, layer_tp_s, pass_alone_s
+from simddp.sim.layers import LayerPlan, Recorder, backward, forward, pass_alone_s
 from simddp.sim.periodic import Linear, ScheduleRun, steady
 from simddp.sim.pipeline import PipeOp, dependency, last_backward, op_codes
 from simddp.sim.plan import FsdpUnitPlan, RankPlan, StepPlan, build_plan
@@ -766,7 +766,8 @@ def bound_steps(plan: StepPlan) -> tuple[Linear, Linear]:
     late: dict[tuple[str, int], float] = {}  # (kind, receiving virtual stage) -> extra arrival delay
     if par.pp_p2p_overlap:
         for r, rp in enumerate(plan.ranks):
-            tp_stream = plan.p2p_gather is not None or any(layer_tp_s(p, k) > 0 for p in rp.plans for k in "FB")
+            # Its layers' TP parts are never negative, so their per-stage sums (the plan's) show whether any is.
+            tp_stream = plan.p2p_gather is not None or any(rp.fwd_tp_s.values()) or any(rp.bwd_tp_s.values())
             dp_stream = rp.overlap and any(b.reduce.time_s > 0 for b in rp.buckets)
             shared = int(tp_stream) + int(dp_stream)  # streams besides the send's own
             for vs in rp.fwd_work_s:
