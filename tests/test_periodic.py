@@ -181,10 +181,12 @@ def test_1f1b_ranks_jump_to_their_drains() -> None:
 
 @st.composite
 def twin_pipelines(draw: st.DrawFn) -> tuple[int, int, dict, float]:
-    """1F1B pipelines whose middle ranks are alike (the first holds the embedding, the last the head)."""
+    """1F1B pipelines whose middle ranks are alike: one to three ranks differ at each end (the first holds the
+    embedding, the last the head; a layer count that does not divide evenly leaves another)."""
     p = draw(st.integers(3, 12))
     m = draw(st.integers(1, 3 * p))
-    ends = {(r, kind): draw(durations) for r in (0, p - 1) for kind in "FB"}
+    head, tail = draw(st.integers(1, 3)), draw(st.integers(1, 3))
+    ends = {(r, kind): draw(durations) for r in {*range(head), *range(p - tail, p)} for kind in "FB"}
     middle = {kind: draw(durations) for kind in "FB"}
     times = {(r, kind, r): ends.get((r, kind), middle[kind]) for r in range(p) for kind in "FB"}
     return p, m, times, draw(st.sampled_from([0.0, 0.01, 0.3]))
@@ -192,28 +194,34 @@ def twin_pipelines(draw: st.DrawFn) -> tuple[int, int, dict, float]:
 
 @settings(max_examples=200, deadline=None)
 @given(twin_pipelines())
-def test_twin_warm_ups_are_shifts_of_one_rank(case: tuple) -> None:
-    # The 1F1B warm-ups of alike middle ranks are timed as shifts of one rank's (ScheduleRun._shift_warmups):
-    # the clocks equal the plain recurrence, and clocks and waits the runner's own forward-by-forward run.
+def test_twin_warm_ups_and_drains_are_shifts_of_one_rank(case: tuple) -> None:
+    # The 1F1B warm-ups and drains of alike middle ranks are timed as shifts of one rank's
+    # (ScheduleRun._shift_warmups, _shift_drains): the clocks equal the plain recurrence, and clocks and waits
+    # the runner's own operation-by-operation run.
     p, m, times, send = case
     reference, run = _runs("1f1b", p, m, 1, times, send)
     assert all(math.isclose(a, b, rel_tol=1e-9) for a, b in zip(run.clock, reference, strict=True))
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(ScheduleRun, "_shift_warmups", lambda self, warm: None)
+        patch.setattr(ScheduleRun, "_shift_drains", lambda self, warm: None)
         _, whole = _runs("1f1b", p, m, 1, times, send)
     assert whole.shifted == 0
     assert all(math.isclose(a, b, rel_tol=1e-9) for a, b in zip(run.clock, whole.clock, strict=True))
     assert all(math.isclose(a, b, rel_tol=1e-9, abs_tol=1e-12) for a, b in zip(run.waits, whole.waits, strict=True))
 
 
-def test_twin_warm_ups_skip_most_forwards() -> None:
-    # 16 stages, the last heavier: ranks 1-14 are twins. With a heavier first stage, rank 1 waits for each
-    # forward, its times are rank 0's plus a constant, and ranks 2-14's warm-ups are shifts of rank 1's. With a
-    # lighter one, rank 1 runs its forwards back to back after its first wait, and the shifts start at rank 3.
+def test_twin_warm_ups_and_drains_skip_most_operations() -> None:
+    # 16 stages, the last heavier: ranks 1-14 are twins. Warm-ups: with a heavier first stage, rank 1 waits for
+    # each forward, its times are rank 0's plus a constant, and ranks 2-14's warm-ups are shifts of rank 1's;
+    # with a lighter one, rank 1 runs its forwards back to back after its first wait, and the shifts start at
+    # rank 3. Drains: rank 13's backwards (from its last steady one) are rank 14's plus a constant, and ranks
+    # 12 down to 1 take theirs from it, all but the last (w_r = p - r - 1 each, the first two timed to check).
     p = 16
     for first, base in ((1.3, 1), (0.7, 2)):
         times = {(r, k, r): (1.0 + (first - 1.0) * (r == 0) + 0.5 * (r == p - 1)) * (1 if k == "F" else 2)
                  for r in range(p) for k in "FB"}
         reference, run = _runs("1f1b", p, 64, 1, times, 0.01)
         assert all(math.isclose(a, b, rel_tol=1e-12) for a, b in zip(run.clock, reference, strict=True))
-        assert run.shifted == sum(p - r - 1 for r in range(base + 1, p - 1))
+        warm_ups = sum(p - r - 1 for r in range(base + 1, p - 1))
+        drains = sum(p - r - 1 for r in range(1, p - 3))
+        assert run.shifted == warm_ups + drains

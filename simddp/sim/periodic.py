@@ -166,6 +166,8 @@ class ScheduleRun:
         reached it, before the rest runs."""
         if shape is not None:
             self._extend(shape)
+            if shape.unit == 1 and self.num_vs == len(self.ops):
+                self._shift_drains(shape.start)
         left = sum(len(o) - p for o, p in zip(self.ops, self.pos, strict=True))
         if self.max_operations is not None and self.ran + left > self.max_operations:
             raise TooManyOperations(f"{self.ran + left:,} operations, over {self.max_operations:,}")
@@ -398,6 +400,87 @@ class ScheduleRun:
             self.shifted += n
             for m in range(n) if r == end else (n - 1,):
                 arrival[(m * p + r) << 1] = tuple(x + d for x, d in zip(g[m], shift, strict=True))
+
+    def _shift_drains(self, warm: list[int]) -> None:
+        """Time the 1F1B drains of twin ranks from one rank's, not backward by backward (after the jump).
+
+        After its last forward, at its clock ``c_r``, rank r runs backwards ``j = a_r, ..., M - 1`` (``a_r = M -
+        w_r - 1``: its last steady backward, then its cool-down), ending at ``H_r(a_r) = max(c_r, H_{r+1}(a_r) +
+        pre) + post`` and ``H_r(j) = max(H_r(j - 1), H_{r+1}(j) + pre) + post``. Every rank after its last
+        forward is a cut closed under dependencies, and after it a rank's backwards need only the next rank's.
+        Take a rank q whose backwards from ``a_{q+1}`` to ``M - 2`` end rank q + 1's plus a constant ``δ``
+        (checked on the run's own times, each recurrence apart; up to three bases are tried from the top). A
+        rank r < q that takes rank q's constants in its backward slot, and whose first two backwards (timed
+        here) end as the claim says, ``H_r(a_r + 1) = H_{r+1}(a_r + 1) + δ``, ends each later one at ``H_{r+1}(j)
+        + δ``: by induction on j, both terms of its max are rank r + 1's plus ``δ`` (rank r + 1's own claim, by
+        induction on the rank downwards from q), and it waits as long as rank r + 1. Each rank's last backward
+        (it releases the gradients) runs in :meth:`advance`, as do the ranks below the twins. 1T tp8 pp64:
+        1,770 of the 2,016 cool-down backwards are shifts.
+        """
+        p, consts, arrival = len(self.ops), self._consts, self.arrival
+        total = len(self.ops[0]) >> 1  # micro-batches
+        if any(w >= total for w in warm):  # a rank with no steady pair
+            return
+        cut, last = [2 * total - w - 1 for w in warm], 2 * total - 1  # after each rank's last forward
+        if any(x > c for x, c in zip(self.pos, cut, strict=True)) or (
+                self.max_operations is not None
+                and self.ran + sum(c - x for c, x in zip(cut, self.pos, strict=True)) > self.max_operations):
+            return
+        self.advance(cut)
+        start, waits = [list(c) for c in self.clocks], list(self.waits)  # at the cut
+        first = [total - w - 1 for w in warm]  # a_r
+        key = [(tuple(c[2 * r + 1] for c in consts[r][:6]) if all(not k <= i < last for i in consts[r][6]) else None)
+               for r, k in enumerate(cut)]
+
+        def ended(r: int, j: int) -> tuple[float, ...]:
+            return arrival[((j * p + r) << 1) | 1]
+
+        q = p - 2
+        for _ in range(3):  # bases tried
+            while q > 0 and not (key[q - 1] is not None and key[q - 1] == key[q] and warm[q + 1]):
+                q -= 1
+            if q <= 0:
+                return
+            self.advance([c if r < q else last for r, c in enumerate(cut)])
+            mine = [ended(q, j) for j in range(first[q + 1], total - 1)]
+            theirs = [ended(q + 1, j) for j in range(first[q + 1], total - 1)]
+            deltas = [a - c for a, c in zip(mine[0], theirs[0], strict=True)]
+            if all(_shifted([c[k] for c in theirs], [a[k] for a in mine], d) for k, d in enumerate(deltas)):
+                break
+            q -= 1
+        else:
+            return
+        pre, post = [consts[q][k][2 * q + 1] for k in range(3)], [consts[q][3 + k][2 * q + 1] for k in range(3)]
+        x = ended(q + 1, first[q])[0] + pre[0]
+        first_wait = x - start[0][q] if x > start[0][q] else 0.0  # rank q's first backward's
+        tail_wait = self.waits[q] - waits[q]  # rank q's backwards' before its last
+        end = ended(q, total - 2)
+        low = q
+        for r in range(q - 1, -1, -1):
+            if key[r] != key[q]:
+                break
+            j = first[r]
+            up, nxt = ended(r + 1, j), ended(r + 1, j + 1)  # rank r + 1's last steady backward, first after the cut
+            one = [max(start[k][r], up[k] + pre[k]) + post[k] for k in range(3)]
+            two = [max(one[k], nxt[k] + pre[k]) + post[k] for k in range(3)]
+            w1, w2 = max(up[0] + pre[0] - start[0][r], 0.0), max(nxt[0] + pre[0] - one[0], 0.0)
+            if not all(abs(t - n - d) <= _REL_TOL * abs(t) for t, n, d in zip(two, nxt, deltas, strict=True)):
+                break
+            arrival[((j * p + r) << 1) | 1] = tuple(one)
+            arrival[(((j + 1) * p + r) << 1) | 1] = tuple(two)
+            tail_wait, first_wait = w1 + w2 + tail_wait - first_wait, w1
+            n = q - r
+            for clock, e, d in zip(self.clocks, end, deltas, strict=True):
+                clock[r] = e + n * d
+            self.waits[r] = waits[r] + tail_wait
+            self.pos[r] = last
+            self.shifted += last - cut[r]
+            low = r
+        if low < q:  # the rank below runs its backwards one by one: the lowest twin's are all there
+            for j in range(first[low] + 2, total - 1):
+                s = min(q, low + j - first[low])  # the rank that timed its backward j first (or q)
+                n = s - low
+                arrival[((j * p + low) << 1) | 1] = tuple(e + n * d for e, d in zip(ended(s, j), deltas, strict=True))
 
     def _jump(self, shape: Steady, units: int, cycle: int, moves: list[int], deltas: list[float],
               increment: list[float]) -> None:
