@@ -193,29 +193,30 @@ class ScheduleRun:
         A rank runs until it needs an arrival that is not there yet; it then waits on that operation, and
         the rank that completes it wakes it up, so every operation is read about once.
         """
-        bases = list(self.pos)  # codes[r][k] is the operation at bases[r] + k
-        codes = [self._codes(r, p, lim) for r, (p, lim) in enumerate(zip(bases, limits, strict=True))]
-        self._pairs = {(r, lim): rc[-2:] for r, (rc, lim) in enumerate(zip(codes, limits, strict=True))
-                       if len(rc) >= 2}
-        self._advance_linear(limits, bases, codes)
-        if any(p < lim for p, lim in zip(self.pos, limits, strict=True)):
+        pos = self.pos
+        active = [r for r, (p, lim) in enumerate(zip(pos, limits, strict=True)) if p < lim]  # ranks with work
+        codes = {r: self._codes(r, pos[r], limits[r]) for r in active}  # codes[r][k]: the operation at pos[r] + k
+        self._pairs.update(((r, limits[r]), rc[-2:]) for r, rc in codes.items() if len(rc) >= 2)
+        self._advance_linear(limits, active, codes)
+        if any(p < lim for p, lim in zip(pos, limits, strict=True)):
             raise RuntimeError("pipeline schedule deadlocks")  # a schedule bug, not user input
 
-    def _advance_linear(self, limits: Sequence[int], bases: list[int], codes: list[list[int]]) -> None:
-        arrival, delta = self.arrival, self._delta
+    def _advance_linear(self, limits: Sequence[int], active: list[int], codes: dict[int, list[int]]) -> None:
+        arrival, delta, consts, clocks = self.arrival, self._delta, self._consts, self.clocks
         two = 2 * self.num_vs
         waiting: dict[int, int] = {}
-        ready = deque(range(len(bases)))
+        ready = deque(active)
+        bases = {r: self.pos[r] for r in active}
         # Per rank, what each of its resumes reads in one unpack: its codes from ``bases[r]`` on, where to stop
         # in them, its special positions (an ``extra`` or ``on_start``) among them and its per-slot constants;
         # and its state: three clocks, its waits and its index in its codes.
-        fixed = [(rc, lim - base, {i - base for i in special}, *per_slot)
-                 for rc, lim, base, (*per_slot, special) in zip(codes, limits, bases, self._consts, strict=True)]
-        state = [(*c, w, p - base) for *c, w, p, base in zip(*self.clocks, self.waits, self.pos, bases, strict=True)]
+        fixed = {r: (codes[r], limits[r] - base, {i - base for i in consts[r][6]}, *consts[r][:6])
+                 for r, base in bases.items()}
+        state = {r: (clocks[0][r], clocks[1][r], clocks[2][r], self.waits[r], 0) for r in active}
         # Every rank once in order, then the woken ranks, last woken first. In a drain, the rank that has just
         # run all its backwards wakes the one below it, which then finds every backward it waits for and runs
         # its own at once; first in, first out, the ranks would take turns one operation each.
-        first_pass = len(bases)
+        first_pass = len(active)
         while ready:
             if first_pass:
                 first_pass -= 1
@@ -257,12 +258,11 @@ class ScheduleRun:
             else:
                 j = stop
             state[r] = (t0, t1, t2, w, j)
-        pos = [base + j for base, (*_, j) in zip(bases, state, strict=True)]
-        self.ran += sum(pos) - sum(self.pos)
-        self.pos[:] = pos
-        for k, clock in enumerate(self.clocks):
-            clock[:] = [s[k] for s in state]
-        self.waits[:] = [s[3] for s in state]
+        pos, waits = self.pos, self.waits
+        for r, (t0, t1, t2, w, j) in state.items():
+            clocks[0][r], clocks[1][r], clocks[2][r], waits[r] = t0, t1, t2, w
+            pos[r] = bases[r] + j
+            self.ran += j
 
     def _special(self, r: int, i: int, slot: int, dependent: bool, t0: float, t1: float,
                  t2: float) -> tuple[float, float, float]:
