@@ -159,6 +159,10 @@ class Workload:
     boundary_activation_bytes: int = 0  # sent between pipeline stages per micro-batch (per tp rank)
     boundary_gather_bytes: int = 0  # all-gathered over tp by the receiving stage (Megatron scatter/gather)
     notes: list[str] = field(default_factory=list)
+    #: ``(start, per_block, count)`` where ``layers`` holds ``count`` copies of one block from ``start`` on,
+    #: ``per_block`` layers each, every copy's layer the same kind (:data:`LAYER_KIND`) as block 0's
+    #: (transformers; None where nothing says so).
+    blocks: tuple[int, int, int] | None = field(default=None, compare=False)
     #: Values derived from this workload and the inputs named in their keys (stage parameter lists, bucket
     #: assignments, layer plans per GPU and precision, ...), computed once; build_workload shares a workload
     #: between the scenarios of one workload_key, and with it these.
@@ -778,6 +782,7 @@ def _transformer_workload(scenario: Scenario, spec: TransformerSpec,
         boundary_activation_bytes=t * h * a // tp,
         boundary_gather_bytes=t * h * a if tp > 1 else 0,
         notes=notes,
+        blocks=(1, len(first), spec.num_layers) if spec.num_layers else None,  # after the embedding
         memo={("rank twins", par.pp): twins} if (twins := _block_twins(spec.num_layers, par.pp,
                                                                         par.virtual_stages, per_block)) else {},
         shared={} if structure_memo is None else structure_memo,

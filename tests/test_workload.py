@@ -109,6 +109,38 @@ def test_layers_sharing_kernel_tuples_own_parameters_of_the_same_shapes(override
         assert len(shapes) < len(w.layers)  # the sharing this relies on is there
 
 
+@pytest.mark.parametrize("overrides", [
+    {},
+    {"model": {"preset": "llama2-7b"}, "parallelism": {"tp": 2, "sequence_parallel": True},
+     "training": {"recompute": "selective"}},
+    {"model": {"preset": "gpt3-175b"}, "cluster": {"num_nodes": 4},
+     "training": {"micro_batch_size": 1, "global_batch_size": 8, "seq_len": 2048, "recompute": "full"},
+     "parallelism": {"tp": 8}},
+    {"model": {"preset": "bert-large"}, "training": {"recompute": "selective-op"}},
+])
+def test_block_copies_are_block_0s_kind_and_plan(overrides: dict) -> None:
+    """Workload.blocks says where the copies of block 0 are: each copy's layer is block 0's kind (the tuples
+    it is planned by), so the plan gives the copies block 0's layer plans without looking each up, the same
+    plans a look-up per layer gives."""
+    from simddp.sim.plan import layer_plans
+    from simddp.workload import LAYER_KIND
+
+    scenario = scenario_from_dict(deep_merge(base_scenario(), overrides))
+    w = build_workload(scenario)
+    assert w.blocks is not None
+    start, per, count = w.blocks
+    assert count == scenario.model.transformer.num_layers and start + per * count < len(w.layers)
+    for i, layer in enumerate(w.layers[start:start + per * count]):
+        template = w.layers[start + i % per]
+        assert layer.block == i // per and template.block == 0
+        assert all(a is b or (a == b and not isinstance(a, tuple))
+                   for a, b in zip(LAYER_KIND(layer), LAYER_KIND(template), strict=True)), layer.name
+    assert w.layers[start - 1].block is None and w.layers[start + per * count].block is None
+    each = layer_plans(scenario, w.layers, w.parameters)
+    assert each == layer_plans(scenario, w.layers, w.parameters, blocks=w.blocks)
+    assert len({id(p) for p in each}) < per + 8  # the copies share block 0's plans either way
+
+
 # Scenario keys outside simddp.workload.workload_key, each with a value other than the bases': a workload shared
 # by scenarios differing in them must be the workload each would build.
 _OUTSIDE_THE_KEY = {

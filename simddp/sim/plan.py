@@ -260,14 +260,21 @@ def _tp_costs(colls: Sequence[Collective], where: str, tp: CommGroup) -> tuple[C
 
 def layer_plans(scenario: Scenario, layers: Sequence[Layer], parameters: Sequence[Param],
                 seen: dict[tuple[Any, ...], LayerPlan] | None = None,
-                rule: ZeroRule | None = None) -> list[LayerPlan]:
+                rule: ZeroRule | None = None, blocks: tuple[int, int, int] | None = None) -> list[LayerPlan]:
     """Kernel times and TP collective costs of ``layers`` (whose ``param_indices`` index ``parameters``).
 
     A layer's weight-grad time includes adding its gradients to those of earlier micro-batches
     (:func:`simddp.compute.grad_accumulation_s`, as the data-parallel implementation accumulates).
     ``seen`` keeps each distinct layer's plan across calls (pipeline ranks of one plan share their blocks'
     kernel tuples, so a 64-stage pipeline times its ~8 distinct layers once, not once per rank); ``rule`` is
-    the scenario's :func:`simddp.zero.zero_rule`, when the caller has it."""
+    the scenario's :func:`simddp.zero.zero_rule`, when the caller has it; ``blocks`` is :attr:`Workload.blocks`
+    where ``layers`` are the workload's: the copies of block 0 take its plans without a look-up each."""
+    if blocks is not None:
+        start, per, count = blocks
+        end = start + per * count
+        if count > 1 and end <= len(layers):
+            head = layer_plans(scenario, layers[:start + per], parameters, seen, rule)
+            return head + head[start:] * (count - 1) + layer_plans(scenario, layers[end:], parameters, seen, rule)
     tr, par = scenario.training, scenario.parallelism
     gpu = scenario.cluster.gpu
     eff = scenario.model.compute_efficiency or 1.0
@@ -397,7 +404,8 @@ def build_plan(scenario: Scenario, workload: Workload | None = None) -> StepPlan
             gather_after = grads.memo[sync_key]
         plans = rank_plans.get(r)
         if plans is None:
-            plans = rank_plans[r] = LayerPlans(layer_plans(scenario, layers, workload.parameters, timed, rule))
+            plans = rank_plans[r] = LayerPlans(layer_plans(scenario, layers, workload.parameters, timed, rule,
+                                                           workload.blocks if par.pp == 1 else None))
         rank = RankPlan(r, layers, plans, grads, bucket_of_layer, buckets, rounds, opt_s, gather_after,
                         _embedding_sync(scenario, workload, r, rule), overlap=rule.overlap)
         _ddp_options(scenario, rank, unused, dp)
