@@ -429,8 +429,14 @@ def build_plan(scenario: Scenario, workload: Workload | None = None) -> StepPlan
     p2p: dict[int, CollectiveCost] = {}
     gather = None
     if mode == "pipeline" and workload.boundary_activation_bytes:
+        sends: dict[tuple[int, int, int], CollectiveCost] = {}  # one cost per distinct pair: 2 or 3 of 63 (1T)
         for vs in range(workload.num_stages - 1):
-            p2p[vs] = collective_cost("send-recv", workload.boundary_activation_bytes, boundary_group(scenario, vs))
+            pair = boundary_group(scenario, vs)
+            shape = (pair.num_ranks, pair.num_nodes, pair.ranks_per_node)  # the cluster's links are the same
+            send = sends.get(shape)
+            if send is None:
+                send = sends[shape] = collective_cost("send-recv", workload.boundary_activation_bytes, pair)
+            p2p[vs] = send
         if workload.boundary_gather_bytes:
             gather = collective_cost("all-gather", workload.boundary_gather_bytes, tp_group(scenario))
     return StepPlan(scenario, workload, ranks, m, mode, ops, p2p, gather, par.tp_comm_overlap,
@@ -453,7 +459,12 @@ def _twin(scenario: Scenario, workload: Workload, first: RankPlan, delta: int, r
     if grads is None:
         src = first.grads
         global_ids = [g + delta for g in src.global_ids]
-        reduced = [grad_reduce_spec(workload.parameters[g], rule.reduce_in_fp32) for g in global_ids]
+        # grad_reduce_spec of each: the parameter's name, with the size and reduction dtype of first's at its
+        # position (the twins' parameters have the same sizes and dtypes in the same order); tuple.__new__
+        # skips the named tuple's constructor.
+        params, make = workload.parameters, tuple.__new__
+        reduced = [make(Param, (params[g].name, spec.numel, spec.dtype))
+                   for g, spec in zip(global_ids, src.params, strict=True)]
         grads = workload.shared[key] = RankGradients(global_ids, reduced, src.ready_order, src.buckets)
     grads.memo.setdefault("bucket of layer", first.bucket_of_layer)
     shift = r - first.index  # virtual stage vs of first is vs + shift here
