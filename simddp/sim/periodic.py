@@ -487,14 +487,18 @@ class ScheduleRun:
         """From the cut ``units`` in, move rank r over ``moves[r]`` repeats of ``cycle`` units, each adding
         ``deltas`` (one per recurrence) to its clocks and frontier and ``increment[r]`` to its waits."""
         cut = self._cut(shape, units)
-        arrival = self.arrival
+        arrival, (c0, c1, c2), waits = self.arrival, self.clocks, self.waits  # three recurrences until run() ends
+        d0, d1, d2 = deltas
         for r, n in enumerate(moves):
             moved = (shape.shift * cycle * n * self.num_vs) << 1  # the same operation, micro-batches later
+            e0, e1, e2 = d0 * n, d1 * n, d2 * n
             for k in self._last_pair(r, cut[r]):
-                arrival[k + moved] = tuple(a + d * n for a, d in zip(arrival[k], deltas, strict=True))
-            for clock, d in zip(self.clocks, deltas, strict=True):
-                clock[r] += d * n
-            self.waits[r] += increment[r] * n
+                a0, a1, a2 = arrival[k]
+                arrival[k + moved] = (a0 + e0, a1 + e1, a2 + e2)
+            c0[r] += e0
+            c1[r] += e1
+            c2[r] += e2
+            waits[r] += increment[r] * n
             self.pos[r] = cut[r] + 2 * shape.unit * cycle * n
         self.jumped_units = cycle * min(moves)
 
