@@ -230,6 +230,8 @@ class Workload:
 
     def _rank_walk(self, pp: int) -> tuple[list[tuple[Layer, ...]], list[dict[int, list[int]]]]:
         key = ("rank_layers", pp)
+        if key not in self.memo and pp == 1 and self.num_stages == 1:  # one rank, one stage: every layer
+            self.memo[key] = ([self.layers], [{0: list(range(len(self.layers)))}])
         if key not in self.memo:  # every rank's in one walk (a 1T model has 64 ranks and ~1,700 layers)
             ranks: list[list[Layer]] = [[] for _ in range(pp)]
             positions: list[dict[int, list[int]]] = [{} for _ in range(pp)]
