@@ -415,7 +415,7 @@ class ScheduleRun:
         + δ``: by induction on j, both terms of its max are rank r + 1's plus ``δ`` (rank r + 1's own claim, by
         induction on the rank downwards from q), and it waits as long as rank r + 1. Each rank's last backward
         (it releases the gradients) runs in :meth:`advance`, as do the ranks below the twins. 1T tp8 pp64:
-        1,770 of the 2,016 cool-down backwards are shifts.
+        1,950 backwards are shifts (60 ranks' last steady one and cool-down but the last).
         """
         p, consts, arrival = len(self.ops), self._consts, self.arrival
         total = len(self.ops[0]) >> 1  # micro-batches
