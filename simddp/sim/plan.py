@@ -459,12 +459,16 @@ def _twin(scenario: Scenario, workload: Workload, first: RankPlan, delta: int, r
     if grads is None:
         src = first.grads
         global_ids = [g + delta for g in src.global_ids]
-        # grad_reduce_spec of each: the parameter's name, with the size and reduction dtype of first's at its
-        # position (the twins' parameters have the same sizes and dtypes in the same order); tuple.__new__
-        # skips the named tuple's constructor.
-        params, make = workload.parameters, tuple.__new__
-        reduced = [make(Param, (params[g].name, spec.numel, spec.dtype))
-                   for g, spec in zip(global_ids, src.params, strict=True)]
+        params = workload.parameters
+        if rule.reduce_in_fp32:
+            # grad_reduce_spec of each: the parameter's name, with the size and reduction dtype of first's at
+            # its position (the twins' parameters have the same sizes and dtypes in the same order);
+            # tuple.__new__ skips the named tuple's constructor.
+            make = tuple.__new__
+            reduced = [make(Param, (params[g].name, spec.numel, spec.dtype))
+                       for g, spec in zip(global_ids, src.params, strict=True)]
+        else:
+            reduced = [params[g] for g in global_ids]  # grad_reduce_spec: the parameter itself
         grads = workload.shared[key] = RankGradients(global_ids, reduced, src.ready_order, src.buckets)
     grads.memo.setdefault("bucket of layer", first.bucket_of_layer)
     shift = r - first.index  # virtual stage vs of first is vs + shift here
