@@ -150,7 +150,7 @@ class ScheduleRun:
         self._delta[0] = self._delta[two - 1] = 0
         self._consts = [self._rank_consts(r) for r in range(len(ops))]  # per rank once, not at each resume
         self.jumped_units = 0  # for tests and benchmarks: how much of the steady state was extended
-        self.shifted = 0  # for tests and benchmarks: warm-up forwards timed as a twin rank's, shifted
+        self.shifted = 0  # for tests and benchmarks: warm-up and drain operations timed as a twin rank's, shifted
         self.detected_at: tuple[int, int] | None = None  # (units run, cycle) when the repeat was found
         self._pairs: dict[tuple[int, int], list[int]] = {}  # (rank, position) -> the two codes before it
 
