@@ -117,11 +117,16 @@ def test_layers_sharing_kernel_tuples_own_parameters_of_the_same_shapes(override
      "training": {"micro_batch_size": 1, "global_batch_size": 8, "seq_len": 2048, "recompute": "full"},
      "parallelism": {"tp": 8}},
     {"model": {"preset": "bert-large"}, "training": {"recompute": "selective-op"}},
+    {"model": {"preset": "gpt3-175b"}, "cluster": {"num_nodes": 4},
+     "training": {"micro_batch_size": 1, "global_batch_size": 8, "seq_len": 2048},
+     "parallelism": {"tp": 8, "pp": 4, "virtual_stages": 3, "pipeline_schedule": "interleaved-1f1b"}},
+    {"model": {"preset": "llama2-7b"}, "cluster": {"num_nodes": 5}, "training": {"global_batch_size": 320},
+     "parallelism": {"pp": 5}},  # 32 blocks over 5 stages: 6 or 7 each
 ])
 def test_block_copies_are_block_0s_kind_and_plan(overrides: dict) -> None:
     """Workload.blocks says where the copies of block 0 are: each copy's layer is block 0's kind (the tuples
-    it is planned by), so the plan gives the copies block 0's layer plans without looking each up, the same
-    plans a look-up per layer gives."""
+    it is planned by), so the plan gives every whole block on a rank the first block's layer plans without
+    looking each up, the same plans a look-up per layer gives."""
     from simddp.sim.plan import layer_plans
     from simddp.workload import LAYER_KIND
 
@@ -136,9 +141,11 @@ def test_block_copies_are_block_0s_kind_and_plan(overrides: dict) -> None:
         assert all(a is b or (a == b and not isinstance(a, tuple))
                    for a, b in zip(LAYER_KIND(layer), LAYER_KIND(template), strict=True)), layer.name
     assert w.layers[start - 1].block is None and w.layers[start + per * count].block is None
-    each = layer_plans(scenario, w.layers, w.parameters)
-    assert each == layer_plans(scenario, w.layers, w.parameters, blocks=w.blocks)
-    assert len({id(p) for p in each}) < per + 8  # the copies share block 0's plans either way
+    pp = scenario.parallelism.pp
+    for layers in [w.layers] + [w.rank_layers(r, pp) for r in range(pp)]:
+        each = layer_plans(scenario, layers, w.parameters)
+        assert each == layer_plans(scenario, layers, w.parameters, blocks=w.blocks)
+        assert len({id(p) for p in each}) < per + 8  # the copies share block 0's plans either way
 
 
 # Scenario keys outside simddp.workload.workload_key, each with a value other than the bases': a workload shared

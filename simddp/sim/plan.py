@@ -267,14 +267,27 @@ def layer_plans(scenario: Scenario, layers: Sequence[Layer], parameters: Sequenc
     (:func:`simddp.compute.grad_accumulation_s`, as the data-parallel implementation accumulates).
     ``seen`` keeps each distinct layer's plan across calls (pipeline ranks of one plan share their blocks'
     kernel tuples, so a 64-stage pipeline times its ~8 distinct layers once, not once per rank); ``rule`` is
-    the scenario's :func:`simddp.zero.zero_rule`, when the caller has it; ``blocks`` is :attr:`Workload.blocks`
-    where ``layers`` are the workload's: the copies of block 0 take its plans without a look-up each."""
+    the scenario's :func:`simddp.zero.zero_rule`, when the caller has it; ``blocks`` is the workload's
+    :attr:`Workload.blocks`: every whole block among ``layers`` (a block is never split between stages) then
+    takes the plans of the first block planned, without a look-up per layer."""
     if blocks is not None:
-        start, per, count = blocks
-        end = start + per * count
-        if count > 1 and end <= len(layers):
-            head = layer_plans(scenario, layers[:start + per], parameters, seen, rule)
-            return head + head[start:] * (count - 1) + layer_plans(scenario, layers[end:], parameters, seen, rule)
+        per, n = blocks[1], len(layers)
+        out: list[LayerPlan] = []
+        template: list[LayerPlan] | None = None
+        i = 0
+        while i < n:  # a block's first layer at i: its last is at i + per - 1
+            block, j = layers[i].block, i + per
+            if block is not None and j <= n and layers[j - 1].block == block:
+                if template is None:
+                    template = layer_plans(scenario, layers[i:j], parameters, seen, rule)
+                out += template
+            else:
+                j = i + 1
+                while j < n and layers[j].block is None:
+                    j += 1
+                out += layer_plans(scenario, layers[i:j], parameters, seen, rule)
+            i = j
+        return out
     tr, par = scenario.training, scenario.parallelism
     gpu = scenario.cluster.gpu
     eff = scenario.model.compute_efficiency or 1.0
@@ -405,7 +418,7 @@ def build_plan(scenario: Scenario, workload: Workload | None = None) -> StepPlan
         plans = rank_plans.get(r)
         if plans is None:
             plans = rank_plans[r] = LayerPlans(layer_plans(scenario, layers, workload.parameters, timed, rule,
-                                                           workload.blocks if par.pp == 1 else None))
+                                                           workload.blocks))
         rank = RankPlan(r, layers, plans, grads, bucket_of_layer, buckets, rounds, opt_s, gather_after,
                         _embedding_sync(scenario, workload, r, rule), overlap=rule.overlap)
         _ddp_options(scenario, rank, unused, dp)
