@@ -270,6 +270,9 @@ def layer_plans(scenario: Scenario, layers: Sequence[Layer], parameters: Sequenc
     the scenario's :func:`simddp.zero.zero_rule`, when the caller has it; ``blocks`` is the workload's
     :attr:`Workload.blocks`: every whole block among ``layers`` (a block is never split between stages) then
     takes the plans of the first block planned, without a look-up per layer."""
+    rule = rule or zero_rule(scenario)
+    # Identical blocks have identical kernels: time each distinct layer once.
+    seen = {} if seen is None else seen
     if blocks is not None:
         per, n = blocks[1], len(layers)
         out: list[LayerPlan] = []
@@ -292,11 +295,8 @@ def layer_plans(scenario: Scenario, layers: Sequence[Layer], parameters: Sequenc
     gpu = scenario.cluster.gpu
     eff = scenario.model.compute_efficiency or 1.0
     tp = tp_group(scenario)
-    rule = rule or zero_rule(scenario)
     m = scenario.num_micro_batches
     out = []
-    # Identical blocks have identical kernels: time each distinct layer once.
-    seen = {} if seen is None else seen
     for layer in layers:
         # Identical blocks share their kernel and collective tuples (simddp.workload): identity identifies them.
         # Layers sharing kernel tuples come from one template and own parameters of the same shapes
