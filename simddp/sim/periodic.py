@@ -464,7 +464,7 @@ class ScheduleRun:
             one = [max(start[k][r], up[k] + pre[k]) + post[k] for k in range(3)]
             two = [max(one[k], nxt[k] + pre[k]) + post[k] for k in range(3)]
             w1, w2 = max(up[0] + pre[0] - start[0][r], 0.0), max(nxt[0] + pre[0] - one[0], 0.0)
-            if not all(abs(t - n - d) <= _REL_TOL * abs(t) for t, n, d in zip(two, nxt, deltas, strict=True)):
+            if not all(_shifted([n], [t], d) for t, n, d in zip(two, nxt, deltas, strict=True)):
                 break
             arrival[((j * p + r) << 1) | 1] = tuple(one)
             arrival[(((j + 1) * p + r) << 1) | 1] = tuple(two)
