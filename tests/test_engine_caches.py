@@ -108,3 +108,42 @@ def test_the_collector_resumes_when_the_last_of_concurrent_evaluations_ends() ->
     finally:
         if not was:
             gc.disable()
+
+
+def test_what_an_evaluation_leaves_alive_skips_the_young_collections_and_cycles_are_still_freed() -> None:
+    import gc
+    import weakref
+
+    from simddp.engine_caches import collector_paused
+
+    class Node:
+        pass
+
+    was = gc.isenabled()
+    try:
+        gc.enable()
+        gc.collect()
+        with collector_paused():
+            kept = [[i] for i in range(2000)]  # survivors, as a result's records
+            cycle = Node()
+            cycle.self = cycle  # type: ignore[attr-defined]
+            probe = weakref.ref(cycle)
+            del cycle
+        assert gc.get_count()[0] < 100  # no young collection due: they are in the oldest generation
+        assert all(gc.is_tracked(x) for x in kept[:10])
+        young = {id(o) for o in gc.get_objects(generation=0)} | {id(o) for o in gc.get_objects(generation=1)}
+        assert id(kept[0]) not in young
+        assert probe() is not None  # a cycle waits for a full collection, which still finds it
+        gc.collect()
+        assert probe() is None
+        # A process that froze objects of its own keeps them frozen (an unfreeze would release them).
+        gc.freeze()
+        frozen = gc.get_freeze_count()
+        with collector_paused():
+            more = [[i] for i in range(1000)]
+        assert gc.get_freeze_count() == frozen
+        assert id(more[0]) not in {id(o) for o in gc.get_objects(generation=2)}  # young, as without the pause
+    finally:
+        gc.unfreeze()
+        if not was:
+            gc.disable()
