@@ -759,9 +759,16 @@ def _transformer_workload(scenario: Scenario, spec: TransformerSpec,
     if last_stage:
         layers[end_of_blocks:] = [copy_with(la, stage=last_stage) for la in layers[end_of_blocks:]]
 
-    # Gradient-ready order = reverse of execution order, parameter by parameter within a module.
+    # Gradient-ready order = reverse of execution order, parameter by parameter within a module. Block i's
+    # part is block 0's shifted by i blocks (its parameters are), taken once per block rather than per layer.
     ready: list[int] = []
-    for layer in reversed(layers):
+    for layer in reversed(layers[end_of_blocks:]):
+        ready.extend(reversed(layer.param_indices))
+    block_ready = [g for layer in reversed(first) for g in reversed(layer.param_indices)]
+    for i in range(spec.num_layers - 1, -1, -1):
+        shift = i * per_block
+        ready += [g + shift for g in block_ready]
+    for layer in reversed(layers[:1]):  # the embedding
         ready.extend(reversed(layer.param_indices))
     ready = list(dict.fromkeys(ready))  # each parameter at its first appearance (a tied weight is in two layers)
     if sorted(ready) != list(range(len(params))):
