@@ -311,6 +311,11 @@ def test_breakdown_adds_up(data):
     assert m.fits == (m.total_bytes <= m.capacity_bytes)
     assert m.headroom_bytes == m.capacity_bytes - m.total_bytes
     assert all(i.size_bytes >= 0 for i in m.items)
+    # Every stage's total comes from its sizes alone; its lines, when it is the one reported, add up to it.
+    for stage, total in enumerate(m.stage_total_bytes):
+        one = memory_breakdown(with_keys(data), stage=stage)
+        assert one.stage_total_bytes == m.stage_total_bytes
+        assert one.total_bytes == total == sum(i.size_bytes for i in one.items)
 
 
 # ------------------------------------------------------------------------------------ buffers

@@ -37,10 +37,12 @@ def memory_breakdown(scenario: Scenario, workload: Workload | None = None, stage
     rule = zero_rule(scenario)
     same: dict[tuple[object, ...], Any] = {}  # what every stage computes alike, computed once
     twins = workload.rank_twins(par.pp) if par.pp > 1 else [(0, 0)]
-    stages = [_stage_items(scenario, workload, s, rule, same, twins[s]) for s in range(par.pp)]
-    totals = [sum(i.size_bytes for i in items) for items, _, _ in stages]
+    # Every stage's total from its sizes alone; the lines, with their notes, of the reported one only.
+    totals = [_stage_total(scenario, workload, s, rule, same, twins[s]) for s in range(par.pp)]
     chosen = stage if stage is not None else max(range(par.pp), key=lambda s: (totals[s], -s))
-    items, num_params, in_flight = stages[chosen]
+    items, num_params, in_flight = _stage_items(scenario, workload, chosen, rule, same, twins[chosen])
+    if sum(i.size_bytes for i in items) != totals[chosen]:  # one formula each way: a bug here, not user input
+        raise AssertionError(f"stage {chosen}'s lines do not add up to its total")
 
     def cat(c: str) -> int:
         return sum(i.size_bytes for i in items if i.category == c)
@@ -107,33 +109,66 @@ def _find_stage_params(scenario: Scenario, workload: Workload, stage: int) -> li
     return ids
 
 
-def _stage_items(scenario: Scenario, workload: Workload, stage: int, rule: ZeroRule,
-                 same: dict[tuple[object, ...], Any], twin: tuple[int, int]) -> tuple[list[Item], int, float]:
-    """The memory items of a GPU of ``stage``. ``twin``: the first stage alike it
-    (:meth:`simddp.workload.Workload.rank_twins`), whose states and buffers it holds too, so only its
-    activations (micro-batches in flight differ by stage) are worked out again."""
-    par, mem = scenario.parallelism, scenario.memory
+def _stage_fixed(scenario: Scenario, workload: Workload, stage: int, rule: ZeroRule,
+                 same: dict[tuple[object, ...], Any], twin: tuple[int, int]) -> tuple[list[Item], int, list[Item]]:
+    """:func:`_fixed_items` of ``stage``, or of ``twin[0]``, the first stage alike it
+    (:meth:`simddp.workload.Workload.rank_twins`), whose states and buffers it holds too."""
     fixed = same.get(("stage", twin[0]))
     if fixed is None:
         fixed = same[("stage", stage)] = _fixed_items(scenario, workload, stage, rule)
-    states, num_params, buffers = fixed
+    return fixed  # type: ignore[no-any-return]
+
+
+def _in_flight(scenario: Scenario, stage: int, same: dict[tuple[object, ...], Any]) -> float:
+    par = scenario.parallelism
     m = same.get(("micro-batches",))
     if m is None:
         m = same[("micro-batches",)] = scenario.num_micro_batches
-    in_flight = in_flight_micro_batches(par.pipeline_schedule, par.pp, stage, m, par.virtual_stages)
+    return in_flight_micro_batches(par.pipeline_schedule, par.pp, stage, m, par.virtual_stages)
+
+
+def _stage_total(scenario: Scenario, workload: Workload, stage: int, rule: ZeroRule,
+                 same: dict[tuple[object, ...], Any], twin: tuple[int, int]) -> int:
+    """What :func:`_stage_items`' lines of ``stage`` add up to, without the lines: a 1T pipeline sizes 64
+    stages and reports one. Twin stages differ only in their micro-batches in flight; their fixed part is
+    summed once."""
+    sums = same.get(("fixed sums", twin[0]))
+    if sums is None:
+        states, _, buffers = _stage_fixed(scenario, workload, stage, rule, same, twin)
+        sums = same[("fixed sums", twin[0])] = (
+            sum(i.size_bytes for i in states) + sum(i.size_bytes for i in buffers),
+            sum(i.size_bytes for i in buffers if i.name != "NCCL"))
+    fixed, buffers_transient = sums
+    activations = sum(size for size, _ in _activation_sizes(scenario, workload, stage,
+                                                           _in_flight(scenario, stage, same), same))
+    context, fraction = _overhead(scenario, same)
+    return fixed + activations + context.size_bytes + round(fraction * (activations + buffers_transient))
+
+
+def _overhead(scenario: Scenario, same: dict[tuple[object, ...], Any]) -> tuple[Item, float]:
+    """The CUDA context's line and the fragmentation fraction (of activations and transient buffers)."""
+    got = same.get(("overhead",))
+    if got is None:
+        mem = scenario.memory
+        got = same[("overhead",)] = (
+            Item(category="overhead", name="CUDA context", size_bytes=mem.cuda_context_bytes,
+                 note="memory.cuda_context_bytes"), mem.fragmentation_fraction)
+    return got  # type: ignore[no-any-return]
+
+
+def _stage_items(scenario: Scenario, workload: Workload, stage: int, rule: ZeroRule,
+                 same: dict[tuple[object, ...], Any], twin: tuple[int, int]) -> tuple[list[Item], int, float]:
+    """The memory items of a GPU of ``stage`` (``twin``: as :func:`_stage_fixed`'s); its states and buffers
+    are its twin's, only its activations (micro-batches in flight differ by stage) are worked out again."""
+    states, num_params, buffers = _stage_fixed(scenario, workload, stage, rule, same, twin)
+    in_flight = _in_flight(scenario, stage, same)
     activations = _activation_items(scenario, workload, stage, in_flight, same)
     items = states + activations + buffers
     transient = sum(i.size_bytes for i in activations) + sum(i.size_bytes for i in buffers if i.name != "NCCL")
-    fragmentation = same.get(("fragmentation",))
-    if fragmentation is None:
-        fragmentation = same[("fragmentation",)] = (
-            Item(category="overhead", name="CUDA context", size_bytes=mem.cuda_context_bytes,
-                 note="memory.cuda_context_bytes"),
-            f"{mem.fragmentation_fraction:.0%} of activations and buffers")
-    context, note = fragmentation
+    context, fraction = _overhead(scenario, same)
     items.append(context)
-    items.append(Item(category="overhead", name="allocator fragmentation",
-                      size_bytes=round(mem.fragmentation_fraction * transient), note=note))
+    items.append(Item(category="overhead", name="allocator fragmentation", size_bytes=round(fraction * transient),
+                      note=f"{fraction:.0%} of activations and buffers"))
     return items, num_params, in_flight
 
 
@@ -181,16 +216,23 @@ def _state_note(optimizer: str) -> str:
     return f"{per_param} B/param"
 
 
-def _activation_items(scenario: Scenario, workload: Workload, stage: int, in_flight: float,
-                      same: dict[tuple[object, ...], Any]) -> list[Item]:
+#: How an activation line scales with the micro-batches a stage holds (:func:`_activation_parts`).
+_IN_FLIGHT, _OUTPUT, _ONCE = 0, 1, 2
+
+
+def _activation_parts(scenario: Scenario, workload: Workload, stage: int,
+                      same: dict[tuple[object, ...], Any]) -> list[tuple[str, float, int, str]]:
+    """A stage's activation lines before the micro-batches in flight: (name, bytes of one micro-batch, how it
+    scales, its note as a template of ``{k}``, the micro-batches in flight, and ``{out}``, the output layer's).
+
+    Stages with as many blocks that are neither the first nor the last have the same lines (a 1T pipeline's
+    62 middle stages): they are worked out once."""
     tr, par = scenario.training, scenario.parallelism
     spec = scenario.model.transformer
-    k = f"x {in_flight:g} micro-batch{'es' if in_flight != 1 else ''}"
     if spec is None:
         layers = workload.rank_layers(stage, par.pp)
-        per_mb = sum(layer.activation_bytes for layer in layers)
-        return [Item(category="activations", name="layer activations", size_bytes=round(per_mb * in_flight),
-                           note=f"{len(layers)} layers' activation_numel_per_sample {k}")]
+        return [("layer activations", sum(layer.activation_bytes for layer in layers), _IN_FLIGHT,
+                 f"{len(layers)} layers' activation_numel_per_sample {{k}}")]
     if ("layer", tr.recompute) not in same:  # what every stage computes alike
         shape: dict[str, Any] = {
             "seq_len": tr.seq_len,
@@ -204,31 +246,50 @@ def _activation_items(scenario: Scenario, workload: Workload, stage: int, in_fli
             same[("layer", recompute)] = transformer_layer_activation_bytes(
                 spec, **shape, recompute=recompute, act_bytes=act, dropout=dropout, attention=tr.attention)
         same[("activation inputs",)] = shape, act, dropout, fmt_bytes(same[("layer", tr.recompute)])
-    shape, act, dropout, per_layer_text = same[("activation inputs",)]
     blocks_key = ("blocks", stage, par.pp)
     if blocks_key not in workload.shared:
         workload.shared[blocks_key] = {la.block for la in workload.rank_layers(stage, par.pp) if la.block is not None}
-    blocks = workload.shared[blocks_key]
+    num_blocks = len(workload.shared[blocks_key])
+    key = ("activation parts", num_blocks, stage == 0, stage == par.pp - 1)
+    parts: list[tuple[str, float, int, str]] | None = same.get(key)
+    if parts is not None:
+        return parts
+    shape, act, dropout, per_layer_text = same[("activation inputs",)]
     per_layer = same[("layer", tr.recompute)]
-    items = [Item(category="activations", name="transformer layers",
-                        size_bytes=round(len(blocks) * per_layer * in_flight),
-                        note=f"{len(blocks)} layers x {per_layer_text} {k} (recompute {tr.recompute})")]
+    parts = [("transformer layers", num_blocks * per_layer, _IN_FLIGHT,
+              f"{num_blocks} layers x {per_layer_text} {{k}} (recompute {tr.recompute})")]
     if stage == 0:
         emb = transformer_embedding_activation_bytes(spec, **shape, dropout=dropout)
-        items.append(Item(category="activations", name="embedding", size_bytes=round(emb * in_flight),
-                                note=f"token ids{', dropout mask' if dropout else ''} {k}"))
+        parts.append(("embedding", emb, _IN_FLIGHT, f"token ids{', dropout mask' if dropout else ''} {{k}}"))
     if stage == par.pp - 1:
         out = transformer_output_activation_bytes(spec, **shape, act_bytes=act, cross_entropy=tr.cross_entropy)
         what = "logits, fp32 softmax" if tr.cross_entropy == "fused" else "fp32 log-probs and their gradients"
-        # The loss sits in the last virtual stage, whose micro-batches run forward then backward at once
-        # (1F1B, interleaved); only GPipe keeps every micro-batch's (interleaving holds other chunks' layers).
-        out_flight = in_flight if par.pipeline_schedule == "gpipe" else 1.0
-        items.append(Item(category="activations", name="output layer and loss",
-                                size_bytes=round(out * out_flight),
-                                note=f"norm/head inputs, {what} x {out_flight:g} micro-batch"
-                                + ("es" if out_flight != 1 else "")))
-    if tr.recompute != "none" and blocks:
+        parts.append(("output layer and loss", out, _OUTPUT, f"norm/head inputs, {what} x {{out}}"))
+    if tr.recompute != "none" and num_blocks:
         full = same[("layer", "none")]
-        items.append(Item(category="activations", name="recompute working set", size_bytes=full - per_layer,
-                                note="one layer re-created in backward"))
-    return items
+        parts.append(("recompute working set", full - per_layer, _ONCE, "one layer re-created in backward"))
+    same[key] = parts
+    return parts
+
+
+def _activation_sizes(scenario: Scenario, workload: Workload, stage: int, in_flight: float,
+                      same: dict[tuple[object, ...], Any]) -> list[tuple[int, tuple[str, float, int, str]]]:
+    """Each activation line's bytes on ``stage`` with ``in_flight`` micro-batches, beside its part."""
+    # The loss sits in the last virtual stage, whose micro-batches run forward then backward at once (1F1B,
+    # interleaved); only GPipe keeps every micro-batch's (interleaving holds other chunks' layers).
+    out_flight = in_flight if scenario.parallelism.pipeline_schedule == "gpipe" else 1.0
+    sizes = []
+    for part in _activation_parts(scenario, workload, stage, same):
+        per_mb, scale = part[1], part[2]
+        size = per_mb if scale == _ONCE else round(per_mb * (in_flight if scale == _IN_FLIGHT else out_flight))
+        sizes.append((int(size), part))
+    return sizes
+
+
+def _activation_items(scenario: Scenario, workload: Workload, stage: int, in_flight: float,
+                      same: dict[tuple[object, ...], Any]) -> list[Item]:
+    out_flight = in_flight if scenario.parallelism.pipeline_schedule == "gpipe" else 1.0
+    k = f"x {in_flight:g} micro-batch{'es' if in_flight != 1 else ''}"
+    out = f"{out_flight:g} micro-batch{'es' if out_flight != 1 else ''}"
+    return [Item(category="activations", name=name, size_bytes=size, note=note.format(k=k, out=out))
+            for size, (name, _, _, note) in _activation_sizes(scenario, workload, stage, in_flight, same)]
