@@ -7,7 +7,7 @@ simulation runs.
 from __future__ import annotations
 
 import functools
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -43,7 +43,7 @@ class RankGradients:
     """What DDP on one pipeline rank sees: its parameters (in the reduction dtype), ready order, buckets."""
 
     global_ids: list[int]
-    params: list[Param]
+    params: Sequence[Param]  # a list (a twin rank's: made on first use, _TwinParams)
     ready_order: list[int]
     buckets: list[BucketSpec]
     #: Values derived from these gradients (and the inputs in their keys), computed once: rank_gradients keeps
@@ -473,13 +473,9 @@ def _twin(scenario: Scenario, workload: Workload, first: RankPlan, delta: int, r
         src = first.grads
         global_ids = [g + delta for g in src.global_ids]
         params = workload.parameters
+        reduced: Sequence[Param]
         if rule.reduce_in_fp32:
-            # grad_reduce_spec of each: the parameter's name, with the size and reduction dtype of first's at
-            # its position (the twins' parameters have the same sizes and dtypes in the same order);
-            # tuple.__new__ skips the named tuple's constructor.
-            make = tuple.__new__
-            reduced = [make(Param, (params[g].name, spec.numel, spec.dtype))
-                       for g, spec in zip(global_ids, src.params, strict=True)]
+            reduced = _TwinParams(params, global_ids, src.params)  # made when something reads them
         else:
             reduced = [params[g] for g in global_ids]  # grad_reduce_spec: the parameter itself
         grads = workload.shared[key] = RankGradients(global_ids, reduced, src.ready_order, src.buckets)
@@ -495,6 +491,42 @@ def _twin(scenario: Scenario, workload: Workload, first: RankPlan, delta: int, r
     rank = object.__new__(RankPlan)
     rank.__dict__ = fields
     return rank
+
+
+class _TwinParams(Sequence[Param]):
+    """A twin rank's parameters in their reduction dtype (:func:`_twin`), made on first use: each
+    :func:`simddp.workload.grad_reduce_spec`, the parameter's own name with the size and dtype of the first
+    rank's at its position (twins' parameters have the same sizes and dtypes in the same order). The fast
+    engine reads none of a twin's (a 1T pipeline's 62 middle ranks: 1,488 records); the exports and the
+    reported rank's count read them as a list."""
+
+    __slots__ = ("_from", "_items")
+
+    def __init__(self, parameters: Sequence[Param], global_ids: list[int], like: Sequence[Param]) -> None:
+        self._from = (parameters, global_ids, like)
+        self._items: list[Param] | None = None
+
+    def _list(self) -> list[Param]:
+        if self._items is None:
+            parameters, global_ids, like = self._from
+            make = tuple.__new__  # skips the named tuple's constructor
+            self._items = [make(Param, (parameters[g].name, spec.numel, spec.dtype))
+                           for g, spec in zip(global_ids, like, strict=True)]
+        return self._items
+
+    def __len__(self) -> int:
+        return len(self._from[1])
+
+    def __getitem__(self, i: Any) -> Any:
+        return self._list()[i]
+
+    def __iter__(self) -> Iterator[Param]:
+        return iter(self._list())
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Sequence) and self._list() == list(other)
+
+    __hash__ = None  # type: ignore[assignment]  # as a list's
 
 
 #: The RankPlan fields :func:`_stage_passes` fills (virtual stage -> seconds).
