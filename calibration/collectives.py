@@ -46,6 +46,7 @@ from simddp_calibration.common import (
     Progress,
     add_common_args,
     check_out,
+    exit_worker,
     finished,
     one_line,
     run_info,
@@ -346,4 +347,4 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    exit_worker(main())  # not SystemExit: see exit_worker

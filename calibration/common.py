@@ -524,6 +524,23 @@ class Collector:
         os._exit(EXIT_PARTIAL)
 
 
+def exit_worker(status: int) -> None:
+    """End a torchrun worker with ``status`` once its results are written, without the interpreter's teardown.
+
+    At interpreter exit, Gloo's C++ worker threads may still hold work objects whose tensors refer to Python
+    objects; tearing those down while the interpreter finalizes can abort the process (``terminate called
+    without an active exception``, SIGABRT) after a run that succeeded, and torchrun then reports the run as
+    failed (pytorch/pytorch#179291 describes the race; seen here about once in a few dozen CPU runs, after
+    ``destroy_process_group``). Everything a worker writes is written and closed by then (``write_json``), so
+    only the standard streams need flushing before leaving at once."""
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):  # a closed or broken pipe: nothing more can be said there
+            pass
+    os._exit(status)
+
+
 def one_line(err: BaseException) -> str:
     """An exception as one line: its type and the first line of its message."""
     text = str(err).strip()

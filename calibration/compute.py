@@ -65,6 +65,7 @@ from simddp_calibration.common import (
     check_out,
     count_autograd_nodes,
     dtype_name,
+    exit_worker,
     finished,
     make_optimizer,
     model_file,
@@ -470,4 +471,4 @@ def _batch(inputs: Sequence[Any]) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    exit_worker(main())  # not SystemExit: see exit_worker

@@ -37,6 +37,7 @@ from simddp_calibration.common import (
     build_model,
     check_out,
     count_autograd_nodes,
+    exit_worker,
     finished,
     make_optimizer,
     model_file,
@@ -221,4 +222,4 @@ def _batch(inputs: Sequence[Any]) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    exit_worker(main())  # not SystemExit: see exit_worker
