@@ -530,9 +530,9 @@ def exit_worker(status: int) -> None:
     At interpreter exit, Gloo's C++ worker threads may still hold work objects whose tensors refer to Python
     objects; tearing those down while the interpreter finalizes can abort the process (``terminate called
     without an active exception``, SIGABRT) after a run that succeeded, and torchrun then reports the run as
-    failed (pytorch/pytorch#179291 describes the race; seen here about once in a few dozen CPU runs, after
-    ``destroy_process_group``). Everything a worker writes is written and closed by then (``write_json``), so
-    only the standard streams need flushing before leaving at once."""
+    failed (pytorch/pytorch#179291 describes the race; this project's CPU test of the three collectors saw it
+    after ``destroy_process_group`` about once in six CI runs). Everything a worker writes is written and
+    closed by then (``write_json``), so only the standard streams need flushing before leaving at once."""
     for stream in (sys.stdout, sys.stderr):
         try:
             stream.flush()
