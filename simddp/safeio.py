@@ -47,6 +47,8 @@ from simddp.units import MiB
 MAX_INPUT_BYTES = 20 * MiB
 #: Deepest nesting of lists and mappings in an input (a scenario needs 5 levels, a profile 6).
 MAX_DEPTH = 32
+#: What libyaml says when its own nesting limit trips (see :func:`parse_yaml`).
+_LIBYAML_DEPTH = "exceeded maximum nesting depth"
 #: Most entries of one list or mapping in an input.
 MAX_ITEMS = 1_000_000
 #: Most values in one input, aliases expanded.
@@ -258,6 +260,11 @@ def parse_yaml(text: str, source: str) -> Any:
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         problem = getattr(e, "problem", None) or (str(e).splitlines() or ["?"])[0]
+        if problem == _LIBYAML_DEPTH:
+            # libyaml's scanner looks ahead for a simple key's ':' across a whole flow collection, so its own
+            # depth limit (1,000 since PyYAML 6.0.4's wheels) can trip before the scan above reaches 32 levels:
+            # the same input, the same answer, whichever libyaml parses it.
+            raise ScenarioError(f"{source}: nesting deeper than {MAX_DEPTH} levels") from None
         raise MalformedInput(f"{source}: malformed YAML{_where(mark)}: {problem}") from None
     except (ValueError, OverflowError) as e:  # e.g. an integer of more than 4300 digits
         if isinstance(e, ScenarioError):

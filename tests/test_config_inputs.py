@@ -135,6 +135,23 @@ def test_deep_and_cyclic_dicts_are_refused() -> None:
     assert "nesting deeper" in _error(base_scenario(cluster={"preset": "dgx-a100-80gb", "num_nodes": 1, "gpu": gpu}))
 
 
+def test_libyamls_own_depth_limit_is_the_same_refusal(monkeypatch: pytest.MonkeyPatch) -> None:
+    """libyaml (PyYAML 6.0.4's wheels) stops at 1,000 levels while looking ahead for a simple key, before the
+    event scan sees 32: that is the nesting refusal too, never a malformed value that --set keeps as a string."""
+    import yaml
+
+    from simddp import safeio
+
+    def tripped(text: str, source: str) -> None:
+        raise yaml.scanner.ScannerError("while increasing flow level", None, "exceeded maximum nesting depth", None)
+
+    monkeypatch.setattr(safeio, "_scan_events", tripped)
+    with pytest.raises(ScenarioError, match=r"^--set 'name': nesting deeper than 32 levels$"):
+        set_path({}, "name", "[[1]]")
+    with pytest.raises(ScenarioError, match=r"^s\.yaml: nesting deeper than 32 levels$"):
+        safeio.parse_yaml("a: [[1]]", "s.yaml")
+
+
 def test_set_values_and_paths_are_bounded() -> None:
     with pytest.raises(ScenarioError, match="nesting deeper than 32 levels"):
         set_path({}, "name", "[" * 100_000 + "]" * 100_000)
