@@ -132,17 +132,24 @@ def _stage_total(scenario: Scenario, workload: Workload, stage: int, rule: ZeroR
     """What :func:`_stage_items`' lines of ``stage`` add up to, without the lines: a 1T pipeline sizes 64
     stages and reports one. Twin stages differ only in their micro-batches in flight; their fixed part is
     summed once."""
+    fixed, buffers_transient = _fixed_sums(scenario, workload, stage, rule, same, twin)
+    activations = sum(size for size, _ in _activation_sizes(scenario, workload, stage,
+                                                           _in_flight(scenario, stage, same), same))
+    context, fraction = _overhead(scenario, same)
+    return fixed + activations + context.size_bytes + round(fraction * (activations + buffers_transient))
+
+
+def _fixed_sums(scenario: Scenario, workload: Workload, stage: int, rule: ZeroRule,
+                same: dict[tuple[object, ...], Any], twin: tuple[int, int]) -> tuple[int, int]:
+    """The bytes of :func:`_stage_fixed`'s states and buffers, and of the buffers fragmentation counts (all but
+    NCCL's), once per kind of stage."""
     sums = same.get(("fixed sums", twin[0]))
     if sums is None:
         states, _, buffers = _stage_fixed(scenario, workload, stage, rule, same, twin)
         sums = same[("fixed sums", twin[0])] = (
             sum(i.size_bytes for i in states) + sum(i.size_bytes for i in buffers),
             sum(i.size_bytes for i in buffers if i.name != "NCCL"))
-    fixed, buffers_transient = sums
-    activations = sum(size for size, _ in _activation_sizes(scenario, workload, stage,
-                                                           _in_flight(scenario, stage, same), same))
-    context, fraction = _overhead(scenario, same)
-    return fixed + activations + context.size_bytes + round(fraction * (activations + buffers_transient))
+    return sums  # type: ignore[no-any-return]
 
 
 def _overhead(scenario: Scenario, same: dict[tuple[object, ...], Any]) -> tuple[Item, float]:
@@ -164,7 +171,7 @@ def _stage_items(scenario: Scenario, workload: Workload, stage: int, rule: ZeroR
     in_flight = _in_flight(scenario, stage, same)
     activations = _activation_items(scenario, workload, stage, in_flight, same)
     items = states + activations + buffers
-    transient = sum(i.size_bytes for i in activations) + sum(i.size_bytes for i in buffers if i.name != "NCCL")
+    transient = sum(i.size_bytes for i in activations) + _fixed_sums(scenario, workload, stage, rule, same, twin)[1]
     context, fraction = _overhead(scenario, same)
     items.append(context)
     items.append(Item(category="overhead", name="allocator fragmentation", size_bytes=round(fraction * transient),
@@ -275,9 +282,7 @@ def _activation_parts(scenario: Scenario, workload: Workload, stage: int,
 def _activation_sizes(scenario: Scenario, workload: Workload, stage: int, in_flight: float,
                       same: dict[tuple[object, ...], Any]) -> list[tuple[int, tuple[str, float, int, str]]]:
     """Each activation line's bytes on ``stage`` with ``in_flight`` micro-batches, beside its part."""
-    # The loss sits in the last virtual stage, whose micro-batches run forward then backward at once (1F1B,
-    # interleaved); only GPipe keeps every micro-batch's (interleaving holds other chunks' layers).
-    out_flight = in_flight if scenario.parallelism.pipeline_schedule == "gpipe" else 1.0
+    out_flight = _output_in_flight(scenario, in_flight)
     sizes = []
     for part in _activation_parts(scenario, workload, stage, same):
         per_mb, scale = part[1], part[2]
@@ -286,9 +291,16 @@ def _activation_sizes(scenario: Scenario, workload: Workload, stage: int, in_fli
     return sizes
 
 
+def _output_in_flight(scenario: Scenario, in_flight: float) -> float:
+    """Micro-batches whose output-layer and loss activations the last stage holds: the loss sits in the last
+    virtual stage, whose micro-batches run forward then backward at once (1F1B, interleaved); only GPipe keeps
+    every micro-batch's (interleaving holds other chunks' layers)."""
+    return in_flight if scenario.parallelism.pipeline_schedule == "gpipe" else 1.0
+
+
 def _activation_items(scenario: Scenario, workload: Workload, stage: int, in_flight: float,
                       same: dict[tuple[object, ...], Any]) -> list[Item]:
-    out_flight = in_flight if scenario.parallelism.pipeline_schedule == "gpipe" else 1.0
+    out_flight = _output_in_flight(scenario, in_flight)
     k = f"x {in_flight:g} micro-batch{'es' if in_flight != 1 else ''}"
     out = f"{out_flight:g} micro-batch{'es' if out_flight != 1 else ''}"
     return [Item(category="activations", name=name, size_bytes=size, note=note.format(k=k, out=out))
