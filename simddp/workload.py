@@ -768,8 +768,7 @@ def _transformer_workload(scenario: Scenario, spec: TransformerSpec,
     for i in range(spec.num_layers - 1, -1, -1):
         shift = i * per_block
         ready += [g + shift for g in block_ready]
-    for layer in reversed(layers[:1]):  # the embedding
-        ready.extend(reversed(layer.param_indices))
+    ready.extend(reversed(layers[0].param_indices))  # the embedding
     ready = list(dict.fromkeys(ready))  # each parameter at its first appearance (a tied weight is in two layers)
     if sorted(ready) != list(range(len(params))):
         raise AssertionError("every parameter belongs to one layer")  # a bug in this module, not user input
