@@ -30,7 +30,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import torch
 import torch.distributed as dist
@@ -524,7 +524,7 @@ class Collector:
         os._exit(EXIT_PARTIAL)
 
 
-def exit_worker(status: int) -> None:
+def exit_worker(status: int) -> NoReturn:
     """End a torchrun worker with ``status`` once its results are written, without the interpreter's teardown.
 
     At interpreter exit, Gloo's C++ worker threads may still hold work objects whose tensors refer to Python
