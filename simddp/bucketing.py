@@ -175,13 +175,28 @@ def bucket_assignment(
     order = list(range(num_params - 1, -1, -1)) if ready_order is None else _checked_order(ready_order, num_params)
     limits = bucket_size_limits(bucket_cap_mb)
 
-    closed: list[tuple[list[int], int, str, int]] = []
+    if len({p.dtype for p in params}) == 1:  # one dtype (most models): one accumulator, in locals
+        dtype = params[0].dtype.removeprefix("torch.")
+        width, (limit, cap) = dtype_bytes(dtype), limits
+        out: list[BucketSpec] = []
+        indices: list[int] = []
+        size = 0
+        for param_index, numel in zip(order, [params[i].numel for i in order], strict=True):
+            indices.append(param_index)
+            size += numel * width
+            if size >= limit:
+                out.append(BucketSpec(len(out), indices, size, dtype, limit))
+                indices, size, limit = [], 0, cap  # the last limit repeats
+        if indices:
+            out.append(BucketSpec(len(out), indices, size, dtype, limit))
+        return out
     # Per-dtype accumulators [indices, bytes, position in limits]; dict order is first appearance, as the
-    # unordered_map's insertion order. The current dtype's are kept in locals (most models have one dtype).
+    # unordered_map's insertion order. The current dtype's are kept in locals.
+    closed: list[tuple[list[int], int, str, int]] = []
     accumulators: dict[str, list[Any]] = {}
     widths: dict[str, tuple[str, int]] = {}  # a parameter's dtype as given -> (without "torch.", element bytes)
     last = len(limits) - 1
-    indices: list[int] = []
+    indices = []
     dtype, width, size, pos = "", 0, 0, 0
     for param_index in order:
         param = params[param_index]
@@ -217,11 +232,13 @@ def buckets_to_json(buckets: Sequence[Bucket]) -> dict[str, list[dict[str, int |
 
 def _checked_order(ready_order: Sequence[int], num_params: int) -> list[int]:
     try:
-        order = [operator.index(i) for i in ready_order]
+        order = list(map(operator.index, ready_order))
     except TypeError:
         raise ValueError(f"ready_order entries must be integers, got {list(ready_order)!r}") from None
     if len(order) != num_params:
         raise ValueError(f"ready_order must list each of the {num_params} parameters once, got {len(order)} entries")
+    if len(set(order)) == num_params and (not order or (min(order) >= 0 and max(order) < num_params)):
+        return order  # each of 0..n-1 once (the usual case, checked without a loop in Python)
     seen: set[int] = set()
     for i in order:
         if not 0 <= i < num_params:
@@ -229,7 +246,7 @@ def _checked_order(ready_order: Sequence[int], num_params: int) -> list[int]:
         if i in seen:
             raise ValueError(f"ready_order lists parameter {i} more than once")
         seen.add(i)
-    return order
+    raise AssertionError("unreachable: a bad order fails one of the checks above")
 
 
 def _bucket_key_hash(dtype: str, device_type: int = _CUDA_DEVICE_TYPE, device_index: int = 0) -> int:

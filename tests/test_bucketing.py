@@ -14,6 +14,7 @@ from simddp.bucketing import (
     Bucket,
     _bucket_key_hash,
     _unordered_map_order,
+    bucket_assignment,
     bucket_size_limits,
     buckets_to_json,
     ddp_buckets,
@@ -259,3 +260,19 @@ def test_every_bucket_but_the_last_of_its_dtype_reaches_its_cap_as_late_as_possi
     # partial buckets (at most one per dtype) come after every full one
     full = [b.size_bytes >= b.cap_bytes for b in buckets]
     assert full == sorted(full, reverse=True)
+
+
+@settings(max_examples=200, deadline=None)
+@given(bucketing_inputs(), st.sampled_from(DTYPES), st.data())
+def test_one_dtype_shortcut_equals_the_per_dtype_walk(inputs, dtype, data):
+    """One dtype takes bucket_assignment's single-accumulator loop; the same dtype spelt two ways ("torch.x" and
+    "x", one key in torch) takes the per-dtype walk: both give the same buckets."""
+    params, order, cap = inputs
+    if data.draw(st.booleans()):  # sizes that fill a bucket exactly: the cap's ">=" is exercised
+        params = [p.model_copy(update={"numel": data.draw(st.sampled_from([MiB // 8, MiB // 4, MiB // 2]))})
+                  for p in params]
+        cap = data.draw(st.sampled_from([None, 1, 2]))
+    one = [p.model_copy(update={"dtype": dtype}) for p in params]
+    spelt = data.draw(st.lists(st.booleans(), min_size=len(params), max_size=len(params)))
+    two = [p.model_copy(update={"dtype": f"torch.{dtype}" if s else dtype}) for p, s in zip(one, spelt, strict=True)]
+    assert bucket_assignment(one, order, cap) == bucket_assignment(two, order, cap)
