@@ -186,7 +186,8 @@ class Workload:
         """Each parameter's position in the gradient-ready order, computed once per workload structure."""
         position = self.shared.get(("ready position",))
         if position is None:
-            position = self.shared[("ready position",)] = {g: k for k, g in enumerate(self.grad_ready_order)}
+            order = self.grad_ready_order
+            position = self.shared[("ready position",)] = dict(zip(order, range(len(order)), strict=True))
         return position  # type: ignore[no-any-return]
 
     def ready_sorted(self, ids: Sequence[int]) -> list[int]:
