@@ -39,7 +39,7 @@ from simddp.sim import fluid
 from simddp.sim.fluid import Outcome
 from simddp.sim.layers import layer_alone, layer_release_s
 from simddp.sim.periodic import Linear, ScheduleRun, steady
-from simddp.sim.pipeline import PipeOp, Schedule, decode, last_backward, op_code
+from simddp.sim.pipeline import PipeOp, Schedule, decode, op_code
 from simddp.sim.plan import RankPlan, StepPlan
 
 #: Work below this many seconds counts as done (as the simpy engine's fluid server does).
@@ -356,7 +356,7 @@ def _run_pipeline(plan: StepPlan, max_operations: int | None = None) -> list[Out
     in flight before a rank's first release, so the recurrence times every operation before it exactly, and
     the fluid engine runs the rest (the *tail*: the cool-down backwards from there, a few per rank) from
     the recurrence's state (:func:`simddp.sim.fluid.pipeline_tail`)."""
-    from simddp.sim.step import bound_steps, record_pipeline_ends
+    from simddp.sim.step import bound_steps, last_backwards, record_pipeline_ends
 
     par = plan.scenario.parallelism
     num_vs = par.pp * par.virtual_stages
@@ -365,7 +365,7 @@ def _run_pipeline(plan: StepPlan, max_operations: int | None = None) -> list[Out
     gather = plan.p2p_gather.time_s if plan.p2p_gather is not None and plan.p2p_gather.time_s > 0 else 0.0
     gather_transfer = plan.p2p_gather.transfer_s if gather and plan.p2p_gather is not None else 0.0
     gather_tier = plan.p2p_gather.tier if plan.p2p_gather is not None else "intra"
-    last_b = [last_backward(ops, par.virtual_stages) for ops in plan.ops]
+    last_b = last_backwards(plan)
     m = plan.num_micro_batches
     overlapped = plan.rule.overlap and any(r.buckets for r in plan.ranks) and plan.scenario.dp > 1
     cut = [min(lb.values(), default=len(ops)) if overlapped else len(ops)  # where each rank's tail starts
@@ -382,27 +382,30 @@ def _run_pipeline(plan: StepPlan, max_operations: int | None = None) -> list[Out
     hold: list[list[float]] = []
     for r, rp in enumerate(plan.ranks):
         out, per = outs[r], [0.0] * two
+        acct, busy_s, work_s = out.acct, out.link_busy_s, out.link_work_s  # Outcome.add and .transfer, inline
+        get = acct.get
         for vs in rp.fwd_alone_s:
             for kind, alone, busy, work, recompute in (
                     ("F", rp.fwd_alone_s[vs], rp.fwd_busy_s[vs], rp.fwd_work_s[vs], 0.0),
                     ("B", rp.bwd_alone_s[vs], rp.bwd_busy_s[vs], rp.bwd_work_s[vs], rp.bwd_recompute_s[vs])):
-                n = timed[r][2 * vs + (kind == "B")]
-                out.add("compute", n * (work - recompute))
-                out.add("recompute", n * recompute)
-                out.add("interference", n * (busy - work))
-                out.add("tp_comm", n * (alone - busy))
+                slot = 2 * vs + (kind == "B")
+                n = timed[r][slot]
+                acct["compute"] = get("compute", 0.0) + n * (work - recompute)
+                acct["recompute"] = get("recompute", 0.0) + n * recompute
+                acct["interference"] = get("interference", 0.0) + n * (busy - work)
+                acct["tp_comm"] = get("tp_comm", 0.0) + n * (alone - busy)
                 received = vs > 0 if kind == "F" else vs < num_vs - 1
                 if received and gather:
-                    out.add("tp_comm", n * gather)
-                    out.link_busy_s[gather_tier] += n * gather_transfer
-                    out.link_work_s[gather_tier] += n * gather_transfer
+                    acct["tp_comm"] += n * gather
+                    busy_s[gather_tier] += n * gather_transfer
+                    work_s[gather_tier] += n * gather_transfer
                 send = plan.p2p.get(vs if kind == "F" else vs - 1)
                 sent = send.time_s if send is not None and send.time_s > 0 else 0.0
                 if send is not None and sent:
-                    out.add("pipeline_wait", n * sent)
-                    out.link_busy_s[send.tier] += n * send.transfer_s
-                    out.link_work_s[send.tier] += n * send.transfer_s
-                per[2 * vs + (kind == "B")] = alone + sent
+                    acct["pipeline_wait"] = get("pipeline_wait", 0.0) + n * sent
+                    busy_s[send.tier] += n * send.transfer_s
+                    work_s[send.tier] += n * send.transfer_s
+                per[slot] = alone + sent
         hold.append(per)
     seen: dict[int, tuple[float, float, list[tuple[str, float]]]] = {}
     # Each kind of rank's releases, worked out once: twin ranks share layer plans, buckets and the order of

@@ -750,7 +750,8 @@ def bound_steps(plan: StepPlan) -> tuple[Linear, Linear]:
     par = plan.scenario.parallelism
     num_vs = par.pp * par.virtual_stages
     i = plan.interference
-    first_release = [min(last_backward(ops, par.virtual_stages).values(), default=len(ops)) for ops in plan.ops]
+    first_release = [min(last.values(), default=len(ops)) for last, ops in zip(last_backwards(plan), plan.ops,
+                                                                              strict=True)]
     costs: list[dict[tuple[str, int], tuple[float, float]]] = []
     for rp in plan.ranks:
         per: dict[tuple[str, int], tuple[float, float]] = {}
@@ -779,29 +780,40 @@ def bound_steps(plan: StepPlan) -> tuple[Linear, Linear]:
                         work, comm = costs[r][(kind, vs)]
                         costs[r][(kind, vs)] = (work, comm + i * (shared + 1) * send.time_s)
 
-    two = 2 * num_vs
-    serial = Linear(pre=[], mid=[], hold=[], tail=[], extra=[])
-    kernels = Linear(pre=[], mid=[], hold=[], tail=[], extra=[])
+    two, ranks = 2 * num_vs, len(plan.ranks)
+    zeros = [0.0] * two  # read only, shared by every rank's lists that are all zero
+    serial = Linear(pre=[], mid=[zeros] * ranks, hold=[], tail=[], extra=[])
+    kernels = Linear(pre=[zeros] * ranks, mid=[zeros] * ranks, hold=serial.hold, tail=[zeros] * ranks,
+                     extra=[{} for _ in range(ranks)])
+    reduces: dict[int, float] = {}  # the buckets' summed reductions, once per bucket list (twin ranks share one)
     for r, rp in enumerate(plan.ranks):
-        reduce = sum(b.reduce.time_s for b in rp.buckets)
         works, comms, lates = [0.0] * two, [0.0] * two, [0.0] * two  # by slot: 2 virtual stage + 1 if backward
         for (kind, vs), (w, c) in costs[r].items():
             slot = 2 * vs + (kind == "B")
             works[slot], comms[slot], lates[slot] = w, c, late.get((kind, vs), 0.0)
-        ops = plan.ops[r]
-        after = sum(comms[code % two] for code in op_codes(ops, first_release[r], len(ops), num_vs))
-        zeros = [0.0] * two
         serial.pre.append(lates)
         serial.hold.append(works)
         serial.tail.append(comms)
-        serial.extra.append({first_release[r]: (1 + 2 * i) * (reduce + after)} if rp.overlap else {})
-        kernels.pre.append(zeros)
-        kernels.hold.append(works)
-        kernels.tail.append(zeros)
-        kernels.extra.append({})
-        for rec in (serial, kernels):
-            rec.mid.append(zeros)
+        if rp.overlap:
+            reduce = reduces.get(id(rp.buckets))
+            if reduce is None:
+                reduce = reduces[id(rp.buckets)] = sum(b.reduce.time_s for b in rp.buckets)
+            ops = plan.ops[r]
+            after = sum(comms[code % two] for code in op_codes(ops, first_release[r], len(ops), num_vs))
+            serial.extra.append({first_release[r]: (1 + 2 * i) * (reduce + after)})
+        else:
+            serial.extra.append({})
     return serial, kernels
 
 
-__all__ = ["not_modelled", "pass_alone_s", "run_plan", "simulate_step"]
+def last_backwards(plan: StepPlan) -> list[dict[int, int]]:
+    """Each rank's :func:`simddp.sim.pipeline.last_backward` (virtual stage -> position), once per plan: the fast
+    engine's releases and the bounds' schedules both start from them. Shared: callers must not change them."""
+    got = plan.cache.get("last backwards")
+    if got is None:
+        v = plan.scenario.parallelism.virtual_stages
+        got = plan.cache["last backwards"] = [last_backward(ops, v) for ops in plan.ops]
+    return got  # type: ignore[no-any-return]
+
+
+__all__ = ["last_backwards", "not_modelled", "pass_alone_s", "run_plan", "simulate_step"]
