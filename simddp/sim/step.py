@@ -666,10 +666,16 @@ def _bounds(plan: StepPlan, states: list[Any], host: float) -> Bounds:
     no interference), and the most any resource of a GPU must be busy (perfect overlap)."""
     m, rule = plan.num_micro_batches, plan.rule
     upper, lower = [], []
-    reduce_s = [[b.reduce.time_s for b in st.plan.buckets] for st in states]  # each rank's, in bucket order
-    for st, times in zip(states, reduce_s, strict=True):
+    # Each rank's reductions in bucket order, and their sum: once per bucket list (twin ranks share one).
+    reductions: dict[int, tuple[list[float], float]] = {}
+    for st in states:
+        if id(st.plan.buckets) not in reductions:
+            times = [b.reduce.time_s for b in st.plan.buckets]
+            reductions[id(st.plan.buckets)] = (times, sum(times))
+    kernels_end = _pipeline_end(plan, 0, serial=False) if plan.mode == "pipeline" else 0.0  # the latest rank's
+    for st in states:
         rp = st.plan
-        dp_serial = sum(times) * rp.rounds
+        dp_serial = reductions[id(rp.buckets)][1] * rp.rounds
         if rule.overlap_param_gather:  # the buckets' gathers (build_plan)
             dp_serial += sum(b.gather.time_s for b in rp.buckets if b.gather)
         if rp.unused_map_reduce is not None and rp.buckets:
@@ -685,11 +691,10 @@ def _bounds(plan: StepPlan, states: list[Any], host: float) -> Bounds:
             # Every unit is gathered for forward and, unless kept gathered (the root among them), for backward.
             dp_serial = m * sum(u.gather.time_s * (2 if u.gather_bwd else 1)
                                 + (u.reduce.time_s if u.reduce is not None else 0.0) for u in units)
-        serial = m * (rp.kernel_s + rp.tp_comm_s)
-        kernels = m * rp.kernel_s
         if plan.mode == "pipeline":
-            serial = _pipeline_end(plan, st.plan.index, serial=True)
-            kernels = _pipeline_end(plan, st.plan.index, serial=False)
+            serial, kernels = _pipeline_end(plan, rp.index, serial=True), kernels_end
+        else:
+            serial, kernels = m * (rp.kernel_s + rp.tp_comm_s), m * rp.kernel_s
         upper.append(serial + dp_serial + tail_serial)
         work_before_step = dict(st.link_work_s)
         if rp.gather_after_step is not None:
@@ -706,7 +711,7 @@ def _bounds(plan: StepPlan, states: list[Any], host: float) -> Bounds:
         st = states[0]
         ready_at = st.ready_at
         readies = [ready_at[(0, b.index)] for b in st.plan.buckets]
-        costs = reduce_s[0]
+        costs = list(reductions[id(st.plan.buckets)][0])  # appended to below
         if st.plan.unused_map_reduce is not None and readies:  # queued behind the last bucket
             readies.append(max(readies))
             costs.append(st.plan.unused_map_reduce.time_s)
