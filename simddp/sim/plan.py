@@ -157,6 +157,8 @@ class LayerPlans(list[LayerPlan]):
 
     @functools.cached_property
     def tp_comm_s(self) -> float:
+        if not self.has_tp_collectives:  # every layer's is sum(()) == 0, as the loop below would add up
+            return 0
         total: float = 0  # as sum() starts
         per_timing: dict[int, float] = {}  # layers sharing a timing share their collectives (layer_plans)
         for p in self:
