@@ -40,7 +40,7 @@ from simddp.sim.fluid import Outcome
 from simddp.sim.layers import layer_alone, layer_release_s
 from simddp.sim.periodic import Linear, ScheduleRun, steady
 from simddp.sim.pipeline import PipeOp, Schedule, decode, op_code
-from simddp.sim.plan import RankPlan, StepPlan
+from simddp.sim.plan import RankPlan, StepPlan, last_backwards
 
 #: Work below this many seconds counts as done (as the simpy engine's fluid server does).
 _EPS_S = 1e-15
@@ -356,7 +356,7 @@ def _run_pipeline(plan: StepPlan, max_operations: int | None = None) -> list[Out
     in flight before a rank's first release, so the recurrence times every operation before it exactly, and
     the fluid engine runs the rest (the *tail*: the cool-down backwards from there, a few per rank) from
     the recurrence's state (:func:`simddp.sim.fluid.pipeline_tail`)."""
-    from simddp.sim.step import bound_steps, last_backwards, record_pipeline_ends
+    from simddp.sim.step import bound_steps, record_pipeline_ends
 
     par = plan.scenario.parallelism
     num_vs = par.pp * par.virtual_stages

@@ -32,8 +32,8 @@ from typing import NamedTuple
 
 from simddp.collectives import CollectiveCost
 from simddp.sim.layers import TP_STREAM, LayerPlan, layer_alone, layer_release_s
-from simddp.sim.pipeline import PipeOp, dependency, last_backward
-from simddp.sim.plan import FsdpUnitPlan, RankPlan, StepPlan
+from simddp.sim.pipeline import PipeOp, dependency
+from simddp.sim.plan import FsdpUnitPlan, RankPlan, StepPlan, last_backwards
 
 #: Work below this many seconds counts as done, or below this fraction of the time (simddp.sim.resources).
 _EPS_S = 1e-15
@@ -695,10 +695,11 @@ def pipeline_tail(plan: StepPlan, first: list[int], at: list[float],
     num_vs = par.pp * par.virtual_stages
     arrivals: dict[tuple[str, int, int], float] = {tuple(op): t for op, t in arrived.items()}  # type: ignore[misc]
     ranks = []
+    last = last_backwards(plan)
     for r, rp in enumerate(plan.ranks):
         e, out = Engine(plan), Outcome(rp)
         by_stage = plan.workload.rank_stage_positions(rp.index, par.pp)
-        ranks.append((e, out, _Reductions(e, out, 1), by_stage, last_backward(plan.ops[r], par.virtual_stages)))
+        ranks.append((e, out, _Reductions(e, out, 1), by_stage, last[r]))
     position, clock = list(first), list(at)
     left = [r for r in range(len(ranks)) if position[r] < len(plan.ops[r])]
     while left:

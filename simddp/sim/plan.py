@@ -23,7 +23,7 @@ from simddp.compute import (
 )
 from simddp.config import Scenario
 from simddp.sim.layers import LayerPlan, layer_alone, layer_tp_s
-from simddp.sim.pipeline import PipeOp, schedule
+from simddp.sim.pipeline import PipeOp, last_backward, schedule
 from simddp.topology import CommGroup, dp_group, group, pp_boundary_group, tp_group
 from simddp.units import dtype_bytes
 from simddp.workload import LAYER_KIND, Collective, Layer, Param, Workload, build_workload, grad_reduce_spec
@@ -338,6 +338,17 @@ def boundary_group(scenario: Scenario, virtual_stage: int) -> CommGroup:
         return pp_boundary_group(scenario, rank)
     crosses = par.pp * par.tp * scenario.dp > cluster.gpus_per_node
     return group(cluster, 2, stride=cluster.gpus_per_node if crosses else 1)
+
+
+def last_backwards(plan: StepPlan) -> list[dict[int, int]]:
+    """Each rank's :func:`simddp.sim.pipeline.last_backward` (virtual stage -> position), once per plan: the fast
+    engine's releases and tail and the bounds' schedules all start from them. Shared: callers must not change
+    them."""
+    got = plan.cache.get("last backwards")
+    if got is None:
+        v = plan.scenario.parallelism.virtual_stages
+        got = plan.cache["last backwards"] = [last_backward(ops, v) for ops in plan.ops]
+    return got  # type: ignore[no-any-return]
 
 
 def build_plan(scenario: Scenario, workload: Workload | None = None) -> StepPlan:

@@ -43,7 +43,7 @@ from simddp.results import BREAKDOWN_PARTS, Bounds, BucketTiming, Span, StepPart
 from simddp.sim.layers import LayerPlan, Recorder, backward, forward, pass_alone_s
 from simddp.sim.periodic import Linear, ScheduleRun, steady
 from simddp.sim.pipeline import PipeOp, dependency, last_backward, op_codes
-from simddp.sim.plan import FsdpUnitPlan, RankPlan, StepPlan, build_plan
+from simddp.sim.plan import BucketPlan, FsdpUnitPlan, RankPlan, StepPlan, build_plan, last_backwards
 from simddp.sim.resources import Gpu
 from simddp.workload import Workload
 from simddp.zero import zero_rule
@@ -666,16 +666,10 @@ def _bounds(plan: StepPlan, states: list[Any], host: float) -> Bounds:
     no interference), and the most any resource of a GPU must be busy (perfect overlap)."""
     m, rule = plan.num_micro_batches, plan.rule
     upper, lower = [], []
-    # Each rank's reductions in bucket order, and their sum: once per bucket list (twin ranks share one).
-    reductions: dict[int, tuple[list[float], float]] = {}
-    for st in states:
-        if id(st.plan.buckets) not in reductions:
-            times = [b.reduce.time_s for b in st.plan.buckets]
-            reductions[id(st.plan.buckets)] = (times, sum(times))
     kernels_end = _pipeline_end(plan, 0, serial=False) if plan.mode == "pipeline" else 0.0  # the latest rank's
     for st in states:
         rp = st.plan
-        dp_serial = reductions[id(rp.buckets)][1] * rp.rounds
+        dp_serial = _reductions(plan, rp.buckets)[1] * rp.rounds
         if rule.overlap_param_gather:  # the buckets' gathers (build_plan)
             dp_serial += sum(b.gather.time_s for b in rp.buckets if b.gather)
         if rp.unused_map_reduce is not None and rp.buckets:
@@ -711,7 +705,7 @@ def _bounds(plan: StepPlan, states: list[Any], host: float) -> Bounds:
         st = states[0]
         ready_at = st.ready_at
         readies = [ready_at[(0, b.index)] for b in st.plan.buckets]
-        costs = list(reductions[id(st.plan.buckets)][0])  # appended to below
+        costs = list(_reductions(plan, st.plan.buckets)[0])  # appended to below
         if st.plan.unused_map_reduce is not None and readies:  # queued behind the last bucket
             readies.append(max(readies))
             costs.append(st.plan.unused_map_reduce.time_s)
@@ -719,6 +713,17 @@ def _bounds(plan: StepPlan, states: list[Any], host: float) -> Bounds:
         tail += st.plan.clip_norm_s + st.plan.clip_scale_s + sum(c.time_s for c in st.plan.clip_reduces)
         in_order = in_order_overlap_step_s(st.compute_end_s, readies, costs, tail) if costs else None
     return Bounds(no_overlap_s=max(upper) + host, perfect_overlap_s=max(lower) + host, in_order_overlap_s=in_order)
+
+
+def _reductions(plan: StepPlan, buckets: list[BucketPlan]) -> tuple[list[float], float]:
+    """Each bucket's reduction time, in bucket order, and their sum: once per step and bucket list (twin ranks
+    share one), for the bounds and the bounds' schedules alike."""
+    memo: dict[int, tuple[list[float], float]] = plan.cache.setdefault("reductions", {})
+    got = memo.get(id(buckets))  # the plan keeps its ranks' bucket lists alive, so their ids stay theirs
+    if got is None:
+        times = [b.reduce.time_s for b in buckets]
+        got = memo[id(buckets)] = (times, sum(times))
+    return got
 
 
 def _pipeline_end(plan: StepPlan, rank: int, serial: bool) -> float:
@@ -790,7 +795,6 @@ def bound_steps(plan: StepPlan) -> tuple[Linear, Linear]:
     serial = Linear(pre=[], mid=[zeros] * ranks, hold=[], tail=[], extra=[])
     kernels = Linear(pre=[zeros] * ranks, mid=[zeros] * ranks, hold=serial.hold, tail=[zeros] * ranks,
                      extra=[{} for _ in range(ranks)])
-    reduces: dict[int, float] = {}  # the buckets' summed reductions, once per bucket list (twin ranks share one)
     for r, rp in enumerate(plan.ranks):
         works, comms, lates = [0.0] * two, [0.0] * two, [0.0] * two  # by slot: 2 virtual stage + 1 if backward
         for (kind, vs), (w, c) in costs[r].items():
@@ -800,9 +804,7 @@ def bound_steps(plan: StepPlan) -> tuple[Linear, Linear]:
         serial.hold.append(works)
         serial.tail.append(comms)
         if rp.overlap:
-            reduce = reduces.get(id(rp.buckets))
-            if reduce is None:
-                reduce = reduces[id(rp.buckets)] = sum(b.reduce.time_s for b in rp.buckets)
+            reduce = _reductions(plan, rp.buckets)[1]
             ops = plan.ops[r]
             after = sum(comms[code % two] for code in op_codes(ops, first_release[r], len(ops), num_vs))
             serial.extra.append({first_release[r]: (1 + 2 * i) * (reduce + after)})
@@ -811,14 +813,4 @@ def bound_steps(plan: StepPlan) -> tuple[Linear, Linear]:
     return serial, kernels
 
 
-def last_backwards(plan: StepPlan) -> list[dict[int, int]]:
-    """Each rank's :func:`simddp.sim.pipeline.last_backward` (virtual stage -> position), once per plan: the fast
-    engine's releases and the bounds' schedules both start from them. Shared: callers must not change them."""
-    got = plan.cache.get("last backwards")
-    if got is None:
-        v = plan.scenario.parallelism.virtual_stages
-        got = plan.cache["last backwards"] = [last_backward(ops, v) for ops in plan.ops]
-    return got  # type: ignore[no-any-return]
-
-
-__all__ = ["last_backwards", "not_modelled", "pass_alone_s", "run_plan", "simulate_step"]
+__all__ = ["not_modelled", "pass_alone_s", "run_plan", "simulate_step"]
