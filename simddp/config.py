@@ -1101,7 +1101,7 @@ def validate_scenario(data: dict[str, Any], validated: Mapping[str, BaseModel] |
     except ValidationError as err:
         raise ScenarioError(format_validation_error(err)) from None
     except RecursionError:  # check_shape bounds the nesting; a preset or profile cannot add much
-        raise ScenarioError(f"scenario: nesting deeper than {safeio.MAX_DEPTH} levels") from None
+        raise safeio.too_deep("scenario") from None
     from simddp.limits import check_scenario_size
 
     check_scenario_size(scenario)

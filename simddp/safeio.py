@@ -250,6 +250,11 @@ def _scan_events(text: str, source: str) -> None:
             add(1, 0, event.start_mark)
 
 
+def too_deep(source: str) -> ScenarioError:
+    """The one refusal of nesting past :data:`MAX_DEPTH`, whichever check or parser finds it."""
+    return ScenarioError(f"{source}: nesting deeper than {MAX_DEPTH} levels")
+
+
 def parse_yaml(text: str, source: str) -> Any:
     """YAML text as Python data, within the caps; one-line :class:`ScenarioError` otherwise."""
     try:
@@ -264,7 +269,7 @@ def parse_yaml(text: str, source: str) -> Any:
             # libyaml's scanner looks ahead for a simple key's ':' across a whole flow collection, so its own
             # depth limit (1,000 since PyYAML 6.0.4's wheels) can trip before the scan above reaches 32 levels:
             # the same input, the same answer, whichever libyaml parses it.
-            raise ScenarioError(f"{source}: nesting deeper than {MAX_DEPTH} levels") from None
+            raise too_deep(source) from None
         raise MalformedInput(f"{source}: malformed YAML{_where(mark)}: {problem}") from None
     except (ValueError, OverflowError) as e:  # e.g. an integer of more than 4300 digits
         if isinstance(e, ScenarioError):
@@ -296,7 +301,7 @@ def parse_json(text: str, source: str) -> Any:
     except _DuplicateJSONKey as e:
         raise ScenarioError(f"{source}: duplicate key {short_repr(e.args[0])}") from None
     except RecursionError:
-        raise ScenarioError(f"{source}: nesting deeper than {MAX_DEPTH} levels") from None
+        raise too_deep(source) from None
     except ValueError as e:  # e.g. an integer of more than 4300 digits
         raise ScenarioError(f"{source}: unreadable JSON value: {one_line(e, 200)}") from None
     check_shape(data, source)
@@ -315,7 +320,7 @@ def check_shape(data: Any, source: str = "scenario") -> None:
             raise ScenarioError(f"{source}: more than {MAX_NODES:,} values")
         if isinstance(value, dict | list | tuple):
             if depth >= MAX_DEPTH:
-                raise ScenarioError(f"{source}: nesting deeper than {MAX_DEPTH} levels")
+                raise too_deep(source)
             if len(value) > MAX_ITEMS:
                 raise ScenarioError(f"{source}: a {'mapping' if isinstance(value, dict) else 'list'} of "
                                     f"{len(value):,} entries is over the limit of {MAX_ITEMS:,}")
@@ -439,6 +444,7 @@ __all__ = [
     "read_mapping",
     "short_repr",
     "strip_control",
+    "too_deep",
     "write_bytes",
     "write_text",
 ]
