@@ -94,49 +94,57 @@ def _knobs(plan: StepPlan) -> bool:
 # ------------------------------------------------------------------------------------- data parallel
 class _Reductions:
     """The DP stream: reductions in (round, bucket) order, each alone on its link, once ready. Ready and
-    reduced times are kept in flat lists (position ``round * buckets + bucket``) while the step runs, and
-    handed to the outcome's dicts once at its end (:meth:`book`)."""
+    reduced times are kept in flat lists (position ``round * buckets + bucket``), and each link's transfers in
+    one sum (``moved``: busy and worked alike, as :meth:`Outcome.transfer` books them), while the step runs;
+    they are handed to the outcome once at its end (:meth:`book`), which no other transfer has touched before
+    (the embedding sync and the rest come after, :func:`_finish`)."""
 
     def __init__(self, out: Outcome, rounds: int, costs: list[tuple[float, str, float]]) -> None:
         self.out = out
         self.rounds = rounds
-        self.costs = costs
-        self.ready: list[float | None] = [None] * (rounds * len(costs))
+        self.costs = costs * rounds  # by position
+        self.ready: list[float | None] = [None] * len(self.costs)
         self.spans: list[tuple[float, float]] = []
         self.end = 0.0
+        self.dp_comm = 0.0
+        self.moved = dict.fromkeys(out.link_busy_s, 0.0)
         self.intervals: deque[tuple[float, float]] = deque()
 
     def schedule(self) -> None:
         """Start every reduction whose bucket and predecessors are ready (the loop of a 7B model's 226
-        buckets: its lookups are locals, its link accounting :meth:`Outcome.transfer` inline)."""
-        out, costs, ready, spans = self.out, self.costs, self.ready, self.spans
-        busy, work, intervals = out.link_busy_s, out.link_work_s, self.intervals
-        k, n, end, nb = len(spans), len(ready), self.end, len(costs)
-        dp_comm = out.dp_comm_s
+        buckets: its lookups are locals)."""
+        costs, ready, spans, moved = self.costs, self.ready, self.spans, self.moved
+        k, n, end, dp_comm = len(spans), len(ready), self.end, self.dp_comm
+        interval, span = self.intervals.append, spans.append
         while k < n:
             at = ready[k]
             if at is None:
                 break
-            time_s, tier, transfer_s = costs[k % nb]
+            time_s, tier, transfer_s = costs[k]
             start = at if at >= end else end
             if time_s > 0:
                 end = start + time_s
-                intervals.append((start, end))
+                interval((start, end))
                 dp_comm += end - start
-                busy[tier] += transfer_s
-                work[tier] += transfer_s
+                moved[tier] += transfer_s
             else:
                 end = start
-            spans.append((start, end))
+            span((start, end))
             k += 1
-        self.end, out.dp_comm_s = end, dp_comm
+        self.end, self.dp_comm = end, dp_comm
 
     def book(self) -> None:
-        """Every reduction's ready time and (start, end) into the outcome, keyed (round, bucket)."""
-        nb = len(self.costs)
+        """Every reduction's ready time and (start, end), keyed (round, bucket), its time on the DP stream and
+        its transfers into the outcome (whose sums are still 0 here: these are the step's first)."""
+        out = self.out
+        nb = len(self.costs) // self.rounds
         keys = [(rnd, b) for rnd in range(self.rounds) for b in range(nb)]
-        self.out.ready_at.update(zip(keys, cast(list[float], self.ready), strict=True))  # all ready by the end
-        self.out.reduced.update(zip(keys, self.spans, strict=True))
+        out.ready_at.update(zip(keys, cast(list[float], self.ready), strict=True))  # all ready by the end
+        out.reduced.update(zip(keys, self.spans, strict=True))
+        out.dp_comm_s += self.dp_comm
+        for tier, seconds in self.moved.items():
+            out.link_busy_s[tier] += seconds
+            out.link_work_s[tier] += seconds
 
 
 def _advance(t: float, work: float, intervals: deque[tuple[float, float]], rate_in: float) -> float:

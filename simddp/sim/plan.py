@@ -640,20 +640,23 @@ def _param_sync(rule: ZeroRule, working: Sequence[ParamLike], dp: CommGroup) -> 
     if rule.param_sync == "all-gather":
         return collective_cost("all-gather", sum(p.numel * dtype_bytes(p.dtype) for p in working), dp)
     if rule.param_sync == "broadcast":
+        # One broadcast per parameter (a 7B model's 291): sized with each dtype's width looked up once, costed
+        # once per distinct size, and their times and hops added in parameter order, as a sum() of them would.
+        widths = {dtype: dtype_bytes(dtype) for dtype in {p.dtype for p in working}}
         costs: dict[int, CollectiveCost] = {}
-        sizes = [p.numel * dtype_bytes(p.dtype) for p in working]
-        for size in sizes:
-            if size not in costs:
-                costs[size] = collective_cost("broadcast", size, dp)
-        return serial_cost([costs[size] for size in sizes])
+        size_bytes, time_s, latency_s = 0, 0.0, 0.0
+        for p in working:
+            size = p.numel * widths[p.dtype]
+            cost = costs.get(size)
+            if cost is None:
+                cost = costs[size] = collective_cost("broadcast", size, dp)
+            size_bytes += cost.size_bytes
+            time_s += cost.time_s
+            latency_s += cost.latency_s
+        first = costs[working[0].numel * widths[working[0].dtype]]
+        return CollectiveCost(first.op, size_bytes, first.num_ranks, first.algorithm, first.protocol, time_s,
+                              latency_s, first.tier)
     return None
-
-
-def serial_cost(costs: Sequence[CollectiveCost]) -> CollectiveCost:
-    """Collectives of one communicator run back to back, as one cost: their hops and transfers add."""
-    first = costs[0]
-    return CollectiveCost(first.op, sum(c.size_bytes for c in costs), first.num_ranks, first.algorithm,
-                          first.protocol, sum(c.time_s for c in costs), sum(c.latency_s for c in costs), first.tier)
 
 
 def _embedding_sync(scenario: Scenario, workload: Workload, rank: int, rule: ZeroRule) -> CollectiveCost | None:
