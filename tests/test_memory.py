@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import dataclasses
 import json
 from pathlib import Path
 from typing import Any
@@ -316,6 +317,23 @@ def test_breakdown_adds_up(data):
         one = memory_breakdown(with_keys(data), stage=stage)
         assert one.stage_total_bytes == m.stage_total_bytes
         assert one.total_bytes == total == sum(i.size_bytes for i in one.items)
+
+
+@settings(max_examples=60, deadline=None)
+@given(data=transformer_scenarios())
+def test_blocks_per_rank_from_the_layout_equal_the_walk_over_every_layer(data):
+    # The memory model counts each rank's blocks from their first layers (Workload.blocks); a walk over every
+    # layer of every rank, and the walk of a workload that does not say where its blocks are, give the same.
+    from simddp.memory.breakdown import _blocks_per_rank
+
+    scenario = with_keys(data)
+    workload = build_workload(scenario)
+    pp = scenario.parallelism.pp
+    walked = [len({la.block for la in workload.rank_layers(r, pp) if la.block is not None}) for r in range(pp)]
+    assert workload.blocks is not None
+    assert _blocks_per_rank(workload, pp) == walked
+    assert _blocks_per_rank(dataclasses.replace(workload, blocks=None), pp) == walked
+    assert sum(walked) == scenario.model.transformer.num_layers
 
 
 # ------------------------------------------------------------------------------------ buffers

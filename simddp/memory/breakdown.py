@@ -7,6 +7,7 @@ tied output embedding keeps a copy of the word embedding on the last stage).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from pydantic import TypeAdapter
@@ -22,7 +23,7 @@ from simddp.memory.buffers import buffer_items
 from simddp.memory.items import Item, MemoryBreakdown, MemoryItem
 from simddp.memory.states import OPTIMIZER_STATE_BYTES_PER_PARAM, model_states_bytes
 from simddp.units import fmt_bytes
-from simddp.workload import PRECISION_ACT_BYTES, Workload, build_workload, uses_dropout
+from simddp.workload import PRECISION_ACT_BYTES, Layer, Workload, build_workload, uses_dropout
 from simddp.zero import ZeroRule, describe, zero_rule
 
 _ITEM_LIST = TypeAdapter(list[MemoryItem])
@@ -38,7 +39,7 @@ def memory_breakdown(scenario: Scenario, workload: Workload | None = None, stage
     same: dict[tuple[object, ...], Any] = {}  # what every stage computes alike, computed once
     twins = workload.rank_twins(par.pp) if par.pp > 1 else [(0, 0)]
     # Every stage's total from its sizes alone; the lines, with their notes, of the reported one only.
-    totals = [_stage_total(scenario, workload, s, rule, same, twins[s]) for s in range(par.pp)]
+    totals = _stage_totals(scenario, workload, rule, same, twins)
     chosen = stage if stage is not None else max(range(par.pp), key=lambda s: (totals[s], -s))
     items, num_params, in_flight = _stage_items(scenario, workload, chosen, rule, same, twins[chosen])
     if sum(i.size_bytes for i in items) != totals[chosen]:  # one formula each way: a bug here, not user input
@@ -127,16 +128,23 @@ def _in_flight(scenario: Scenario, stage: int, same: dict[tuple[object, ...], An
     return in_flight_micro_batches(par.pipeline_schedule, par.pp, stage, m, par.virtual_stages)
 
 
-def _stage_total(scenario: Scenario, workload: Workload, stage: int, rule: ZeroRule,
-                 same: dict[tuple[object, ...], Any], twin: tuple[int, int]) -> int:
-    """What :func:`_stage_items`' lines of ``stage`` add up to, without the lines: a 1T pipeline sizes 64
+def _stage_totals(scenario: Scenario, workload: Workload, rule: ZeroRule, same: dict[tuple[object, ...], Any],
+                  twins: list[tuple[int, int]]) -> list[int]:
+    """What :func:`_stage_items`' lines of each stage add up to, without the lines: a 1T pipeline sizes 64
     stages and reports one. Twin stages differ only in their micro-batches in flight; their fixed part is
-    summed once."""
-    fixed, buffers_transient = _fixed_sums(scenario, workload, stage, rule, same, twin)
-    activations = sum(size for size, _ in _activation_sizes(scenario, workload, stage,
-                                                           _in_flight(scenario, stage, same), same))
+    summed once. Each line's bytes as :func:`_activation_sizes` works them out, in one loop over the stages."""
     context, fraction = _overhead(scenario, same)
-    return fixed + activations + context.size_bytes + round(fraction * (activations + buffers_transient))
+    totals = []
+    for stage, twin in enumerate(twins):
+        fixed, buffers_transient = _fixed_sums(scenario, workload, stage, rule, same, twin)
+        in_flight = _in_flight(scenario, stage, same)
+        out_flight = _output_in_flight(scenario, in_flight)
+        activations = 0
+        for _, per_mb, scale, _ in _activation_parts(scenario, workload, stage, same):
+            activations += int(per_mb if scale == _ONCE
+                               else round(per_mb * (in_flight if scale == _IN_FLIGHT else out_flight)))
+        totals.append(fixed + activations + context.size_bytes + round(fraction * (activations + buffers_transient)))
+    return totals
 
 
 def _fixed_sums(scenario: Scenario, workload: Workload, stage: int, rule: ZeroRule,
@@ -253,10 +261,10 @@ def _activation_parts(scenario: Scenario, workload: Workload, stage: int,
             same[("layer", recompute)] = transformer_layer_activation_bytes(
                 spec, **shape, recompute=recompute, act_bytes=act, dropout=dropout, attention=tr.attention)
         same[("activation inputs",)] = shape, act, dropout, fmt_bytes(same[("layer", tr.recompute)])
-    blocks_key = ("blocks", stage, par.pp)
+    blocks_key = ("blocks per rank", par.pp)
     if blocks_key not in workload.shared:
-        workload.shared[blocks_key] = {la.block for la in workload.rank_layers(stage, par.pp) if la.block is not None}
-    num_blocks = len(workload.shared[blocks_key])
+        workload.shared[blocks_key] = _blocks_per_rank(workload, par.pp)
+    num_blocks = workload.shared[blocks_key][stage]
     key = ("activation parts", num_blocks, stage == 0, stage == par.pp - 1)
     parts: list[tuple[str, float, int, str]] | None = same.get(key)
     if parts is not None:
@@ -277,6 +285,23 @@ def _activation_parts(scenario: Scenario, workload: Workload, stage: int,
         parts.append(("recompute working set", full - per_layer, _ONCE, "one layer re-created in backward"))
     same[key] = parts
     return parts
+
+
+def _blocks_per_rank(workload: Workload, pp: int) -> list[int]:
+    """How many transformer blocks each pipeline rank holds (all its virtual stages): a block's layers share
+    one stage, so its first layer's says where it is. Where the workload says where its blocks are
+    (:attr:`Workload.blocks`), only their first layers are read (a 1T model's 128 of ~1,300)."""
+    ranks: list[set[int]] = [set() for _ in range(pp)]
+    layers = workload.layers
+    if workload.blocks is not None:
+        start, per, count = workload.blocks
+        firsts: Sequence[Layer] = layers[start:start + per * count:per]
+    else:
+        firsts = layers
+    for la in firsts:
+        if la.block is not None:
+            ranks[la.stage % pp].add(la.block)
+    return [len(blocks) for blocks in ranks]
 
 
 def _activation_sizes(scenario: Scenario, workload: Workload, stage: int, in_flight: float,
