@@ -132,7 +132,7 @@ def _stage_totals(scenario: Scenario, workload: Workload, rule: ZeroRule, same: 
                   twins: list[tuple[int, int]]) -> list[int]:
     """What :func:`_stage_items`' lines of each stage add up to, without the lines: a 1T pipeline sizes 64
     stages and reports one. Twin stages differ only in their micro-batches in flight; their fixed part is
-    summed once. Each line's bytes as :func:`_activation_sizes` works them out, in one loop over the stages."""
+    summed once. One loop over the stages, each line's bytes by :func:`_line_bytes`, as the lines have them."""
     context, fraction = _overhead(scenario, same)
     totals = []
     for stage, twin in enumerate(twins):
@@ -141,8 +141,7 @@ def _stage_totals(scenario: Scenario, workload: Workload, rule: ZeroRule, same: 
         out_flight = _output_in_flight(scenario, in_flight)
         activations = 0
         for _, per_mb, scale, _ in _activation_parts(scenario, workload, stage, same):
-            activations += int(per_mb if scale == _ONCE
-                               else round(per_mb * (in_flight if scale == _IN_FLIGHT else out_flight)))
+            activations += _line_bytes(per_mb, scale, in_flight, out_flight)
         totals.append(fixed + activations + context.size_bytes + round(fraction * (activations + buffers_transient)))
     return totals
 
@@ -308,12 +307,13 @@ def _activation_sizes(scenario: Scenario, workload: Workload, stage: int, in_fli
                       same: dict[tuple[object, ...], Any]) -> list[tuple[int, tuple[str, float, int, str]]]:
     """Each activation line's bytes on ``stage`` with ``in_flight`` micro-batches, beside its part."""
     out_flight = _output_in_flight(scenario, in_flight)
-    sizes = []
-    for part in _activation_parts(scenario, workload, stage, same):
-        per_mb, scale = part[1], part[2]
-        size = per_mb if scale == _ONCE else round(per_mb * (in_flight if scale == _IN_FLIGHT else out_flight))
-        sizes.append((int(size), part))
-    return sizes
+    return [(_line_bytes(part[1], part[2], in_flight, out_flight), part)
+            for part in _activation_parts(scenario, workload, stage, same)]
+
+
+def _line_bytes(per_mb: float, scale: int, in_flight: float, out_flight: float) -> int:
+    """An activation line's bytes: one micro-batch's, scaled as its part says (:func:`_activation_parts`)."""
+    return int(per_mb if scale == _ONCE else round(per_mb * (in_flight if scale == _IN_FLIGHT else out_flight)))
 
 
 def _output_in_flight(scenario: Scenario, in_flight: float) -> float:
