@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import functools
 import itertools
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from operator import attrgetter
 from typing import Any, Literal, NamedTuple, TypeVar
@@ -233,15 +233,35 @@ class Workload:
         key = ("rank_layers", pp)
         if key not in self.memo and pp == 1 and self.num_stages == 1:  # one rank, one stage: every layer
             self.memo[key] = ([self.layers], [{0: list(range(len(self.layers)))}])
-        if key not in self.memo:  # every rank's in one walk (a 1T model has 64 ranks and ~1,700 layers)
+        if key not in self.memo:  # every rank's in one walk (a 1T model has 64 ranks and ~1,300 layers)
             ranks: list[list[Layer]] = [[] for _ in range(pp)]
             positions: list[dict[int, list[int]]] = [{} for _ in range(pp)]
-            for layer in self.layers:
-                r = layer.stage % pp
-                positions[r].setdefault(layer.stage, []).append(len(ranks[r]))
-                ranks[r].append(layer)
+            layers = self.layers
+            for stage, lo, hi in self._stage_runs():
+                r = stage % pp
+                held = len(ranks[r])
+                positions[r].setdefault(stage, []).extend(range(held, held + hi - lo))
+                ranks[r] += layers[lo:hi]
             self.memo[key] = ([tuple(r) for r in ranks], positions)
         return self.memo[key]  # type: ignore[no-any-return]
+
+    def _stage_runs(self) -> list[tuple[int, int, int]]:
+        """The layers as runs of consecutive layers of one virtual stage: (stage, first, end) in layer order.
+        A block's layers share a stage, so where the workload says where its blocks are (:attr:`blocks`),
+        a block's first layer stands for the block (a 1T model's 128 of ~1,300 layers are read)."""
+        layers = self.layers
+        probes: Iterable[int] = range(len(layers))  # the layers whose stage is read: all, or each block's first
+        if self.blocks is not None:
+            start, per, count = self.blocks
+            end = start + per * count
+            probes = itertools.chain(range(start), range(start, end, per), range(end, len(layers)))
+        heads: list[tuple[int, int]] = []  # (stage, position) where the layers from position on have that stage
+        for lo in probes:
+            stage = layers[lo].stage
+            if not heads or heads[-1][0] != stage:
+                heads.append((stage, lo))
+        ends = [lo for _, lo in heads[1:]] + [len(layers)]
+        return [(stage, lo, hi) for (stage, lo), hi in zip(heads, ends, strict=True)]
 
     def rank_twins(self, pp: int) -> list[tuple[int, int]]:
         """For each pipeline rank, the first rank that plans and sizes alike and how far its parameter indices

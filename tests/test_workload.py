@@ -296,3 +296,44 @@ def test_rank_twins_from_the_layout_are_the_walks() -> None:
                 kinds.add(len({first for first, _ in walked}))
     assert checked >= 150 and unequal >= 100  # the grid's cases, most with stages of unequal sizes
     assert max(kinds) >= 4  # some with middle ranks of more than one kind
+
+
+def test_rank_layers_from_the_layout_are_the_walks() -> None:
+    """Each pipeline rank's layers and each virtual stage's positions among them come from the blocks' first
+    layers where the workload says where its blocks are (Workload._stage_runs); a walk over every layer must
+    give the same, with equal and unequal stages, interleaved or not, and with the layout left out."""
+    from dataclasses import replace
+
+    from simddp.errors import ScenarioError
+
+    checked = 0
+    for layers in (1, 2, 7, 12, 13, 16, 19):
+        for pp in (1, 2, 3, 4, 8):
+            for v in (1, 2, 3):
+                data = deep_merge(base_scenario(), {
+                    "cluster": {"num_nodes": pp},
+                    "model": {"preset": None, "transformer": {
+                        "num_layers": layers, "hidden_size": 256, "num_heads": 4, "ffn_hidden_size": 1024,
+                        "vocab_size": 1000, "max_position_embeddings": 1024}},
+                    "training": {"micro_batch_size": 1, "global_batch_size": 24 * pp},
+                    "parallelism": {"pp": pp, "virtual_stages": v,
+                                    "pipeline_schedule": "interleaved-1f1b" if v > 1 else "1f1b"}})
+                try:
+                    scenario = scenario_from_dict(data)
+                except (ScenarioError, ValueError):
+                    continue
+                w = build_workload(scenario)
+                assert w.blocks is not None
+                ranks: list[list[object]] = [[] for _ in range(pp)]
+                positions: list[dict[int, list[int]]] = [{} for _ in range(pp)]
+                for layer in w.layers:  # the walk over every layer
+                    r = layer.stage % pp
+                    positions[r].setdefault(layer.stage, []).append(len(ranks[r]))
+                    ranks[r].append(layer)
+                for workload in (replace(w, memo={}), replace(w, memo={}, blocks=None)):
+                    for r in range(pp):
+                        assert workload.rank_layers(r, pp) == tuple(ranks[r]), (layers, pp, v, r)
+                        assert all(a is b for a, b in zip(workload.rank_layers(r, pp), ranks[r], strict=True))
+                        assert workload.rank_stage_positions(r, pp) == positions[r], (layers, pp, v, r)
+                checked += 1
+    assert checked >= 40
