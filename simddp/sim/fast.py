@@ -183,13 +183,18 @@ def _backward(p: RankPlan) -> tuple[list[tuple[float, float, tuple[int, ...]]], 
     if releases is None:
         left = {b.index: b.num_params for b in p.buckets}
         releases = []
+        none = ()
         for buckets in reversed(p.bucket_of_layer):
+            if not buckets:  # a layer without parameters (most of a block's) releases nothing
+                releases.append(none)
+                continue
             done = []
             for b in buckets:
-                left[b] -= 1
-                if left[b] == 0:
+                n = left[b] - 1
+                left[b] = n
+                if not n:
                     done.append(b)
-            releases.append(tuple(done))
+            releases.append(tuple(done) if done else none)
         p.grads.memo["releases"] = releases
     runs_of = p.plans.memo.get(id(releases))  # kept beside the releases: an id is only theirs while they live
     if runs_of is None or runs_of[0] is not releases:
