@@ -384,8 +384,11 @@ def _run_pipeline(plan: StepPlan, max_operations: int | None = None) -> list[Out
     cut = [min(lb.values(), default=len(ops)) if overlapped else len(ops)  # where each rank's tail starts
            for lb, ops in zip(last_b, plan.ops, strict=True)]
     # Operations of each slot (2 virtual stage + 1 for a backward) the recurrence times: all m, less the tail's.
-    timed = [[m] * two for _ in outs]
+    every = [m] * two
+    timed = [every] * len(outs)  # one row shared by the ranks without a tail (read only), a 1T pipeline's 64
     for r, ops in enumerate(plan.ops):
+        if cut[r] < len(ops):
+            timed[r] = list(every)
         for i in range(cut[r], len(ops)):
             op = ops[i]
             timed[r][2 * op.virtual_stage + (op.kind == "B")] -= 1
@@ -481,17 +484,22 @@ def _run_pipeline(plan: StepPlan, max_operations: int | None = None) -> list[Out
     for r, out in enumerate(outs):
         out.compute_end_s = clock[r]
         # Buckets one after another on the DP stream: after the schedule, or (overlap on, with nothing to
-        # reduce: a zero-cost reduction) each as soon as it is ready.
-        t = 0.0 if out.plan.overlap else clock[r]
+        # reduce: a zero-cost reduction) each as soon as it is ready. The lookups are locals (a 1T pipeline's
+        # 64 ranks reduce 577 buckets), the transfers Outcome.transfer's, inline.
+        overlap = out.plan.overlap
+        t = 0.0 if overlap else clock[r]
+        ready_at, reduced, busy, work = out.ready_at, out.reduced, out.link_busy_s, out.link_work_s
         for b in out.plan.buckets:
             cost = b.reduce
-            start = max(t, out.ready_at[(0, b.index)]) if out.plan.overlap else t
+            key = (0, b.index)
+            start = max(t, ready_at[key]) if overlap else t
             t = start
             if cost.time_s > 0:
                 t += cost.time_s
                 out.dp_comm_s += cost.time_s
-                out.transfer(cost.tier, cost.transfer_s)
-            out.reduced[(0, b.index)] = (start, t)
+                busy[cost.tier] += cost.transfer_s
+                work[cost.tier] += cost.transfer_s
+            reduced[key] = (start, t)
         _finish(out, max(t, clock[r]))
     return outs
 
