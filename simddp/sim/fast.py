@@ -488,18 +488,18 @@ def _run_pipeline(plan: StepPlan, max_operations: int | None = None) -> list[Out
         # 64 ranks reduce 577 buckets), the transfers Outcome.transfer's, inline.
         overlap = out.plan.overlap
         t = 0.0 if overlap else clock[r]
-        ready_at, reduced, busy, work = out.ready_at, out.reduced, out.link_busy_s, out.link_work_s
+        ready_at, reduced, link_busy, link_work = out.ready_at, out.reduced, out.link_busy_s, out.link_work_s
         for b in out.plan.buckets:
             cost = b.reduce
-            key = (0, b.index)
-            start = max(t, ready_at[key]) if overlap else t
+            bucket = (0, b.index)
+            start = max(t, ready_at[bucket]) if overlap else t
             t = start
             if cost.time_s > 0:
                 t += cost.time_s
                 out.dp_comm_s += cost.time_s
-                busy[cost.tier] += cost.transfer_s
-                work[cost.tier] += cost.transfer_s
-            reduced[key] = (start, t)
+                link_busy[cost.tier] += cost.transfer_s
+                link_work[cost.tier] += cost.transfer_s
+            reduced[bucket] = (start, t)
         _finish(out, max(t, clock[r]))
     return outs
 
