@@ -134,3 +134,25 @@ def test_overlapped_send_recv_stays_under_the_no_overlap_bound() -> None:
     assert r.bounds.perfect_overlap_s <= r.step_time_s <= r.bounds.no_overlap_s
     # 10.61 ms until 2026-11-23; 10.88 ms since the second micro-batch's gradient accumulation is timed
     assert r.step_time_s == pytest.approx(0.010884, rel=1e-3)
+
+
+def test_nothing_to_reduce_adds_nothing_to_the_no_overlap_bound() -> None:
+    # With dp = 1 no gradient is reduced, so whether the reduction would overlap backward cannot move the
+    # no-overlap bound: until 2026-11-24 an overlapping rank's serialised schedule still paid its drain's TP and
+    # send time again, (1 + 2i) times, up front (GPT-3 175B tp8 pp8 v3 on 64 A100: 14.18 s for a 12.82 s step;
+    # 13.43 s without it). The fast engine and the exact one must agree on it.
+    data = {
+        "cluster": {"preset": "dgx-a100-80gb", "num_nodes": 2},
+        "model": {"transformer": {"num_layers": 8, "hidden_size": 1024, "num_heads": 16, "ffn_hidden_size": 4096,
+                                  "vocab_size": 32000}},
+        "parallelism": {"tp": 4, "pp": 4, "pipeline_schedule": "interleaved-1f1b", "virtual_stages": 2},
+        "training": {"micro_batch_size": 1, "global_batch_size": 8, "seq_len": 1024},
+        "ddp": {"implementation": "megatron"}}
+    overlapped = simulate({**data, "ddp": {"implementation": "megatron", "overlap": True}}, trace=False)
+    after = simulate({**data, "ddp": {"implementation": "megatron", "overlap": False}}, trace=False)
+    exact = simulate({**data, "ddp": {"implementation": "megatron", "overlap": True}}, trace=False, exact=True)
+    assert overlapped.dp == 1
+    assert overlapped.step_time_s == pytest.approx(after.step_time_s, rel=1e-12)
+    assert overlapped.bounds.no_overlap_s == pytest.approx(after.bounds.no_overlap_s, rel=1e-12)
+    assert exact.bounds.no_overlap_s == pytest.approx(overlapped.bounds.no_overlap_s, rel=1e-9)
+    assert overlapped.step_time_s <= overlapped.bounds.no_overlap_s

@@ -751,8 +751,9 @@ def record_pipeline_ends(plan: StepPlan, serial: list[float], kernels: list[floa
 def bound_steps(plan: StepPlan) -> tuple[Linear, Linear]:
     """The operation steps of the two bounds' schedules: TP and send/recv serialised, and kernels only.
 
-    Serialised, a rank whose gradient reduction overlaps its last backward passes pays that reduction once,
-    up front, at the first operation that can run beside it: sharing a link delays the operation's own
+    Serialised, a rank whose gradient reduction overlaps its last backward passes (and takes time: with dp = 1
+    there is nothing to reduce, and nothing is added) pays that reduction once, up front, at the first
+    operation that can run beside it: sharing a link delays the operation's own
     collectives by at most the reduction's transfer, and interference slows its kernels by at most ``i``
     times the time collectives are in flight (the reduction's and the operation's own). Front-loading the
     delay makes every later end time, on every rank, at least as late as any real spread of it.
@@ -803,8 +804,8 @@ def bound_steps(plan: StepPlan) -> tuple[Linear, Linear]:
         serial.pre.append(lates)
         serial.hold.append(works)
         serial.tail.append(comms)
-        if rp.overlap:
-            reduce = _reductions(plan, rp.buckets)[1]
+        reduce = _reductions(plan, rp.buckets)[1] if rp.overlap else 0.0
+        if reduce > 0:  # a reduction in flight beside the rank's operations (none with dp = 1: nothing to reduce)
             ops = plan.ops[r]
             after = sum(comms[code % two] for code in op_codes(ops, first_release[r], len(ops), num_vs))
             serial.extra.append({first_release[r]: (1 + 2 * i) * (reduce + after)})
