@@ -156,3 +156,19 @@ def test_nothing_to_reduce_adds_nothing_to_the_no_overlap_bound() -> None:
     assert overlapped.bounds.no_overlap_s == pytest.approx(after.bounds.no_overlap_s, rel=1e-12)
     assert exact.bounds.no_overlap_s == pytest.approx(overlapped.bounds.no_overlap_s, rel=1e-9)
     assert overlapped.step_time_s <= overlapped.bounds.no_overlap_s
+
+
+@pytest.mark.parametrize("tp", [1, 2])
+def test_a_plans_tp_flag_is_the_walks(tp: int) -> None:
+    # build_plan sets has_tp_collectives without a walk when tp = 1; the walk over every layer plan agrees.
+    from simddp import as_scenario
+    from simddp.sim.plan import LayerPlans, build_plan
+
+    scenario = as_scenario({
+        "cluster": {"preset": "dgx-a100-80gb", "num_nodes": 1},
+        "model": {"transformer": {"num_layers": 4, "hidden_size": 1024, "num_heads": 16, "ffn_hidden_size": 4096,
+                                  "vocab_size": 32000}},
+        "parallelism": {"tp": tp, "pp": 2},
+        "training": {"micro_batch_size": 1, "global_batch_size": 8, "seq_len": 1024}})
+    for rank in build_plan(scenario).ranks:
+        assert rank.plans.has_tp_collectives == LayerPlans(rank.plans).has_tp_collectives == (tp > 1)

@@ -432,6 +432,8 @@ def build_plan(scenario: Scenario, workload: Workload | None = None) -> StepPlan
         if plans is None:
             plans = rank_plans[r] = LayerPlans(layer_plans(scenario, layers, workload.parameters, timed, rule,
                                                            workload.blocks))
+            if par.tp == 1:  # layer_plans gives a layer collectives of its own only with tp > 1: no walk for it
+                plans.has_tp_collectives = False
         rank = RankPlan(r, layers, plans, grads, bucket_of_layer, buckets, rounds, opt_s, gather_after,
                         _embedding_sync(scenario, workload, r, rule), overlap=rule.overlap)
         _ddp_options(scenario, rank, unused, dp)
