@@ -399,9 +399,13 @@ def build_plan(scenario: Scenario, workload: Workload | None = None) -> StepPlan
         if bucket_of_layer is None:
             ids = grads.global_ids
             bucket_of = {ids[p]: b.index for b in grads.buckets for p in b.param_indices}.__getitem__  # global id
-            bucket_of_layer = grads.memo["bucket of layer"] = [
-                [bucket_of(g) for g in la.param_indices if g not in unused] if unused
-                else list(map(bucket_of, la.param_indices)) for la in layers]
+            if unused:
+                bucket_of_layer = [[bucket_of(g) for g in la.param_indices if g not in unused] for la in layers]
+            else:  # one list for every layer without parameters (most of a block's; the lists are read only)
+                none: list[int] = []
+                bucket_of_layer = [list(map(bucket_of, la.param_indices)) if la.param_indices else none
+                                   for la in layers]
+            grads.memo["bucket of layer"] = bucket_of_layer
         working = grads.memo.get("working")
         if working is None:
             working = grads.memo["working"] = [workload.parameters[g] for g in grads.global_ids]
