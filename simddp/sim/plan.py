@@ -559,9 +559,9 @@ def _stage_passes(rank: RankPlan, vs: int, plans: Sequence[LayerPlan], overlap: 
     their kernel sums, in one pass over its layers, and with ``tp`` (layers have TP collectives only then)
     their TP collectives added (:func:`simddp.sim.layers.layer_tp_s`, for the no-overlap bound; else 0).
     Layers of identical blocks share one timing object, whose numbers are worked out once per plan
-    (``per_timing``, shared by the ranks: the timing objects live as long as the plan's layer plans do). The
-    sums run in layer order, as ``sum()`` over the layers would."""
-    fwd_alone = fwd_busy = bwd_alone = bwd_busy = fwd_work = bwd_work = recompute = fwd_tp = bwd_tp = 0.0
+    (``per_timing``, shared by the ranks: the timing objects live as long as the plan's layer plans do). Each
+    sum is ``sum()``'s over the layers, in layer order (one column of the layers' values each)."""
+    rows = []
     for plan in plans:
         key = id(plan.timing)
         values = per_timing.get(key)
@@ -571,22 +571,11 @@ def _stage_passes(rank: RankPlan, vs: int, plans: Sequence[LayerPlan], overlap: 
                                         *layer_alone(plan, overlap, "B", interference),
                                         t.fwd_s, t.bwd_s, t.recompute_s,
                                         *((layer_tp_s(plan, "F"), layer_tp_s(plan, "B")) if tp else (0.0, 0.0)))
-        fwd_alone += values[0]
-        fwd_busy += values[1]
-        bwd_alone += values[2]
-        bwd_busy += values[3]
-        fwd_work += values[4]
-        bwd_work += values[5]
-        recompute += values[6]
-    if tp:
-        for plan in plans:
-            values = per_timing[id(plan.timing)]
-            fwd_tp += values[7]
-            bwd_tp += values[8]
-    rank.fwd_alone_s[vs], rank.fwd_busy_s[vs] = fwd_alone, fwd_busy
-    rank.bwd_alone_s[vs], rank.bwd_busy_s[vs] = bwd_alone, bwd_busy
-    rank.fwd_work_s[vs], rank.bwd_work_s[vs], rank.bwd_recompute_s[vs] = fwd_work, bwd_work, recompute
-    rank.fwd_tp_s[vs], rank.bwd_tp_s[vs] = fwd_tp, bwd_tp
+        rows.append(values)
+    sums = [sum(column, 0.0) for column in zip(*rows, strict=True)] if rows else [0.0] * 9
+    rank.fwd_alone_s[vs], rank.fwd_busy_s[vs], rank.bwd_alone_s[vs], rank.bwd_busy_s[vs] = sums[:4]
+    rank.fwd_work_s[vs], rank.bwd_work_s[vs], rank.bwd_recompute_s[vs] = sums[4:7]
+    rank.fwd_tp_s[vs], rank.bwd_tp_s[vs] = sums[7:]  # 0 without tp (their values are)
 
 
 def dp_collective(scenario: Scenario, op: Op, size_bytes: int, group: CommGroup,
