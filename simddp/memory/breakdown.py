@@ -8,6 +8,7 @@ tied output embedding keeps a copy of the word embedding on the last stage).
 from __future__ import annotations
 
 from collections.abc import Sequence
+from operator import attrgetter
 from typing import Any
 
 from pydantic import TypeAdapter
@@ -27,6 +28,7 @@ from simddp.workload import PRECISION_ACT_BYTES, Layer, Workload, build_workload
 from simddp.zero import ZeroRule, describe, zero_rule
 
 _ITEM_LIST = TypeAdapter(list[MemoryItem])
+_NUMEL, _SIZE = attrgetter("numel"), attrgetter("numel", "dtype")  # a parameter's elements; (elements, dtype)
 
 
 def memory_breakdown(scenario: Scenario, workload: Workload | None = None, stage: int | None = None) -> MemoryBreakdown:
@@ -199,8 +201,8 @@ def _fixed_items(scenario: Scenario, workload: Workload, stage: int,
     # A stage's parameter count and sizes, once per workload.
     sizes_key = ("stage sizes", stage, par.pp)
     if sizes_key not in workload.shared:
-        params = [workload.parameters[i] for i in ids]
-        workload.shared[sizes_key] = (params, sum(p.numel for p in params), tuple((p.numel, p.dtype) for p in params))
+        params = list(map(workload.parameters.__getitem__, ids))
+        workload.shared[sizes_key] = (params, sum(map(_NUMEL, params)), tuple(map(_SIZE, params)))
     params, num_params, sizes = workload.shared[sizes_key]
     key = ("states", sizes, tr.precision, tr.optimizer, zero, dp, fp32_grads)
     states = workload.shared.get(key)
