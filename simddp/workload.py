@@ -319,6 +319,8 @@ class Workload:
         return sorted(range(len(ids)), key=before.__getitem__) == sorted(range(len(ids)), key=after.__getitem__)
 
 
+_MODEL_FLOP = attrgetter("model_flop")
+
 #: What makes two layers alike, besides where they sit and what they own: twin ranks' layers
 #: (:meth:`Workload.rank_twins`) and the layers one layer plan times (:func:`simddp.sim.plan.layer_plans`).
 LAYER_KIND = attrgetter("fwd", "dgrad", "wgrad", "collectives", "recompute", "fwd_time_s", "bwd_time_s")
@@ -798,7 +800,7 @@ def _transformer_workload(scenario: Scenario, spec: TransformerSpec,
     if sorted(ready) != list(range(len(params))):
         raise AssertionError("every parameter belongs to one layer")  # a bug in this module, not user input
 
-    flop_per_sample = 3 * tp * sum(la.model_flop for la in layers) / b
+    flop_per_sample = 3 * tp * sum(map(_MODEL_FLOP, layers)) / b
     notes = []
     if spec.kv_heads < tp:
         notes.append(f"num_kv_heads({spec.kv_heads}) < tp({tp}): K/V projections are replicated")
