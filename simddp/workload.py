@@ -203,7 +203,8 @@ class Workload:
         key = ("rank params", rank, pp)
         ids = self.shared.get(key)
         if ids is None:
-            ids = self.shared[key] = sorted({i for layer in self.rank_layers(rank, pp) for i in layer.param_indices})
+            ids = self.shared[key] = sorted(set(itertools.chain.from_iterable(
+                map(_PARAM_INDICES, self.rank_layers(rank, pp)))))
         return ids  # type: ignore[no-any-return]
 
     def reduced_gradients(self, ids: Sequence[int], reduce_in_fp32: bool) -> tuple[list[Param], list[int]]:
@@ -319,7 +320,7 @@ class Workload:
         return sorted(range(len(ids)), key=before.__getitem__) == sorted(range(len(ids)), key=after.__getitem__)
 
 
-_MODEL_FLOP = attrgetter("model_flop")
+_MODEL_FLOP, _PARAM_INDICES = attrgetter("model_flop"), attrgetter("param_indices")
 
 #: What makes two layers alike, besides where they sit and what they own: twin ranks' layers
 #: (:meth:`Workload.rank_twins`) and the layers one layer plan times (:func:`simddp.sim.plan.layer_plans`).

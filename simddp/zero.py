@@ -47,6 +47,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
+from operator import attrgetter
 from typing import Literal
 
 from simddp.bucketing import BucketSpec, ParamLike, bucket_assignment
@@ -61,6 +62,8 @@ from simddp.config import (
 from simddp.engine_caches import KeyedCache
 from simddp.units import MiB, dtype_bytes
 from simddp.workload import Layer, Workload, fsdp_unit_layers
+
+_SIZE = attrgetter("numel", "dtype")  # a gradient's (elements, dtype): what its bucket assignment reads
 
 ReduceOp = Literal["all-reduce", "reduce-scatter"]
 BucketRule = Literal["torch", "deepspeed", "megatron", "units"]
@@ -278,7 +281,7 @@ def stage_gradient_buckets(rule: ZeroRule, workload: Workload, stage: int, ids: 
     key = ("stage buckets", stage, *rule_key, tuple(ids))  # the plan's and the memory model's question
     memo = workload.shared
     if key not in memo:
-        content = ("gradient buckets", *rule_key, tuple((g.numel, g.dtype) for g in grads), tuple(order))
+        content = ("gradient buckets", *rule_key, tuple(map(_SIZE, grads)), tuple(order))
         if content not in memo:
             memo[content] = gradient_buckets(rule, grads, order)
         memo[key] = memo[content]
