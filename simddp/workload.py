@@ -215,10 +215,12 @@ class Workload:
         key = ("reduced gradients", reduce_in_fp32, tuple(ids))
         got = self.shared.get(key)
         if got is None:
-            local = {g: k for k, g in enumerate(ids)}
+            local = dict(zip(ids, range(len(ids)), strict=True))
             parameters = self.parameters
-            got = self.shared[key] = ([grad_reduce_spec(parameters[g], reduce_in_fp32) for g in ids],
-                                      [local[g] for g in self.ready_sorted(ids)])
+            # Without reduce_in_fp32 every grad_reduce_spec is the parameter itself.
+            specs = ([grad_reduce_spec(parameters[g], reduce_in_fp32) for g in ids] if reduce_in_fp32
+                     else list(map(parameters.__getitem__, ids)))
+            got = self.shared[key] = (specs, list(map(local.__getitem__, self.ready_sorted(ids))))
         return got  # type: ignore[no-any-return]
 
     def rank_layers(self, rank: int, pp: int) -> tuple[Layer, ...]:
