@@ -9,7 +9,6 @@ from __future__ import annotations
 import functools
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field, replace
-from operator import attrgetter
 from typing import Any
 
 from simddp.bucketing import BucketSpec, ParamLike, ddp_initial_buckets
@@ -137,9 +136,6 @@ class FsdpUnitPlan:
     reduce_blocks: bool = False
 
 
-_COMPUTE_S, _RECOMPUTE_S = attrgetter("timing.compute_s"), attrgetter("timing.recompute_s")  # of a LayerPlan
-
-
 class LayerPlans(list[LayerPlan]):
     """A rank's layer plans in forward order, with their sums worked out once per list: configurations that
     share their layer plans (:func:`build_plan` keeps them in the workload's memo) share these too."""
@@ -153,11 +149,11 @@ class LayerPlans(list[LayerPlan]):
     @functools.cached_property
     def kernel_s(self) -> float:
         """Kernel time (forward, recompute, backward) of one micro-batch."""
-        return sum(map(_COMPUTE_S, self))
+        return sum(p.timing.compute_s for p in self)
 
     @functools.cached_property
     def recompute_s(self) -> float:
-        return sum(map(_RECOMPUTE_S, self))
+        return sum(p.timing.recompute_s for p in self)
 
     @functools.cached_property
     def tp_comm_s(self) -> float:
