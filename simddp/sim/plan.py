@@ -505,10 +505,8 @@ def _twin(scenario: Scenario, workload: Workload, first: RankPlan, delta: int, r
     # the rank's own.
     fields = {**first.__dict__}
     fields["index"], fields["layers"], fields["grads"] = r, layers, grads
-    # The pass dicts share their keys, in one order (_stage_passes sets them together): shifted once.
-    shifted = [vs + shift for vs in first.fwd_alone_s]
     for name in _PASS_FIELDS:
-        fields[name] = dict(zip(shifted, fields[name].values(), strict=True))
+        fields[name] = {vs + shift: value for vs, value in fields[name].items()}
     rank = object.__new__(RankPlan)
     rank.__dict__ = fields
     return rank
