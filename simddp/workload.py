@@ -203,8 +203,7 @@ class Workload:
         key = ("rank params", rank, pp)
         ids = self.shared.get(key)
         if ids is None:
-            ids = self.shared[key] = sorted(set(itertools.chain.from_iterable(
-                map(_PARAM_INDICES, self.rank_layers(rank, pp)))))
+            ids = self.shared[key] = sorted({i for layer in self.rank_layers(rank, pp) for i in layer.param_indices})
         return ids  # type: ignore[no-any-return]
 
     def reduced_gradients(self, ids: Sequence[int], reduce_in_fp32: bool) -> tuple[list[Param], list[int]]:
@@ -215,12 +214,12 @@ class Workload:
         key = ("reduced gradients", reduce_in_fp32, tuple(ids))
         got = self.shared.get(key)
         if got is None:
-            local = dict(zip(ids, range(len(ids)), strict=True))
+            local = {g: k for k, g in enumerate(ids)}
             parameters = self.parameters
             # Without reduce_in_fp32 every grad_reduce_spec is the parameter itself.
             specs = ([grad_reduce_spec(parameters[g], reduce_in_fp32) for g in ids] if reduce_in_fp32
-                     else list(map(parameters.__getitem__, ids)))
-            got = self.shared[key] = (specs, list(map(local.__getitem__, self.ready_sorted(ids))))
+                     else [parameters[g] for g in ids])
+            got = self.shared[key] = (specs, [local[g] for g in self.ready_sorted(ids)])
         return got  # type: ignore[no-any-return]
 
     def rank_layers(self, rank: int, pp: int) -> tuple[Layer, ...]:
@@ -321,8 +320,6 @@ class Workload:
         # One order when sorting by either's positions permutes the parameters alike.
         return sorted(range(len(ids)), key=before.__getitem__) == sorted(range(len(ids)), key=after.__getitem__)
 
-
-_MODEL_FLOP, _PARAM_INDICES = attrgetter("model_flop"), attrgetter("param_indices")
 
 #: What makes two layers alike, besides where they sit and what they own: twin ranks' layers
 #: (:meth:`Workload.rank_twins`) and the layers one layer plan times (:func:`simddp.sim.plan.layer_plans`).
@@ -803,7 +800,7 @@ def _transformer_workload(scenario: Scenario, spec: TransformerSpec,
     if sorted(ready) != list(range(len(params))):
         raise AssertionError("every parameter belongs to one layer")  # a bug in this module, not user input
 
-    flop_per_sample = 3 * tp * sum(map(_MODEL_FLOP, layers)) / b
+    flop_per_sample = 3 * tp * sum(la.model_flop for la in layers) / b
     notes = []
     if spec.kv_heads < tp:
         notes.append(f"num_kv_heads({spec.kv_heads}) < tp({tp}): K/V projections are replicated")

@@ -201,7 +201,7 @@ def _fixed_items(scenario: Scenario, workload: Workload, stage: int,
     # A stage's parameter count and sizes, once per workload.
     sizes_key = ("stage sizes", stage, par.pp)
     if sizes_key not in workload.shared:
-        params = list(map(workload.parameters.__getitem__, ids))
+        params = [workload.parameters[i] for i in ids]
         workload.shared[sizes_key] = (params, sum(map(_NUMEL, params)), tuple(map(_SIZE, params)))
     params, num_params, sizes = workload.shared[sizes_key]
     key = ("states", sizes, tr.precision, tr.optimizer, zero, dp, fp32_grads)

@@ -26,8 +26,6 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from itertools import repeat
-from operator import sub
 from typing import Any
 
 from simddp.sim.pipeline import PipeOp, Schedule, last_backward, op_codes
@@ -528,12 +526,8 @@ def _moves(shape: Steady, units: int, cycle: int) -> list[int]:
 
 def _shifted(before: list[float], now: list[float], delta: float) -> bool:
     """Whether ``now`` is ``before`` plus ``delta`` everywhere, up to float rounding."""
-    if len(before) != len(now):
-        raise ValueError("states of different lengths")  # zip(strict=True)'s check, as before
-    tol = _REL_TOL * max(map(abs, now))
-    # The largest |now - before - delta|, each difference rounded as (b - a) - delta, all in C (no early exit:
-    # the 1T pipeline compares ~130 numbers ~190 times).
-    return max(map(abs, map(sub, map(sub, now, before), repeat(delta))), default=0.0) <= tol
+    tol = _REL_TOL * max(abs(x) for x in now)
+    return all(abs(b - a - delta) <= tol for a, b in zip(before, now, strict=True))
 
 
 __all__ = ["MAX_CYCLE", "Linear", "ScheduleRun", "Steady", "TooManyOperations", "steady"]
