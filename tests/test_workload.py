@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from scenarios import base_scenario
 
-from simddp.config import ModelConfig, deep_merge
+from simddp.config import ModelConfig, Scenario, deep_merge
 from simddp.scenario_io import scenario_from_dict
 from simddp.workload import build_workload, total_params
 
@@ -263,29 +263,36 @@ def test_virtual_stages_change_the_structure() -> None:
     assert _structure(fresh_workload(two)) != _structure(fresh_workload(four))
 
 
+def _small_pipeline(layers: int, pp: int, v: int) -> Scenario | None:
+    """A small transformer of ``layers`` blocks over ``pp`` stages of ``v`` chunks each (1F1B, or interleaved
+    with v > 1), or None where no such scenario is valid."""
+    from simddp.errors import ScenarioError
+
+    data = deep_merge(base_scenario(), {
+        "cluster": {"num_nodes": pp},
+        "model": {"preset": None, "transformer": {
+            "num_layers": layers, "hidden_size": 256, "num_heads": 4, "ffn_hidden_size": 1024,
+            "vocab_size": 1000, "max_position_embeddings": 1024}},
+        "training": {"micro_batch_size": 1, "global_batch_size": 24 * pp},
+        "parallelism": {"pp": pp, "virtual_stages": v, "pipeline_schedule": "interleaved-1f1b" if v > 1 else "1f1b"}})
+    try:
+        return scenario_from_dict(data)
+    except (ScenarioError, ValueError):
+        return None
+
+
 def test_rank_twins_from_the_layout_are_the_walks() -> None:
     """A transformer workload knows its pipeline ranks' twins from how it lays blocks out
     (``workload._block_twins``); the walk over every rank's layers and parameters (Workload.rank_twins on a
     workload without that answer) must give the same, with equal and unequal stages, interleaved or not."""
     from dataclasses import replace
 
-    from simddp.errors import ScenarioError
-
     checked, unequal, kinds = 0, 0, set()
     for layers in (12, 13, 15, 16, 17, 19, 20, 24, 30):
         for pp in (2, 3, 4, 5, 6, 7, 8):
             for v in (1, 2, 3):
-                data = deep_merge(base_scenario(), {
-                    "cluster": {"num_nodes": pp},
-                    "model": {"preset": None, "transformer": {
-                        "num_layers": layers, "hidden_size": 256, "num_heads": 4, "ffn_hidden_size": 1024,
-                        "vocab_size": 1000, "max_position_embeddings": 1024}},
-                    "training": {"micro_batch_size": 1, "global_batch_size": 24 * pp},
-                    "parallelism": {"pp": pp, "virtual_stages": v,
-                                    "pipeline_schedule": "interleaved-1f1b" if v > 1 else "1f1b"}})
-                try:
-                    scenario = scenario_from_dict(data)
-                except (ScenarioError, ValueError):
+                scenario = _small_pipeline(layers, pp, v)
+                if scenario is None:
                     continue
                 w = build_workload(scenario)
                 walked = replace(w, memo={}).rank_twins(pp)
@@ -304,23 +311,12 @@ def test_rank_layers_from_the_layout_are_the_walks() -> None:
     give the same, with equal and unequal stages, interleaved or not, and with the layout left out."""
     from dataclasses import replace
 
-    from simddp.errors import ScenarioError
-
     checked = 0
     for layers in (1, 2, 7, 12, 13, 16, 19):
         for pp in (1, 2, 3, 4, 8):
             for v in (1, 2, 3):
-                data = deep_merge(base_scenario(), {
-                    "cluster": {"num_nodes": pp},
-                    "model": {"preset": None, "transformer": {
-                        "num_layers": layers, "hidden_size": 256, "num_heads": 4, "ffn_hidden_size": 1024,
-                        "vocab_size": 1000, "max_position_embeddings": 1024}},
-                    "training": {"micro_batch_size": 1, "global_batch_size": 24 * pp},
-                    "parallelism": {"pp": pp, "virtual_stages": v,
-                                    "pipeline_schedule": "interleaved-1f1b" if v > 1 else "1f1b"}})
-                try:
-                    scenario = scenario_from_dict(data)
-                except (ScenarioError, ValueError):
+                scenario = _small_pipeline(layers, pp, v)
+                if scenario is None:
                     continue
                 w = build_workload(scenario)
                 assert w.blocks is not None
