@@ -635,8 +635,8 @@ def _param_sync(rule: ZeroRule, working: Sequence[ParamLike], dp: CommGroup) -> 
     if rule.param_sync == "all-gather":
         return collective_cost("all-gather", sum(p.numel * dtype_bytes(p.dtype) for p in working), dp)
     if rule.param_sync == "broadcast":
-        # One broadcast per parameter (a 7B model's 291): sized with each dtype's width looked up once, costed
-        # once per distinct size, and their times and hops added in parameter order, as a sum() of them would.
+        # One broadcast per parameter (a 7B model's 291), one after another: sized with each dtype's width
+        # looked up once, costed once per distinct size; their sizes, times and hops add, in parameter order.
         widths = {dtype: dtype_bytes(dtype) for dtype in {p.dtype for p in working}}
         costs: dict[int, CollectiveCost] = {}
         size_bytes, time_s, latency_s = 0, 0.0, 0.0

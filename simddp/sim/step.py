@@ -751,12 +751,12 @@ def record_pipeline_ends(plan: StepPlan, serial: list[float], kernels: list[floa
 def bound_steps(plan: StepPlan) -> tuple[Linear, Linear]:
     """The operation steps of the two bounds' schedules: TP and send/recv serialised, and kernels only.
 
-    Serialised, a rank whose gradient reduction overlaps its last backward passes (and takes time: with dp = 1
-    there is nothing to reduce, and nothing is added) pays that reduction once, up front, at the first
-    operation that can run beside it: sharing a link delays the operation's own
-    collectives by at most the reduction's transfer, and interference slows its kernels by at most ``i``
-    times the time collectives are in flight (the reduction's and the operation's own). Front-loading the
-    delay makes every later end time, on every rank, at least as late as any real spread of it.
+    Serialised, a rank whose gradient reduction overlaps its last backward passes pays that reduction once, up
+    front, at the first operation that can run beside it: sharing a link delays the operation's own collectives
+    by at most the reduction's transfer, and interference slows its kernels by at most ``i`` times the time
+    collectives are in flight (the reduction's and the operation's own). Front-loading the delay makes every
+    later end time, on every rank, at least as late as any real spread of it. A reduction that takes no time
+    (dp = 1: nothing to reduce) is never in flight, and adds nothing.
     """
     par = plan.scenario.parallelism
     num_vs = par.pp * par.virtual_stages
