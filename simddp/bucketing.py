@@ -64,9 +64,13 @@ class ParamLike(Protocol):
     def dtype(self) -> str: ...
 
 
+#: A parameter's (elements, dtype): what its sizes in bytes, model states and bucket assignment depend on.
+PARAM_SIZE = operator.attrgetter("numel", "dtype")
+
 __all__ = [
     "DEFAULT_BUCKET_CAP_MB",
     "DEFAULT_FIRST_BUCKET_BYTES",
+    "PARAM_SIZE",
     "Bucket",
     "BucketSpec",
     "bucket_assignment",

@@ -47,10 +47,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
-from operator import attrgetter
 from typing import Literal
 
-from simddp.bucketing import BucketSpec, ParamLike, bucket_assignment
+from simddp.bucketing import PARAM_SIZE, BucketSpec, ParamLike, bucket_assignment
 from simddp.config import (
     SUPPORTED_ZERO_STAGES,
     DDPConfig,
@@ -62,8 +61,6 @@ from simddp.config import (
 from simddp.engine_caches import KeyedCache
 from simddp.units import MiB, dtype_bytes
 from simddp.workload import Layer, Workload, fsdp_unit_layers
-
-_SIZE = attrgetter("numel", "dtype")  # a gradient's (elements, dtype): what its bucket assignment reads
 
 ReduceOp = Literal["all-reduce", "reduce-scatter"]
 BucketRule = Literal["torch", "deepspeed", "megatron", "units"]
@@ -281,7 +278,7 @@ def stage_gradient_buckets(rule: ZeroRule, workload: Workload, stage: int, ids: 
     key = ("stage buckets", stage, *rule_key, tuple(ids))  # the plan's and the memory model's question
     memo = workload.shared
     if key not in memo:
-        content = ("gradient buckets", *rule_key, tuple(map(_SIZE, grads)), tuple(order))
+        content = ("gradient buckets", *rule_key, tuple(map(PARAM_SIZE, grads)), tuple(order))
         if content not in memo:
             memo[content] = gradient_buckets(rule, grads, order)
         memo[key] = memo[content]

@@ -13,6 +13,7 @@ from typing import Any
 
 from pydantic import TypeAdapter
 
+from simddp.bucketing import PARAM_SIZE
 from simddp.config import Scenario
 from simddp.memory.activations import (
     in_flight_micro_batches,
@@ -28,7 +29,7 @@ from simddp.workload import PRECISION_ACT_BYTES, Layer, Workload, build_workload
 from simddp.zero import ZeroRule, describe, zero_rule
 
 _ITEM_LIST = TypeAdapter(list[MemoryItem])
-_NUMEL, _SIZE = attrgetter("numel"), attrgetter("numel", "dtype")  # a parameter's elements; (elements, dtype)
+_NUMEL = attrgetter("numel")
 
 
 def memory_breakdown(scenario: Scenario, workload: Workload | None = None, stage: int | None = None) -> MemoryBreakdown:
@@ -202,7 +203,7 @@ def _fixed_items(scenario: Scenario, workload: Workload, stage: int,
     sizes_key = ("stage sizes", stage, par.pp)
     if sizes_key not in workload.shared:
         params = [workload.parameters[i] for i in ids]
-        workload.shared[sizes_key] = (params, sum(map(_NUMEL, params)), tuple(map(_SIZE, params)))
+        workload.shared[sizes_key] = (params, sum(map(_NUMEL, params)), tuple(map(PARAM_SIZE, params)))
     params, num_params, sizes = workload.shared[sizes_key]
     key = ("states", sizes, tr.precision, tr.optimizer, zero, dp, fp32_grads)
     states = workload.shared.get(key)

@@ -19,10 +19,9 @@ from __future__ import annotations
 import math
 from collections import Counter
 from collections.abc import Iterable
-from operator import attrgetter
 from typing import NamedTuple
 
-from simddp.bucketing import ParamLike
+from simddp.bucketing import PARAM_SIZE, ParamLike
 from simddp.config import ParameterSpec
 from simddp.units import dtype_bytes
 from simddp.workload import PRECISION_ACT_BYTES, PRECISION_PARAM_DTYPE
@@ -67,9 +66,6 @@ def _optimizer_state_numel(optimizer: str, numel: int) -> int:
     return min(numel, 2 * math.isqrt(numel - 1) + 2)  # r + c of a square matrix, ceil(sqrt(n)) each
 
 
-_SIZE = attrgetter("numel", "dtype")
-
-
 def model_states_bytes(
     params: Iterable[ParamLike],
     precision: str,
@@ -92,7 +88,7 @@ def model_states_bytes(
         raise ValueError(f"dp({dp}) must be >= 1")
     p_bytes = g_bytes = master = state = 0
     # Integer sums, so parameters of one size and dtype (every block's) are counted together.
-    for (numel, dtype), count in Counter(map(_SIZE, params)).items():
+    for (numel, dtype), count in Counter(map(PARAM_SIZE, params)).items():
         width = dtype_bytes(dtype)
         p_bytes += count * numel * width
         g_bytes += count * numel * (max(width, _FP32_BYTES) if reduce_in_fp32 else width)
