@@ -94,57 +94,49 @@ def _knobs(plan: StepPlan) -> bool:
 # ------------------------------------------------------------------------------------- data parallel
 class _Reductions:
     """The DP stream: reductions in (round, bucket) order, each alone on its link, once ready. Ready and
-    reduced times are kept in flat lists (position ``round * buckets + bucket``), and each link's transfers in
-    one sum (``moved``: busy and worked alike, as :meth:`Outcome.transfer` books them), while the step runs;
-    they are handed to the outcome once at its end (:meth:`book`), which no other transfer has touched before
-    (the embedding sync and the rest come after, :func:`_finish`)."""
+    reduced times are kept in flat lists (position ``round * buckets + bucket``) while the step runs, and
+    handed to the outcome's dicts once at its end (:meth:`book`)."""
 
     def __init__(self, out: Outcome, rounds: int, costs: list[tuple[float, str, float]]) -> None:
         self.out = out
         self.rounds = rounds
-        self.costs = costs * rounds  # by position
-        self.ready: list[float | None] = [None] * len(self.costs)
+        self.costs = costs
+        self.ready: list[float | None] = [None] * (rounds * len(costs))
         self.spans: list[tuple[float, float]] = []
         self.end = 0.0
-        self.dp_comm = 0.0
-        self.moved = dict.fromkeys(out.link_busy_s, 0.0)
         self.intervals: deque[tuple[float, float]] = deque()
 
     def schedule(self) -> None:
         """Start every reduction whose bucket and predecessors are ready (the loop of a 7B model's 226
-        buckets: its lookups are locals)."""
-        costs, ready, spans, moved = self.costs, self.ready, self.spans, self.moved
-        k, n, end, dp_comm = len(spans), len(ready), self.end, self.dp_comm
-        interval, span = self.intervals.append, spans.append
+        buckets: its lookups are locals, its link accounting :meth:`Outcome.transfer` inline)."""
+        out, costs, ready, spans = self.out, self.costs, self.ready, self.spans
+        busy, work, intervals = out.link_busy_s, out.link_work_s, self.intervals
+        k, n, end, nb = len(spans), len(ready), self.end, len(costs)
+        dp_comm = out.dp_comm_s
         while k < n:
             at = ready[k]
             if at is None:
                 break
-            time_s, tier, transfer_s = costs[k]
+            time_s, tier, transfer_s = costs[k % nb]
             start = at if at >= end else end
             if time_s > 0:
                 end = start + time_s
-                interval((start, end))
+                intervals.append((start, end))
                 dp_comm += end - start
-                moved[tier] += transfer_s
+                busy[tier] += transfer_s
+                work[tier] += transfer_s
             else:
                 end = start
-            span((start, end))
+            spans.append((start, end))
             k += 1
-        self.end, self.dp_comm = end, dp_comm
+        self.end, out.dp_comm_s = end, dp_comm
 
     def book(self) -> None:
-        """Every reduction's ready time and (start, end), keyed (round, bucket), its time on the DP stream and
-        its transfers into the outcome (whose sums are still 0 here: these are the step's first)."""
-        out = self.out
-        nb = len(self.costs) // self.rounds
+        """Every reduction's ready time and (start, end) into the outcome, keyed (round, bucket)."""
+        nb = len(self.costs)
         keys = [(rnd, b) for rnd in range(self.rounds) for b in range(nb)]
-        out.ready_at.update(zip(keys, cast(list[float], self.ready), strict=True))  # all ready by the end
-        out.reduced.update(zip(keys, self.spans, strict=True))
-        out.dp_comm_s += self.dp_comm
-        for tier, seconds in self.moved.items():
-            out.link_busy_s[tier] += seconds
-            out.link_work_s[tier] += seconds
+        self.out.ready_at.update(zip(keys, cast(list[float], self.ready), strict=True))  # all ready by the end
+        self.out.reduced.update(zip(keys, self.spans, strict=True))
 
 
 def _advance(t: float, work: float, intervals: deque[tuple[float, float]], rate_in: float) -> float:
@@ -183,10 +175,9 @@ def _backward(p: RankPlan) -> tuple[list[tuple[float, float, tuple[int, ...]]], 
     if releases is None:
         left = {b.index: b.num_params for b in p.buckets}
         releases = []
-        none = ()
         for buckets in reversed(p.bucket_of_layer):
             if not buckets:  # a layer without parameters (most of a block's) releases nothing
-                releases.append(none)
+                releases.append(())
                 continue
             done = []
             for b in buckets:
@@ -194,7 +185,7 @@ def _backward(p: RankPlan) -> tuple[list[tuple[float, float, tuple[int, ...]]], 
                 left[b] = n
                 if not n:
                     done.append(b)
-            releases.append(tuple(done) if done else none)
+            releases.append(tuple(done))
         p.grads.memo["releases"] = releases
     runs_of = p.plans.memo.get(id(releases))  # kept beside the releases: an id is only theirs while they live
     if runs_of is None or runs_of[0] is not releases:
