@@ -247,16 +247,21 @@ class Workload:
             self.memo[key] = ([tuple(r) for r in ranks], positions)
         return self.memo[key]  # type: ignore[no-any-return]
 
+    def block_heads(self) -> range | None:
+        """The positions of each block's first layer (:attr:`blocks`), or None where the workload does not say."""
+        if self.blocks is None:
+            return None
+        start, per, count = self.blocks
+        return range(start, start + per * count, per)
+
     def _stage_runs(self) -> list[tuple[int, int, int]]:
         """The layers as runs of consecutive layers of one virtual stage: (stage, first, end) in layer order.
         A block's layers share a stage, so where the workload says where its blocks are (:attr:`blocks`),
         a block's first layer stands for the block (a 1T model's 128 of ~1,300 layers are read)."""
-        layers = self.layers
+        layers, firsts = self.layers, self.block_heads()
         probes: Iterable[int] = range(len(layers))  # the layers whose stage is read: all, or each block's first
-        if self.blocks is not None:
-            start, per, count = self.blocks
-            end = start + per * count
-            probes = itertools.chain(range(start), range(start, end, per), range(end, len(layers)))
+        if firsts is not None:
+            probes = itertools.chain(range(firsts.start), firsts, range(firsts.stop, len(layers)))
         heads: list[tuple[int, int]] = []  # (stage, position) where the layers from position on have that stage
         for lo in probes:
             stage = layers[lo].stage

@@ -294,12 +294,8 @@ def _blocks_per_rank(workload: Workload, pp: int) -> list[int]:
     one stage, so its first layer's says where it is. Where the workload says where its blocks are
     (:attr:`Workload.blocks`), only their first layers are read (a 1T model's 128 of ~1,300)."""
     ranks: list[set[int]] = [set() for _ in range(pp)]
-    layers = workload.layers
-    if workload.blocks is not None:
-        start, per, count = workload.blocks
-        firsts: Sequence[Layer] = layers[start:start + per * count:per]
-    else:
-        firsts = layers
+    layers, heads = workload.layers, workload.block_heads()
+    firsts: Sequence[Layer] = layers if heads is None else [layers[i] for i in heads]
     for la in firsts:
         if la.block is not None:
             ranks[la.stage % pp].add(la.block)
