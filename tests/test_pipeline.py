@@ -141,6 +141,7 @@ def test_schedules_computed_on_access_equal_the_lists(name: str, v: int, p: int,
         for a, b in ((0, n), (0, n // 3), (n // 3, n), (n // 2, n // 2 + 5), (n - 1, n)):
             assert lazy.codes(a, min(b, n)) == codes[a:min(b, n)]
         for a in range(n):  # every start: a pair's forward or its backward first, across each phase's ends
-            assert lazy.codes(a, min(a + 7, n)) == codes[a:a + 7]
+            for width in (1, 2, 7):  # one operation, a frontier's pair (1F1B has a path of its own), a run
+                assert lazy.codes(a, min(a + width, n)) == codes[a:a + width]
         assert list(last_backward(lazy, v).items()) == list(last_backward(ops, v).items())  # order too
         assert list(last_backward(lazy, v).items()) == list(last_backward(ops).items())

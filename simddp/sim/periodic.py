@@ -23,6 +23,7 @@ fast engine against the simpy simulation of every micro-batch.
 
 from __future__ import annotations
 
+import functools
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -153,6 +154,10 @@ class ScheduleRun:
         self.shifted = 0  # for tests and benchmarks: warm-up and drain operations timed as a twin rank's, shifted
         self.detected_at: tuple[int, int] | None = None  # (units run, cycle) when the repeat was found
         self._pairs: dict[tuple[int, int], list[int]] = {}  # (rank, position) -> the two codes before it
+        # Each rank's op_codes(ops, start, stop), bound once: a Schedule's own method, without the dispatch.
+        self._code_fns: list[Callable[[int, int], list[int]]] = [
+            o.codes if isinstance(o, Schedule)
+            else functools.partial(op_codes, o, num_virtual_stages=num_virtual_stages) for o in ops]
 
     @property
     def clock(self) -> list[float]:
@@ -179,7 +184,7 @@ class ScheduleRun:
         del self.clocks[self.count:]
 
     def _codes(self, r: int, start: int, stop: int) -> list[int]:
-        return op_codes(self.ops[r], start, stop, self.num_vs)
+        return self._code_fns[r](start, stop)
 
     def _last_pair(self, r: int, cut: int) -> list[int]:
         """The codes of rank ``r``'s two operations before position ``cut``: the end of what :meth:`advance`
@@ -195,7 +200,8 @@ class ScheduleRun:
         """
         pos = self.pos
         active = [r for r, (p, lim) in enumerate(zip(pos, limits, strict=True)) if p < lim]  # ranks with work
-        codes = {r: self._codes(r, pos[r], limits[r]) for r in active}  # codes[r][k]: the operation at pos[r] + k
+        fns = self._code_fns
+        codes = {r: fns[r](pos[r], limits[r]) for r in active}  # codes[r][k]: the operation at pos[r] + k
         self._pairs.update(((r, limits[r]), rc[-2:]) for r, rc in codes.items() if len(rc) >= 2)
         self._advance_linear(limits, active, codes)
         if any(p < lim for p, lim in zip(pos, limits, strict=True)):

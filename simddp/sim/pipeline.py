@@ -100,6 +100,7 @@ class Schedule(Sequence[PipeOp]):
         else:
             raise ValueError(f"unknown pipeline schedule {name!r}")
         self.length = 2 * self.total
+        self._step, self._base = 2 * p * v, 2 * rank  # a 1F1B code: k-th forward k step + base, backward + 1
 
     def __len__(self) -> int:
         return self.length
@@ -143,6 +144,14 @@ class Schedule(Sequence[PipeOp]):
         alternating pairs, the drain's backwards), each phase's forwards and backwards in one list each."""
         w, total = self.warmup, self.total
         pairs_end = 2 * total - w
+        if stop - start == 2 and w <= start and stop <= pairs_end and not self.interleaved:
+            # One pair of 1F1B (what the runner reads at each cut of each rank, 64 ranks for a 1T pipeline):
+            # forward w + j/2 at even j = i - w, backward j // 2 at odd j, as code_at has them, without calls.
+            j = start - w
+            half, step, base = j >> 1, self._step, self._base
+            if j & 1:
+                return [half * step + base + 1, (w + half + 1) * step + base]
+            return [(w + half) * step + base, half * step + base + 1]
         out = self._kth(0, range(start, stop if stop < w else w)) if start < w else []  # warm-up forward k = i
         lo, hi = max(start, w), min(stop, pairs_end)
         if lo < hi:  # forward w + j/2 at even j = i - w, backward j // 2 at odd j
