@@ -144,6 +144,8 @@ class Schedule(Sequence[PipeOp]):
         alternating pairs, the drain's backwards), each phase's forwards and backwards in one list each."""
         w, total = self.warmup, self.total
         pairs_end = 2 * total - w
+        if stop - start == 1:  # one operation (a 1F1B drain's cut: one per rank)
+            return [self.code_at(start)]
         if stop - start == 2 and w <= start and stop <= pairs_end and not self.interleaved:
             # One pair of 1F1B (what the runner reads at each cut of each rank, 64 ranks for a 1T pipeline):
             # forward w + j/2 at even j = i - w, backward j // 2 at odd j, as code_at has them, without calls.
