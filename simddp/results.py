@@ -114,7 +114,10 @@ BREAKDOWN_PARTS: dict[str, tuple[str, str]] = {
 class Bounds(_Result):
     """Closed-form bounds on the step time (see :mod:`simddp.analytical`)."""
 
-    no_overlap_s: float = Field(description="Compute, then every all-reduce, then the optimizer.")
+    no_overlap_s: float = Field(
+        description="Upper bound: compute with its tensor- and pipeline-parallel communication serialised, then every "
+        "gradient reduction, then the optimizer (a pipeline rank whose reduction overlaps its last backwards also "
+        "pays what each of those operations can lose beside it: interference on its kernels, a shared link).")
     perfect_overlap_s: float = Field(description="Lower bound: communication hidden as far as causality allows.")
     in_order_overlap_s: float | None = Field(
         default=None,

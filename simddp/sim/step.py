@@ -751,12 +751,20 @@ def record_pipeline_ends(plan: StepPlan, serial: list[float], kernels: list[floa
 def bound_steps(plan: StepPlan) -> tuple[Linear, Linear]:
     """The operation steps of the two bounds' schedules: TP and send/recv serialised, and kernels only.
 
-    Serialised, a rank whose gradient reduction overlaps its last backward passes pays that reduction once, up
-    front, at the first operation that can run beside it: sharing a link delays the operation's own collectives
-    by at most the reduction's transfer, and interference slows its kernels by at most ``i`` times the time
-    collectives are in flight (the reduction's and the operation's own). Front-loading the delay makes every
-    later end time, on every rank, at least as late as any real spread of it. A reduction that takes no time
-    (dp = 1: nothing to reduce) is never in flight, and adds nothing.
+    Serialised, a rank whose gradient reduction overlaps its last backwards pays for it on each operation that
+    can run beside it (from its first release of gradients on), by what that operation can lose:
+    * its kernels run at no less than ``1 / (1 + i)`` while any collective is in flight (:mod:`simddp.sim.resources`):
+      at most ``i`` times its kernel work more;
+    * its collectives share a link with one reduction at a time (the DP stream runs its buckets one after
+      another) in processor sharing: the reduction is served no more than they are, so they end at most their
+      own (serialised) time later.
+    Each operation's bound is then ``(1 + i) work + 2 comm``, a path through the schedule picks up only the
+    operations on it, and the reduction itself is counted whole after the schedule (:func:`_bounds`: it has
+    at most all its work left when the rank's last operation ends, and nothing shares the link after that).
+    Until 2026-11-24 each rank paid ``(1 + 2 i)`` times its whole reduction (and the comm after it) up front
+    at its first release; along the drain, where each rank waits for the next one's backwards, those charges
+    added up rank after rank (the GPT-3 175B 3D example: 26.2 s for a 19.3 s step). A reduction that takes no
+    time (dp = 1: nothing to reduce) is never in flight, and adds nothing.
     """
     par = plan.scenario.parallelism
     num_vs = par.pp * par.virtual_stages
@@ -806,9 +814,9 @@ def bound_steps(plan: StepPlan) -> tuple[Linear, Linear]:
         serial.tail.append(comms)
         reduce = _reductions(plan, rp.buckets)[1] if rp.overlap else 0.0
         if reduce > 0:  # a reduction in flight beside the rank's operations (none with dp = 1: nothing to reduce)
-            ops = plan.ops[r]
-            after = sum(comms[code % two] for code in op_codes(ops, first_release[r], len(ops), num_vs))
-            serial.extra.append({first_release[r]: (1 + 2 * i) * (reduce + after)})
+            ops, start = plan.ops[r], first_release[r]
+            serial.extra.append({position: i * works[code % two] + comms[code % two]
+                                 for position, code in enumerate(op_codes(ops, start, len(ops), num_vs), start)})
         else:
             serial.extra.append({})
     return serial, kernels
