@@ -797,15 +797,20 @@ def _transformer_workload(scenario: Scenario, spec: TransformerSpec,
     for layer in reversed(layers[end_of_blocks:]):
         ready.extend(reversed(layer.param_indices))
     block_ready = [g for layer in reversed(first) for g in reversed(layer.param_indices)]
-    for i in range(spec.num_layers - 1, -1, -1):
-        shift = i * per_block
-        ready += [g + shift for g in block_ready]
+    # Block i's entries, last block first: one range per entry of block 0's (its g + i per_block, i falling),
+    # interleaved by zip, in C rather than one comprehension per block.
+    top = (spec.num_layers - 1) * per_block
+    columns = [range(g + top, g - 1, -per_block) for g in block_ready]
+    ready.extend(itertools.chain.from_iterable(zip(*columns, strict=True)))
     ready.extend(reversed(layers[0].param_indices))  # the embedding
     ready = list(dict.fromkeys(ready))  # each parameter at its first appearance (a tied weight is in two layers)
     if sorted(ready) != list(range(len(params))):
         raise AssertionError("every parameter belongs to one layer")  # a bug in this module, not user input
 
-    flop_per_sample = 3 * tp * sum(la.model_flop for la in layers) / b
+    # Summed in layer order, as over every layer (the same additions, bit for bit): the blocks' values are block
+    # 0's repeated, by list repetition rather than an attribute read per copy.
+    flops = [la.model_flop for la in layers[:1]] + [la.model_flop for la in first] * spec.num_layers
+    flop_per_sample = 3 * tp * sum(flops + [la.model_flop for la in layers[end_of_blocks:]]) / b
     notes = []
     if spec.kv_heads < tp:
         notes.append(f"num_kv_heads({spec.kv_heads}) < tp({tp}): K/V projections are replicated")
