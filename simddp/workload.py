@@ -214,12 +214,17 @@ class Workload:
         key = ("reduced gradients", reduce_in_fp32, tuple(ids))
         got = self.shared.get(key)
         if got is None:
-            local = {g: k for k, g in enumerate(ids)}
             parameters = self.parameters
-            # Without reduce_in_fp32 every grad_reduce_spec is the parameter itself.
-            specs = ([grad_reduce_spec(parameters[g], reduce_in_fp32) for g in ids] if reduce_in_fp32
-                     else [parameters[g] for g in ids])
-            got = self.shared[key] = (specs, [local[g] for g in self.ready_sorted(ids)])
+            if len(ids) == len(parameters) and key[2] == tuple(range(len(ids))):
+                # Every parameter, in order (a rank without pipeline parallelism): positions are the parameters'
+                # own indices, and the ready order, a permutation of them, is already in ready order.
+                specs, order = list(parameters), list(self.grad_ready_order)
+            else:
+                local = {g: k for k, g in enumerate(ids)}
+                specs, order = [parameters[g] for g in ids], [local[g] for g in self.ready_sorted(ids)]
+            if reduce_in_fp32:  # without it every grad_reduce_spec is the parameter itself
+                specs = [grad_reduce_spec(p, reduce_in_fp32) for p in specs]
+            got = self.shared[key] = (specs, order)
         return got  # type: ignore[no-any-return]
 
     def rank_layers(self, rank: int, pp: int) -> tuple[Layer, ...]:

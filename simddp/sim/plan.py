@@ -407,8 +407,9 @@ def build_plan(scenario: Scenario, workload: Workload | None = None) -> StepPlan
                                    for la in layers]
             grads.memo["bucket of layer"] = bucket_of_layer
         working = grads.memo.get("working")
-        if working is None:
-            working = grads.memo["working"] = [workload.parameters[g] for g in grads.global_ids]
+        if working is None:  # the parameters themselves: reduced in their own dtype, the gradients' specs are
+            working = grads.memo["working"] = (grads.params if not rule.reduce_in_fp32
+                                               else [workload.parameters[g] for g in grads.global_ids])
         # The buckets' collectives: once per gradients and everything dp_collective reads besides the size
         # (the points of a sweep over batch, cluster or ZeRO stage that share a group share them).
         gloo = scenario.cluster.gloo if ddp.backend == "gloo" else None
