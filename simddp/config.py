@@ -443,6 +443,13 @@ class ModelConfig(_Frozen):
                 )
         return _expand(data, "preset", MODEL_PRESETS, "model.preset")
 
+    @field_validator("unused_parameters")
+    @classmethod
+    def _none_unused(cls, value: list[int] | None) -> list[int] | None:
+        """An empty list says what null says (every parameter is used), and is stored as null: a transformer's
+        model is a key of the engine's caches, and a list in it could not be hashed."""
+        return value or None
+
     @model_validator(mode="after")
     def _check_indices(self) -> ModelConfig:
         if self.parameters is None:

@@ -251,3 +251,19 @@ def test_unknown_key_inside_a_list_item() -> None:
     model = {"parameters": [{"name": "w", "numel": 10, "dtyp": "float32"}]}
     with pytest.raises(ScenarioError, match=r"model.parameters.0.dtyp: unknown key; did you mean 'dtype'\?"):
         scenario_from_dict({**base_scenario(), "model": model})
+
+
+def test_an_empty_unused_parameters_list_is_null() -> None:
+    # Found by tests/robustness/test_fuzz.py (2026-11-24): model.unused_parameters = [] on a transformer passed
+    # validation as a list, and the step's workload cache, keyed by the model, could not hash it (a TypeError
+    # traceback). An empty list says what null says; it is stored as null.
+    from simddp import simulate
+
+    data = {"cluster": {"preset": "dgx-a100-80gb", "num_nodes": 2},
+            "model": {"preset": "gpt2", "unused_parameters": []},
+            "training": {"micro_batch_size": 2, "seq_len": 512}}
+    scenario = Scenario.model_validate(data)
+    assert scenario.model.unused_parameters is None
+    hash(scenario.model)
+    assert simulate(data, trace=False).step_time_s == simulate(
+        {**data, "model": {"preset": "gpt2"}}, trace=False).step_time_s
