@@ -7,7 +7,7 @@ first evaluation's warm-up); the difference over ``n`` is one evaluation's count
 before each evaluation, as in ``bench_engine.py``. Needs valgrind (Debian: ``apt-get install valgrind``); about
 a minute per case.
 
-    python benchmarks/bench_instructions.py [--cases default,gpt3,1t,sweep]
+    python benchmarks/bench_instructions.py [--cases default,gpt3,1t,sweep,3d]
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ CASES = {
     "gpt3": ("GPT-3", 2, "evaluation"),
     "1t": ("1T", 1, "evaluation"),
     "sweep": ("sweep", 1, "200 points of bench_engine's sweep"),
+    "3d": ("GPT-3 175B 3D", 2, "evaluation"),  # bench_engine's EXTRA: dp 16 pp 8 v2, overlapped reduction
 }
 
 _CHILD = """
@@ -42,7 +43,8 @@ if case == "sweep":
         for s in scenarios:
             simddp.simulate(s, trace=False)
 else:
-    scenario = b.scenario_of(b.CASES[next(k for k in b.CASES if k.startswith(case))])
+    cases = {**b.CASES, **b.EXTRA}
+    scenario = b.scenario_of(cases[next(k for k in cases if k.startswith(case))])
     simddp.simulate(scenario, trace=False)
     for _ in range(n):
         b.clear_caches()
