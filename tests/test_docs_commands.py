@@ -78,7 +78,7 @@ NOT_RUN: dict[str, tuple[str, bool]] = {
         ("times issue 10's cases 15 times each and three 1,000-point sweeps: a few minutes (figures in "
          "docs/performance.md)", True),
     "python benchmarks/bench_instructions.py":
-        ("runs each case under valgrind, which CI need not have: about five minutes", True),
+        ("runs each case under valgrind, which CI need not have: about ten minutes", True),
     "python benchmarks/bench_inputs.py":
         ("times the worst cases within the input caps: about two minutes (figures in docs/safety.md; "
          "tests/test_config_inputs.py and tests/robustness check the caps)", True),
