@@ -145,6 +145,7 @@ def _verdict_lines(memory: Any) -> list[str]:
 
 
 def cmd_simulate(args: argparse.Namespace) -> int:
+    from simddp.exports import STEP_CSV_NAMES, write_step_csv
     from simddp.results import BREAKDOWN_PARTS
     from simddp.sanity import check_step_result
     from simddp.sim import simulate_step
@@ -152,19 +153,20 @@ def cmd_simulate(args: argparse.Namespace) -> int:
 
     scenario = _load(args)
     inputs = _scenario_inputs(args, scenario)
-    for flag, target in (("--trace", args.trace), ("--csv", args.csv)):
-        if target:
-            safeio.check_output(target, inputs, flag)
-    result = simulate_step(scenario, trace=bool(args.trace or args.csv), exact=args.exact)
+    outputs: list[tuple[str, Any]] = []
+    if args.trace is not None:
+        outputs.append(("--trace", safeio.check_output(args.trace, inputs, "--trace")))
+    if args.csv is not None:
+        outputs += [("--csv", path) for path in safeio.check_output_dir(args.csv, STEP_CSV_NAMES, inputs, "--csv")]
+    safeio.check_distinct(outputs)
+    result = simulate_step(scenario, trace=bool(outputs), exact=args.exact)
     check_step_result(result)
-    if args.trace:
+    if args.trace is not None:
         if result.trace is None:
             raise InternalError("the simulator returned no trace")
         result.trace.write(args.trace, inputs)
-    if args.csv:
-        from simddp.exports import write_step_csv
-
-        written = write_step_csv(args.csv, scenario, result, verdict_json(result.memory))
+    if args.csv is not None:
+        written = write_step_csv(args.csv, scenario, result, verdict_json(result.memory), inputs)
     if args.json:
         print(safeio.json_text({**verdict_json(result.memory), **result.to_json_dict()}, indent=2))
         return 0
@@ -213,9 +215,9 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     if result.memory is not None:
         shown = set(result.not_modelled)
         lines += [f"  memory note: {note}" for note in result.memory.notes if note not in shown]
-    if args.trace:
+    if args.trace is not None:
         lines.append(f"  trace written to {args.trace} (open in https://ui.perfetto.dev)")
-    if args.csv:
+    if args.csv is not None:
         lines.append(f"  tables written: {', '.join(str(p) for p in written)}")
     print("\n".join(lines))
     return 0
@@ -819,7 +821,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("simulate", help="simulate one training step")
     scenario_args(p)
     p.add_argument("--trace", metavar="FILE", help="write a Chrome/Perfetto trace of the timeline")
-    p.add_argument("--csv", metavar="DIR", help="write summary.csv, buckets.csv and layers.csv into DIR")
+    p.add_argument("--csv", metavar="DIR",
+                   help="write summary.csv, buckets.csv and layers.csv into DIR (created if missing)")
     p.add_argument("--exact", action="store_true",
                    help="always run the full event simulation (the reference), not the fast engine")
     p.set_defaults(func=cmd_simulate)

@@ -5,11 +5,13 @@ from __future__ import annotations
 import argparse
 import csv
 import io
+import os
 from collections.abc import Callable
 from typing import Any
 
 from simddp import safeio, units
 from simddp.config import Scenario, ScenarioError
+from simddp.limits import MAX_PLAN_TOP
 from simddp.planner import layout_settings
 
 ScenarioArgs = Callable[[argparse.ArgumentParser], None]
@@ -22,22 +24,49 @@ def _positive_int(text: str) -> int:
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
-    from simddp.cli import _load
     from simddp.planner import plan_layouts, terminal_progress
 
-    scenario = _load(args)
+    scenario, cluster_sets = _plan_scenario(args)
     gpus = args.gpus or scenario.cluster.num_gpus
     result = plan_layouts(scenario, gpus, top=args.top, objective=args.objective, jobs=args.jobs,
                           progress=None if args.json else terminal_progress("plan"))
     if args.json:
         print(safeio.json_text(result.to_json_dict(), indent=2))
         return 0
-    print("\n".join(plan_lines(scenario, result)))
+    print("\n".join(plan_lines(scenario, result, cluster_sets)))
     return 0
 
 
-def plan_lines(scenario: Scenario, result: Any) -> list[str]:
-    """The text report of a :class:`simddp.planner.PlanResult`: what was searched, then the ranked table."""
+def _plan_scenario(args: argparse.Namespace) -> tuple[Scenario, dict[str, Any]]:
+    """The scenario to plan from, and the cluster keys it has that the user's has not. The planner replaces
+    its layout and, with ``--gpus``, its GPU count; a batch its own layout cannot split (dp from the
+    scenario's GPUs) is checked again on ``--gpus`` GPUs with tp = pp = 1, where the planner starts."""
+    from simddp.cli import _load, default_scenario_path
+    from simddp.config import Cluster
+    from simddp.planner import _cluster_update
+    from simddp.scenario_io import load_scenario, scenario_data
+
+    try:
+        return _load(args), {}
+    except ScenarioError as err:
+        if not args.gpus:
+            raise
+        path = args.scenario or default_scenario_path()
+        try:
+            cluster = Cluster.model_validate(scenario_data(path, args.set).get("cluster") or {})
+        except ValueError:  # ScenarioError and pydantic's ValidationError: the cluster itself is wrong
+            raise err from None
+        fake = Scenario.model_construct(cluster=cluster)  # _cluster_update reads the cluster only
+        nodes = _cluster_update(fake, args.gpus)
+        layout = [f"cluster.{k}={v}" for k, v in nodes.items()] + [
+            "parallelism.tp=1", "parallelism.pp=1", "parallelism.virtual_stages=1",
+            "parallelism.sequence_parallel=false"]
+        return load_scenario(path, args.set, layout), {f"cluster.{k}": v for k, v in nodes.items()}
+
+
+def plan_lines(scenario: Scenario, result: Any, cluster_sets: dict[str, Any] | None = None) -> list[str]:
+    """The text report of a :class:`simddp.planner.PlanResult`: what was searched, then the ranked table
+    (``cluster_sets``: keys the best layout's settings need besides :func:`layout_settings`')."""
     tr = scenario.training
     lines = [
         f"Plan       {scenario.model.preset or scenario.name} on {result.num_gpus} x {scenario.cluster.gpu.name} "
@@ -60,7 +89,7 @@ def plan_lines(scenario: Scenario, result: Any) -> list[str]:
             f"{lay.bucket_cap_mb:>4g}Mi {units.fmt_time(lay.step_time_s):>10} {lay.tokens_per_s:>11,.0f} "
             f"{lay.mfu:>6.1%} {units.fmt_bytes(lay.memory_bytes):>11}")
     best = result.layouts[0]
-    sets = layout_settings(scenario, result.num_gpus, best)
+    sets = {**(cluster_sets or {}), **layout_settings(scenario, result.num_gpus, best)}
     lines += ["", "Use the best with: " + " ".join(f"--set {k}={_flag(v)}" for k, v in sets.items())]
     return lines
 
@@ -80,8 +109,14 @@ def parse_vary(items: list[str]) -> dict[str, list[Any]]:
         if "=" not in item:
             raise ScenarioError(f"--vary {safeio.short_repr(item)}: expected key.path=v1,v2,...")
         path, raw = (part.strip() for part in item.split("=", 1))
+        if not all(path.split(".")):
+            raise ScenarioError(f"--vary {safeio.short_repr(item)}: empty key in the path "
+                                "(expected key.path=v1,v2,...)")
         if path in varies:
             raise ScenarioError(f"--vary {path}: given twice")
+        for other in varies:  # one would overwrite part of the other: rows labelled with values they did not use
+            if path.startswith(other + ".") or other.startswith(path + "."):
+                raise ScenarioError(f"--vary {path}: overlaps --vary {other}; vary one or the other")
         try:
             schema_keys(path)
         except ScenarioError as err:
@@ -113,11 +148,13 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     from simddp.sweeps import sweep_html, vary_sweep
 
     scenario = _load(args)
-    inputs = _scenario_inputs(args, scenario)
-    for flag, target in (("--csv", args.csv), ("--html", args.html)):
-        if target:
-            safeio.check_output(target, inputs, flag)
     varies = parse_vary(args.vary)
+    # A file a point reads (a calibration profile, say) is an input too: no output may replace it.
+    inputs = _scenario_inputs(args, scenario) + sorted(
+        {v for values in varies.values() for v in values if isinstance(v, str) and os.path.isfile(v)})
+    outputs = [(flag, safeio.check_output(target, inputs, flag))
+               for flag, target in (("--csv", args.csv), ("--html", args.html)) if target is not None]
+    safeio.check_distinct(outputs)
     points = 1
     for values in varies.values():
         points *= len(values)
@@ -127,9 +164,9 @@ def cmd_sweep(args: argparse.Namespace) -> int:
                        progress=None if args.json else terminal_progress("sweep"))
     rows = sweep.rows()
     written = []
-    if args.csv:
+    if args.csv is not None:
         written.append(safeio.write_text(args.csv, _csv_text(rows), inputs, "--csv"))
-    if args.html:
+    if args.html is not None:
         written.append(safeio.write_text(args.html, sweep_html(sweep), inputs, "--html"))
     if args.json:
         print(safeio.json_text({"scenario": sweep.scenario, "paths": sweep.paths, "points": rows}, indent=2))
@@ -170,11 +207,13 @@ def add_commands(sub: argparse._SubParsersAction, scenario_args: ScenarioArgs) -
                                     "micro-batch, recompute, sequence parallel, bucket cap")
     scenario_args(p)
     p.add_argument("--gpus", type=_positive_int, help="GPUs to plan for (default: the scenario's cluster)")
-    p.add_argument("--top", type=_positive_int, default=10, help="layouts to list (default 10)")
+    p.add_argument("--top", type=_positive_int, default=10,
+                   help=f"layouts to list (default 10, at most {MAX_PLAN_TOP})")
     p.add_argument("--objective", choices=OBJECTIVES, default="step_time",
                    help="rank by step time (default) or tokens per second")
     p.add_argument("--jobs", type=_positive_int, default=1,
-                   help="worker processes for the memory check of the candidates (default 1; same answer)")
+                   help="worker processes for the memory check of the candidates (default 1; same answer; at most "
+                        "the CPUs)")
     p.set_defaults(func=cmd_plan)
 
     p = sub.add_parser("sweep", help="a grid over any scenario keys: --vary key.path=v1,v2,... (repeatable)")
@@ -183,7 +222,8 @@ def add_commands(sub: argparse._SubParsersAction, scenario_args: ScenarioArgs) -
                    help="values of one scenario key (repeatable: every combination is simulated)")
     p.add_argument("--csv", metavar="FILE", help="write every point (invalid ones with their reason) as CSV")
     p.add_argument("--html", metavar="FILE", help="write a self-contained plotly report")
-    p.add_argument("--jobs", type=_positive_int, default=1, help="worker processes (default 1)")
+    p.add_argument("--jobs", type=_positive_int, default=1,
+                   help="worker processes (default 1; at most the CPUs and the points)")
     p.add_argument("--batch", choices=("weak", "strong"), default="weak",
                    help="when the cluster size varies: weak keeps micro-batches per GPU (default), strong keeps "
                         "the global batch")

@@ -15,6 +15,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from simddp import safeio
 from simddp.config import Scenario
 from simddp.results import StepResult
 from simddp.units import dtype_bytes
@@ -188,25 +189,22 @@ def summary_rows(result: StepResult, extra: dict[str, Any]) -> list[dict[str, An
     return [{"metric": k, "value": v} for k, v in scalars.items()]
 
 
+#: The files ``simddp simulate --csv DIR`` writes into DIR.
+STEP_CSV_NAMES = ("summary.csv", "buckets.csv", "layers.csv")
+
+
 def write_step_csv(directory: str | Path, scenario: Scenario, result: StepResult,
-                   extra: dict[str, Any]) -> list[Path]:
-    """Write summary.csv, buckets.csv and layers.csv into ``directory`` (created if missing)."""
-    out = Path(directory)
-    if out.exists() and not out.is_dir():
-        raise OSError(f"--csv {out}: exists and is not a directory")
-    out.mkdir(parents=True, exist_ok=True)
+                   extra: dict[str, Any], inputs: Sequence[str | Path] = ()) -> list[Path]:
+    """Write :data:`STEP_CSV_NAMES` into ``directory`` (created if missing; an existing one is written into),
+    each file as :func:`simddp.safeio.write_text` writes it: never over one of ``inputs``."""
+    paths = safeio.check_output_dir(directory, STEP_CSV_NAMES, inputs, "--csv")
     export = bucket_export(scenario)
-    tables = {
-        "summary.csv": _dicts_to_csv(summary_rows(result, extra), ["metric", "value"]),
-        "buckets.csv": rows_to_csv(bucket_timing_rows(result, export), BucketTimingRow),
-        "layers.csv": rows_to_csv(layer_rows(scenario, result), LayerRow),
-    }
-    written = []
-    for name, text in tables.items():
-        path = out / name
-        path.write_text(text)
-        written.append(path)
-    return written
+    tables = (
+        _dicts_to_csv(summary_rows(result, extra), ["metric", "value"]),
+        rows_to_csv(bucket_timing_rows(result, export), BucketTimingRow),
+        rows_to_csv(layer_rows(scenario, result), LayerRow),
+    )
+    return [safeio.write_text(path, text, inputs, "--csv") for path, text in zip(paths, tables, strict=True)]
 
 
 # ----------------------------------------------------------------------------- CSV helpers
@@ -229,6 +227,6 @@ def _dicts_to_csv(rows: list[dict[str, Any]], columns: list[str]) -> str:
     return buf.getvalue()
 
 
-__all__ = ["BucketEntry", "BucketExport", "BucketParamRow", "BucketTimingRow", "LayerRow", "ParamEntry",
-           "bucket_export", "bucket_timing_rows", "layer_rows", "rows_to_csv", "rows_to_dataframe", "summary_rows",
-           "write_step_csv"]
+__all__ = ["STEP_CSV_NAMES", "BucketEntry", "BucketExport", "BucketParamRow", "BucketTimingRow", "LayerRow",
+           "ParamEntry", "bucket_export", "bucket_timing_rows", "layer_rows", "rows_to_csv", "rows_to_dataframe",
+           "summary_rows", "write_step_csv"]

@@ -10,6 +10,8 @@ On the 2-core development machine the largest scenarios allowed take about 10 to
 
 from __future__ import annotations
 
+import os
+
 from simddp.config import Scenario
 from simddp.errors import ScenarioError
 
@@ -24,11 +26,21 @@ MAX_PARAMETERS = 2**18
 MAX_LAYER_PASSES = 2**17
 #: Largest message ``simddp collective --bytes`` takes: 1 EiB, far beyond any real collective.
 MAX_MESSAGE_BYTES = 2**60
+#: Most layouts `simddp plan --top` lists (each beyond the first few costs simulations of its own).
+MAX_PLAN_TOP = 100
 #: Most Monte Carlo steps of `simddp tails`.
 MAX_TAIL_STEPS = 100_000
 #: Most random draws of one array of `simddp tails` (steps x ranks, or steps x replicas x samples): 64 MiB of
 #: float64 each.
 MAX_TAIL_DRAWS = 2**23
+
+
+def worker_processes(jobs: int, tasks: int) -> int:
+    """Worker processes to start for ``--jobs`` ``jobs`` and ``tasks`` to share: never more than the tasks, or
+    than the CPUs this process may run on (the work is CPU-bound: more processes only add start-up time and
+    memory; ``--jobs 100000`` once started thousands)."""
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return max(1, min(jobs, tasks, cpus))
 
 
 def num_model_layers(scenario: Scenario) -> int:
@@ -106,10 +118,12 @@ __all__ = [
     "MAX_LAYER_PASSES",
     "MAX_MESSAGE_BYTES",
     "MAX_PARAMETERS",
+    "MAX_PLAN_TOP",
     "MAX_TAIL_DRAWS",
     "MAX_TAIL_STEPS",
     "check_scenario_size",
     "check_simulation_size",
     "check_tails_size",
     "num_model_layers",
+    "worker_processes",
 ]

@@ -23,7 +23,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from simddp.collectives import collective_cost
 from simddp.config import Scenario, ScenarioError
-from simddp.limits import MAX_GPUS
+from simddp.limits import MAX_GPUS, MAX_PLAN_TOP, worker_processes
 from simddp.memory import memory_breakdown
 from simddp.sim.layers import LayerPlan, pass_alone
 from simddp.sim.plan import boundary_group, layer_plans
@@ -283,8 +283,8 @@ def plan_layouts(scenario: Scenario, num_gpus: int, top: int = 10, objective: Ob
     every layout that could still be on it is simulated, so it is the front over every fitting layout.
     ``jobs`` > 1 checks the candidates' memory in that many worker processes (same result).
     """
-    if top < 1:
-        raise ScenarioError(f"--top({top}) must be >= 1")
+    if not 1 <= top <= MAX_PLAN_TOP:
+        raise ScenarioError(f"--top({top}) must be in 1..{MAX_PLAN_TOP}")
     data = scenario.model_dump()
     if scenario.model.preset is not None:
         data["model"] = {"preset": scenario.model.preset}
@@ -310,7 +310,8 @@ def plan_layouts(scenario: Scenario, num_gpus: int, top: int = 10, objective: Ob
     done = 0
     with contextlib.ExitStack() as stack:
         results: Iterator[_GroupCheck] = map(_check_group, tasks)
-        if jobs > 1 and len(tasks) > 1:
+        jobs = worker_processes(jobs, len(tasks))
+        if jobs > 1:
             from concurrent.futures import ProcessPoolExecutor
 
             results = stack.enter_context(ProcessPoolExecutor(max_workers=jobs)).map(_check_group_remote, tasks)

@@ -355,6 +355,8 @@ def check_output(path: str | Path, inputs: Iterable[str | Path] = (), flag: str 
     socket (a symlink is judged by what it points to), and a directory where no file can be created (the
     check creates and removes a temporary file there). Missing parent directories are created.
     """
+    if not str(path).strip():
+        raise ScenarioError(f"{flag} {str(path)!r}: empty file name; give a file name to write")
     p = Path(path)
     try:
         target: os.stat_result | None = os.stat(p)
@@ -364,7 +366,7 @@ def check_output(path: str | Path, inputs: Iterable[str | Path] = (), flag: str 
         raise ScenarioError(f"{p}: cannot write here ({err.strerror})") from None
     if target is not None and stat.S_ISDIR(target.st_mode):
         raise ScenarioError(f"{p}: is a directory; give a file name to write")
-    if not str(path) or p.name in ("", ".", ".."):
+    if p.name in ("", ".", ".."):
         raise ScenarioError(f"{flag} {str(path)!r}: give a file name to write")
     if target is not None:
         if not stat.S_ISREG(target.st_mode):
@@ -382,6 +384,44 @@ def check_output(path: str | Path, inputs: Iterable[str | Path] = (), flag: str 
     except OSError as err:
         raise ScenarioError(f"{p}: cannot write here ({err.strerror or err})") from None
     return p
+
+
+def check_output_dir(path: str | Path, names: Sequence[str], inputs: Iterable[str | Path] = (),
+                     flag: str = "output") -> list[Path]:
+    """Check, before any work, that the files ``names`` can be written into the directory ``path``; returns
+    their paths. A missing directory is created and an existing one written into; an existing file (or
+    anything else that is not a directory) is refused, and each file is checked as :func:`check_output`
+    checks it (none may be an input)."""
+    if not str(path).strip():
+        raise ScenarioError(f"{flag} {str(path)!r}: empty directory name; give a directory to write into")
+    p = Path(path)
+    try:
+        target: os.stat_result | None = os.stat(p)
+    except FileNotFoundError:
+        target = None
+    except OSError as err:
+        raise ScenarioError(f"{p}: cannot write here ({err.strerror})") from None
+    if target is not None and not stat.S_ISDIR(target.st_mode):
+        raise ScenarioError(f"{flag} {p}: exists and is not a directory; give a directory to write "
+                            f"{', '.join(names)} into")
+    inputs = list(inputs)
+    return [check_output(p / name, inputs, flag) for name in names]
+
+
+def check_distinct(outputs: Iterable[tuple[str, str | Path]]) -> None:
+    """Refuse two outputs of one command (``(flag, path)`` pairs) that are the same file under any name: the
+    second write would replace the first."""
+    seen: dict[object, str] = {}
+    for flag, path in outputs:
+        p = Path(path)
+        try:
+            st = os.stat(p)
+            key: object = (st.st_dev, st.st_ino)
+        except OSError:
+            key = p.resolve()
+        if key in seen:
+            raise ScenarioError(f"{flag} {p}: the same file as {seen[key]}; give each output its own file")
+        seen[key] = f"{flag} {p}"
 
 
 def write_bytes(path: str | Path, data: bytes, inputs: Iterable[str | Path] = (), flag: str = "output") -> Path:
@@ -429,7 +469,9 @@ __all__ = [
     "MAX_NODES",
     "MalformedInput",
     "StrictLoader",
+    "check_distinct",
     "check_output",
+    "check_output_dir",
     "check_shape",
     "decode",
     "first_non_finite",

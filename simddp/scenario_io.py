@@ -39,8 +39,18 @@ def scenario_from_dict(data: dict[str, Any]) -> Scenario:
     return validate_scenario(apply_calibration(data))
 
 
-def load_scenario(path: str | Path, overrides: list[str] | None = None) -> Scenario:
-    """Load and validate a scenario file, applying ``key.path=value`` overrides first."""
+def load_scenario(path: str | Path, overrides: list[str] | None = None, layout: list[str] | None = None) -> Scenario:
+    """Load and validate a scenario file, applying ``key.path=value`` overrides first (and then ``layout``'s,
+    which the scenario's name does not mention: a planner's choice of GPUs and layout, not the user's)."""
+    data = scenario_data(path, overrides)
+    for item in layout or []:
+        key, value = item.split("=", 1)
+        data = set_path(data, key, value)
+    return scenario_from_dict(_mark_modified(data, overrides or []))
+
+
+def scenario_data(path: str | Path, overrides: list[str] | None = None) -> dict[str, Any]:
+    """A scenario file's mapping with ``key.path=value`` overrides applied, not yet validated."""
     data = read_mapping(path)
     if data.get("calibration") and isinstance(data["calibration"], str):
         cal = Path(data["calibration"])
@@ -51,7 +61,7 @@ def load_scenario(path: str | Path, overrides: list[str] | None = None) -> Scena
             raise ScenarioError(f"--set {item!r}: expected key.path=value")
         key, value = item.split("=", 1)
         data = set_path(data, key.strip(), value)
-    return scenario_from_dict(_mark_modified(data, overrides or []))
+    return data
 
 
 def _mark_modified(data: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
@@ -62,4 +72,4 @@ def _mark_modified(data: dict[str, Any], overrides: list[str]) -> dict[str, Any]
     return {**data, "name": f"{data['name']} (modified: {', '.join(o.strip() for o in overrides)})"}
 
 
-__all__ = ["apply_calibration", "load_scenario", "scenario_from_dict"]
+__all__ = ["apply_calibration", "load_scenario", "scenario_data", "scenario_from_dict"]

@@ -32,6 +32,7 @@ from simddp.config import (
     set_value,
     validate_scenario,
 )
+from simddp.limits import worker_processes
 from simddp.results import StepResult
 from simddp.scenario_io import scenario_from_dict
 
@@ -576,7 +577,8 @@ def vary_sweep(
     paths = list(varies)
     combos = [dict(zip(paths, combo, strict=True)) for combo in itertools.product(*varies.values())]
     points: list[VaryPoint] = []
-    if jobs > 1 and len(combos) > 1:
+    jobs = worker_processes(jobs, len(combos))
+    if jobs > 1:
         from concurrent.futures import ProcessPoolExecutor
 
         # The base goes to each worker once, not with each point (pickling it is 0.1 ms a point).

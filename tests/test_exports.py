@@ -102,4 +102,27 @@ def test_simulate_csv_into_a_file_is_a_one_line_error(tmp_path: Path) -> None:
     target.write_text("")
     r = run("simulate", "--csv", str(target))
     assert r.returncode == 2 and "Traceback" not in r.stderr
-    assert r.stderr.strip() == f"simddp: error: --csv {target}: exists and is not a directory"
+    assert r.stderr.strip().startswith(f"simddp: error: --csv {target}: exists and is not a directory;")
+    assert r.stderr.count("\n") == 1 and target.read_text() == ""
+
+
+SCENARIO = "cluster: {preset: dgx-a100-80gb, num_nodes: 2}\nmodel: {preset: gpt2}\n"
+
+
+def test_simulate_csv_writes_into_an_existing_directory_never_over_an_input(tmp_path: Path) -> None:
+    """Found by a hostile-input probe: README's `simulate --csv step-tables`, run twice, failed the second time
+    (the directory existed); and a scenario inside the directory named like a table would have been replaced."""
+    out = tmp_path / "tables"
+    for _ in range(2):
+        r = run("simulate", "--csv", str(out), "--set", "model.preset=gpt2")
+        assert r.returncode == 0, r.stderr
+    assert sorted(p.name for p in out.iterdir()) == ["buckets.csv", "layers.csv", "summary.csv"]
+    scenario = out / "summary.csv"
+    scenario.write_text(SCENARIO)
+    r = run("simulate", str(scenario), "--csv", str(out))
+    assert r.returncode == 2 and "is also an input of this command" in r.stderr
+    assert scenario.read_text() == SCENARIO
+    r = run("simulate", "--csv", str(tmp_path / "t2"), "--trace", str(tmp_path / "t2" / "layers.csv"))
+    assert r.returncode == 2 and "the same file as" in r.stderr and not (tmp_path / "t2" / "layers.csv").exists()
+    r = run("simulate", "--csv", "")
+    assert r.returncode == 2 and "empty directory name" in r.stderr

@@ -7,6 +7,7 @@ falls as the micro-batch grows or recompute gets lighter (which lets one failing
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -230,3 +231,55 @@ def test_plan_jobs_give_the_same_answer() -> None:
     two = plan_layouts(as_scenario(_small()), 4, top=5, jobs=2)
     assert two.model_dump() == one.model_dump()
     assert one.evaluated > 0 and one.dominated >= 0 and one.fitting > 0
+
+
+def test_sweep_outputs_never_replace_each_other_or_a_file_a_point_reads(capsys: pytest.CaptureFixture[str],
+                                                                      tmp_path) -> None:
+    """Found by a hostile-input probe: --csv and --html on one path kept only the HTML, and a file named in
+    --vary (a calibration profile) could be the --csv; overlapping --vary keys mislabelled rows."""
+    path = tmp_path / "s.json"
+    path.write_text(json.dumps(_small()))
+    same = tmp_path / "x.out"
+    assert main(["sweep", str(path), "--vary", "training.seq_len=256", "--csv", str(same), "--html", str(same)]) == 2
+    assert "--html" in capsys.readouterr().err and not same.exists()
+    read = tmp_path / "prof.json"
+    read.write_text("{}")
+    assert main(["sweep", str(path), "--vary", f"calibration={read}", "--csv", str(read)]) == 2
+    assert "is also an input" in capsys.readouterr().err and read.read_text() == "{}"
+    assert main(["sweep", str(path), "--vary", "ddp.bucket_cap_mb=1,100", "--vary", "ddp={bucket_cap_mb: 25}"]) == 2
+    assert "--vary ddp: overlaps --vary ddp.bucket_cap_mb" in capsys.readouterr().err
+    for bad in ("=1,2", ".ddp=1"):
+        assert main(["sweep", str(path), "--vary", bad]) == 2
+        assert "empty key in the path" in capsys.readouterr().err
+    assert main(["sweep", str(path), "--vary", "training.seq_len=256", "--csv", ""]) == 2
+    assert "empty file name" in capsys.readouterr().err
+
+
+def test_workers_are_capped_by_the_tasks_and_the_cpus() -> None:
+    from simddp.limits import worker_processes
+
+    cpus = len(os.sched_getaffinity(0))
+    assert worker_processes(100_000, 2) == min(2, cpus)
+    assert worker_processes(100_000, 10**6) == cpus
+    assert worker_processes(1, 10) == 1 and worker_processes(3, 0) == 1
+
+
+def test_plan_top_is_capped_and_gpus_set_the_batch_check(capsys: pytest.CaptureFixture[str], tmp_path) -> None:
+    path = tmp_path / "s.json"
+    path.write_text(json.dumps(_small()))
+    assert main(["plan", str(path), "--gpus", "4", "--top", "101"]) == 2
+    assert "--top(101) must be in 1..100" in capsys.readouterr().err
+    # A batch of 2 does not split over the scenario's own 4 GPUs (dp 4), but does over 2: found by a probe,
+    # plan refused it whatever --gpus said. It is planned on 2 GPUs, and the printed flags carry the cluster.
+    assert main(["simulate", str(path), "--set", "training.global_batch_size=2"]) == 2
+    capsys.readouterr()
+    assert main(["plan", str(path), "--set", "training.global_batch_size=2", "--gpus", "2", "--top", "1"]) == 0
+    text = capsys.readouterr().out
+    sets = [f for f in text.split("Use the best with: ")[1].split() if f != "--set"]
+    assert "cluster.num_nodes=1" in sets or "cluster.gpus_per_node=2" in sets
+    from simddp import units
+    from simddp.scenario_io import load_scenario
+
+    best = load_scenario(path, ["training.global_batch_size=2", *sets])
+    assert best.cluster.num_gpus == 2
+    assert units.fmt_time(simulate(best, trace=False).step_time_s) in text
