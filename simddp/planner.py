@@ -25,6 +25,7 @@ from simddp.collectives import collective_cost
 from simddp.config import Scenario, ScenarioError
 from simddp.limits import MAX_GPUS, MAX_PLAN_TOP, worker_processes
 from simddp.memory import memory_breakdown
+from simddp.sanity import check_range
 from simddp.sim.layers import LayerPlan, pass_alone
 from simddp.sim.plan import boundary_group, layer_plans
 from simddp.sim.step import simulate_step
@@ -101,8 +102,26 @@ class PlanResult(_Frozen):
         return pd.DataFrame([layout.model_dump() for layout in self.layouts], columns=list(PlannedLayout.model_fields))
 
 
-def _divisors(n: int) -> list[int]:
-    return [d for d in range(1, n + 1) if n % d == 0]
+#: Largest micro-batch size (samples) the search considers. The divisors of the batch a replica takes are the
+#: candidates, found by trial division up to this bound: a batch of 10**18 (a probe's input) ran 540 s
+#: counting divisors up to its square root, and no GPU holds micro-batches this large of any real model.
+MAX_PLAN_MICRO_BATCH = 2**16
+
+
+def _divisors(n: int, limit: int | None = None) -> list[int]:
+    """The divisors of ``n`` up to ``limit`` (all without one) in increasing order: O(min(sqrt n, limit))."""
+    if limit is not None and limit * limit < n:
+        return [d for d in range(1, limit + 1) if n % d == 0]
+    small, large = [], []
+    d = 1
+    while d * d <= n:
+        if n % d == 0:
+            small.append(d)
+            if d * d != n:
+                large.append(n // d)
+        d += 1
+    out = small + large[::-1]
+    return out if limit is None else [d for d in out if d <= limit]
 
 
 def candidate_layouts(scenario: Scenario, num_gpus: int) -> Iterator[dict[str, Any]]:
@@ -123,7 +142,7 @@ def candidate_layouts(scenario: Scenario, num_gpus: int) -> Iterator[dict[str, A
             per_replica = gbs // dp
             vs = [v for v in range(1, MAX_VIRTUAL_STAGES + 1) if pp > 1 and layers % (pp * v) == 0] or [1]
             for v, zero, mbs, recompute, sp, cap in itertools.product(
-                    vs, (0, 1, 2, 3), _divisors(per_replica), ("none", "selective", "full"),
+                    vs, (0, 1, 2, 3), _divisors(per_replica, MAX_PLAN_MICRO_BATCH), ("none", "selective", "full"),
                     (False, True) if tp > 1 else (False,), BUCKET_CAPS_MB):
                 if pp > 1 and zero >= 2:
                     continue
@@ -331,6 +350,7 @@ def plan_layouts(scenario: Scenario, num_gpus: int, top: int = 10, objective: Ob
     rows: list[PlannedLayout] = []
     best: list[float] = []  # the top fastest simulated steps so far, ascending
     steps_total = total + len(fitting)
+    skipped: str | None = None
     for k, (bound, _, update, mem_bytes) in enumerate(fitting):
         if progress is not None:
             progress(total + k, steps_total)
@@ -347,8 +367,12 @@ def plan_layouts(scenario: Scenario, num_gpus: int, top: int = 10, objective: Ob
             workloads[key] = build_workload(s)
         try:
             r = simulate_step(s, trace=False, workload=workloads[key])
-        except ScenarioError:
-            continue  # beyond the simulation size limit (simddp.limits): not a layout we can rank
+            check_range(r.step_time_s, "its step")  # the bound simulate's answers keep to (simddp.sanity)
+        except ScenarioError as err:
+            # Beyond the simulation size limit (simddp.limits) or the longest step answered for: not a layout
+            # to rank. If no layout is left, that is the answer, not "nothing fits".
+            skipped = skipped or f"the fastest layouts that fit cannot be timed: {err}"
+            continue
         par, tr = s.parallelism, s.training
         rows.append(PlannedLayout(
             tp=par.tp, pp=par.pp, dp=s.dp, virtual_stages=par.virtual_stages, zero_stage=par.zero_stage,
@@ -358,6 +382,8 @@ def plan_layouts(scenario: Scenario, num_gpus: int, top: int = 10, objective: Ob
         best = sorted([*best, r.step_time_s])[:top]
     if progress is not None:
         progress(steps_total, steps_total)
+    if skipped is not None and not rows:
+        raise ScenarioError(skipped)
     rows.sort(key=lambda r: (r.step_time_s if objective == "step_time" else -(r.tokens_per_s or 0.0),
                              r.memory_bytes))
     return PlanResult(num_gpus=num_gpus, objective=objective, evaluated=evaluated, dominated=dominated,

@@ -115,6 +115,15 @@ def json_text(data: Any, indent: int | None = None) -> str:
 
 
 # ------------------------------------------------------------------------------------------- reading
+def _value_problem(err: Exception) -> str:
+    """What is wrong with a value the parser could not convert, in the user's terms (Python's own message for
+    an over-long integer tells the reader to call sys.set_int_max_str_digits())."""
+    text = str(err)
+    if "integer string conversion" in text:
+        return "an integer of more than 4,300 digits (far beyond any size or count simddp takes)"
+    return one_line(text, 200)
+
+
 def _kind(mode: int) -> str:
     for test, name in ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"),
                        (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket")):
@@ -274,7 +283,7 @@ def parse_yaml(text: str, source: str) -> Any:
     except (ValueError, OverflowError) as e:  # e.g. an integer of more than 4300 digits
         if isinstance(e, ScenarioError):
             raise
-        raise ScenarioError(f"{source}: unreadable YAML value: {one_line(e, 200)}") from None
+        raise ScenarioError(f"{source}: unreadable YAML value: {_value_problem(e)}") from None
 
 
 class _DuplicateJSONKey(ValueError):
@@ -303,7 +312,7 @@ def parse_json(text: str, source: str) -> Any:
     except RecursionError:
         raise too_deep(source) from None
     except ValueError as e:  # e.g. an integer of more than 4300 digits
-        raise ScenarioError(f"{source}: unreadable JSON value: {one_line(e, 200)}") from None
+        raise ScenarioError(f"{source}: unreadable JSON value: {_value_problem(e)}") from None
     check_shape(data, source)
     return data
 

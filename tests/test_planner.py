@@ -283,3 +283,25 @@ def test_plan_top_is_capped_and_gpus_set_the_batch_check(capsys: pytest.CaptureF
     best = load_scenario(path, ["training.global_batch_size=2", *sets])
     assert best.cluster.num_gpus == 2
     assert units.fmt_time(simulate(best, trace=False).step_time_s) in text
+
+
+@given(st.integers(1, 10**6), st.one_of(st.none(), st.integers(1, 5000)))
+@settings(max_examples=300, deadline=None)
+def test_divisors_are_every_divisor_up_to_the_limit(n: int, limit: int | None) -> None:
+    from simddp.planner import _divisors
+
+    every = [d for d in range(1, n + 1) if n % d == 0]
+    assert _divisors(n, limit) == [d for d in every if limit is None or d <= limit]
+
+
+def test_a_batch_no_layout_can_time_is_one_error_not_nothing_fits(tmp_path) -> None:
+    """A probe's batch of 10**18 ran 540 s counting divisors, then printed a step of 3.7e16 s (simulate refuses
+    steps over 1e9 s). Micro-batch sizes are now divisors up to MAX_PLAN_MICRO_BATCH, and a layout whose step
+    is out of range is not ranked: when none is left, that is the error."""
+    from simddp.planner import MAX_PLAN_MICRO_BATCH
+
+    data = _small()
+    data["training"]["global_batch_size"] = 2**44  # 7.8e9 s at the fastest (2**40: 4.9e8 s)
+    with pytest.raises(ScenarioError, match=r"cannot be timed: .*(beyond the 1e\+09 s|over the limit)"):
+        plan_layouts(as_scenario(data), 4, top=1)
+    assert MAX_PLAN_MICRO_BATCH == 2**16

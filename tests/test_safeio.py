@@ -207,3 +207,11 @@ def test_a_failed_write_leaves_the_old_file_and_no_temp(tmp_path: Path, monkeypa
 def test_partial_path() -> None:
     assert safeio.partial_path("runs/comm.json") == Path("runs/comm.partial.json")
     assert safeio.partial_path("out") == Path("out.partial")
+
+
+def test_an_over_long_integer_is_said_in_the_users_terms() -> None:
+    """Python's own message told the reader to call sys.set_int_max_str_digits() (found by a probe)."""
+    from simddp import safeio
+
+    with pytest.raises(ScenarioError, match="--set x: unreadable YAML value: an integer of more than 4,300 digits"):
+        safeio.parse_yaml("9" * 5000, "--set x")
