@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 
+import simddp
 from simddp import engine_caches
 from simddp.engine_caches import KeyedCache
 
@@ -147,3 +148,38 @@ def test_what_an_evaluation_leaves_alive_skips_the_young_collections_and_cycles_
         gc.unfreeze()
         if not was:
             gc.disable()
+
+
+def test_memo_put_keeps_the_latest_entries_of_each_kind() -> None:
+    from simddp.sim.plan import MEMO_KIND_LIMIT, memo_put
+
+    memo: dict = {}
+    for k in range(3 * MEMO_KIND_LIMIT):
+        memo_put(memo, ("bucket plans", k), [k])
+        memo_put(memo, ("param sync", k), None)
+    for kind in ("bucket plans", "param sync"):
+        kept = sorted(key[1] for key in memo if key[0] == kind)
+        assert kept == list(range(2 * MEMO_KIND_LIMIT, 3 * MEMO_KIND_LIMIT))
+    memo_put(memo, ("bucket plans", 999), [1])
+    memo_put(memo, ("bucket plans", 999), [2])  # put again: still one entry, the latest value
+    assert memo[("bucket plans", 999)] == [2]
+
+
+def test_a_sweep_over_many_cluster_sizes_gives_the_same_steps_after_its_memo_drops_entries() -> None:
+    """Bucket plans depend on the data-parallel group: a sweep over cluster sizes once kept every size's in
+    the workload's memo (34 KB a point). Now only the latest few are kept; the dropped ones, asked again,
+    are computed again to the same numbers."""
+    from simddp.sim.plan import MEMO_KIND_LIMIT
+
+    base = {"cluster": {"preset": "dgx-a100-80gb", "num_nodes": 1}, "model": {"preset": "gpt2"},
+            "training": {"global_batch_size": None, "micro_batch_size": 2, "seq_len": 1024}}
+    sizes = list(range(1, 2 * MEMO_KIND_LIMIT + 3))
+
+    def steps() -> list[float]:
+        return [simddp.simulate({**base, "cluster": {**base["cluster"], "num_nodes": n}}, trace=False).step_time_s
+                for n in sizes]
+
+    first = steps()
+    assert steps() == first  # the early sizes' plans were dropped and built again
+    engine_caches.clear()
+    assert steps() == first

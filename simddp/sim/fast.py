@@ -40,7 +40,7 @@ from simddp.sim.fluid import Outcome
 from simddp.sim.layers import layer_alone, layer_release_s
 from simddp.sim.periodic import Linear, ScheduleRun, steady
 from simddp.sim.pipeline import PipeOp, Schedule, decode, op_code
-from simddp.sim.plan import RankPlan, StepPlan, last_backwards
+from simddp.sim.plan import RankPlan, StepPlan, last_backwards, memo_put
 
 #: Work below this many seconds counts as done (as the simpy engine's fluid server does).
 _EPS_S = 1e-15
@@ -202,8 +202,8 @@ def _backward(p: RankPlan) -> tuple[list[tuple[float, float, tuple[int, ...]]], 
         runs_of = p.plans.memo[id(releases)] = (releases, runs)
     costs_of = p.grads.memo.get(("reduction costs", id(p.buckets)))  # bucket plans are shared (build_plan)
     if costs_of is None or costs_of[0] is not p.buckets:
-        costs_of = p.grads.memo[("reduction costs", id(p.buckets))] = (
-            p.buckets, [(b.reduce.time_s, b.reduce.tier, b.reduce.transfer_s) for b in p.buckets])
+        costs_of = (p.buckets, [(b.reduce.time_s, b.reduce.tier, b.reduce.transfer_s) for b in p.buckets])
+        memo_put(p.grads.memo, ("reduction costs", id(p.buckets)), costs_of)
     return runs_of[1], costs_of[1]
 
 

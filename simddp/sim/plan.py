@@ -7,6 +7,7 @@ simulation runs.
 from __future__ import annotations
 
 import functools
+from collections import deque
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -134,6 +135,28 @@ class FsdpUnitPlan:
     prefetch_fwd: int = 1
     prefetch_bwd: int = 1
     reduce_blocks: bool = False
+
+
+#: Most entries of one kind a gradients' memo keeps (:func:`memo_put`).
+MEMO_KIND_LIMIT = 16
+
+
+def memo_put(memo: dict[Any, Any], key: tuple[Any, ...], value: Any) -> None:
+    """``memo[key] = value``, keeping only the :data:`MEMO_KIND_LIMIT` latest entries of its kind (``key[0]``).
+
+    A gradients' memo lives as long as its workload, and entries such as the bucket plans depend on more than
+    the gradients (the data-parallel group): a sweep over 100 cluster sizes and 20 bucket caps kept 2,000 sets
+    of bucket plans and reduction costs, 34 KB a point (a hostile-input probe's 100,000-point sweep: 3.7 GB).
+    A dropped entry is computed again when asked for."""
+    order = memo.get(("memo order", key[0]))
+    if order is None:
+        order = memo[("memo order", key[0])] = deque()
+    memo[key] = value
+    order.append(key)
+    if len(order) > MEMO_KIND_LIMIT:
+        old = order.popleft()
+        if old not in order:
+            memo.pop(old, None)
 
 
 class LayerPlans(list[LayerPlan]):
@@ -423,16 +446,18 @@ def build_plan(scenario: Scenario, workload: Workload | None = None) -> StepPlan
                 gathers = [collective_cost("all-gather", sum(working[i].numel * dtype_bytes(working[i].dtype)
                                                              for i in b.param_indices), dp)
                            for b in grads.buckets]
-            buckets = grads.memo[plans_key] = [
-                BucketPlan(b.index, b.size_bytes, len(b.param_indices), reduces[b.size_bytes], gather)
-                for b, gather in zip(grads.buckets, gathers, strict=True)]
+            buckets = [BucketPlan(b.index, b.size_bytes, len(b.param_indices), reduces[b.size_bytes], gather)
+                       for b, gather in zip(grads.buckets, gathers, strict=True)]
+            memo_put(grads.memo, plans_key, buckets)
         opt_s = optimizer_step_s(grads.num_params, cluster.gpu, tr, shard, impl) if grads.params else 0.0
         gather_after = None
         if grads.params and mode != "fsdp" and not rule.overlap_param_gather:
             sync_key = ("param sync", rule.param_sync, dp)
-            if sync_key not in grads.memo:
-                grads.memo[sync_key] = _param_sync(rule, working, dp)
-            gather_after = grads.memo[sync_key]
+            if sync_key in grads.memo:
+                gather_after = grads.memo[sync_key]
+            else:
+                gather_after = _param_sync(rule, working, dp)
+                memo_put(grads.memo, sync_key, gather_after)
         plans = rank_plans.get(r)
         if plans is None:
             plans = rank_plans[r] = LayerPlans(layer_plans(scenario, layers, workload.parameters, timed, rule,
