@@ -112,6 +112,11 @@ def parse_vary(items: list[str]) -> dict[str, list[Any]]:
         if not all(path.split(".")):
             raise ScenarioError(f"--vary {safeio.short_repr(item)}: empty key in the path "
                                 "(expected key.path=v1,v2,...)")
+        if any(k.isdigit() for k in path.split(".")):
+            where = path.split(".")
+            where = where[: next(i for i, k in enumerate(where) if k.isdigit())]
+            raise ScenarioError(f"--vary {path}: {'.'.join(where)} is a list, varied whole "
+                                f"({'.'.join(where)}=[...]); its items cannot be varied one by one")
         if path in varies:
             raise ScenarioError(f"--vary {path}: given twice")
         for other in varies:  # one would overwrite part of the other: rows labelled with values they did not use

@@ -1039,7 +1039,12 @@ def put_value(data: dict[str, Any], dotted: str, value: Any) -> None:
     if len(keys) > safeio.MAX_DEPTH:
         raise ScenarioError(f"{safeio.short_repr(dotted)}: more than {safeio.MAX_DEPTH} keys in the path")
     node = data
-    for k in keys[:-1]:
+    for i, k in enumerate(keys[:-1]):
+        if isinstance(node.get(k), list) or k.isdigit():
+            # A list (model.parameters, model.layers) is set whole: its items have no dotted paths.
+            where = ".".join(keys[: i + 1 if not k.isdigit() else i])
+            raise ScenarioError(f"{safeio.short_repr(dotted)}: {where} is a list, set whole "
+                                f"({where}=[...]); its items cannot be set one by one")
         if not isinstance(node.get(k), dict):
             node[k] = {}
         node = node[k]

@@ -267,3 +267,18 @@ def test_an_empty_unused_parameters_list_is_null() -> None:
     hash(scenario.model)
     assert simulate(data, trace=False).step_time_s == simulate(
         {**data, "model": {"preset": "gpt2"}}, trace=False).step_time_s
+
+
+def test_a_list_is_set_whole_not_item_by_item() -> None:
+    """`--set model.parameters.0.numel=5` replaced the list with a mapping ("Input should be a valid list"),
+    and `--vary` said "unknown key" (found by a hostile-input probe)."""
+    from simddp.cli_search import parse_vary
+    from simddp.config import set_path
+
+    data = {"model": {"parameters": [{"name": "w", "numel": 4}]}}
+    with pytest.raises(ScenarioError, match=r"model.parameters is a list, set whole \(model.parameters=\[...\]\)"):
+        set_path(data, "model.parameters.0.numel", "5")
+    with pytest.raises(ScenarioError, match=r"--vary model\.parameters\.0\.numel: model\.parameters is a list"):
+        parse_vary(["model.parameters.0.numel=1,2"])
+    assert set_path(data, "model.parameters", "[{name: v, numel: 2}]")["model"]["parameters"] == [
+        {"name": "v", "numel": 2}]
