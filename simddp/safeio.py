@@ -357,6 +357,20 @@ def _same_file(a: os.stat_result, b: os.stat_result) -> bool:
     return (a.st_dev, a.st_ino) == (b.st_dev, b.st_ino)
 
 
+def _output_target(path: str | Path, flag: str, empty: str) -> tuple[Path, os.stat_result | None]:
+    """An output path, refused when empty (``--csv ''``; ``empty`` says what to give), and what is there now
+    (None: nothing yet)."""
+    if not str(path).strip():
+        raise ScenarioError(f"{flag} {str(path)!r}: empty {empty}")
+    p = Path(path)
+    try:
+        return p, os.stat(p)
+    except FileNotFoundError:
+        return p, None
+    except OSError as err:
+        raise ScenarioError(f"{p}: cannot write here ({err.strerror})") from None
+
+
 def check_output(path: str | Path, inputs: Iterable[str | Path] = (), flag: str = "output") -> Path:
     """Check, before any work, that ``path`` can be written safely; returns it as a :class:`Path`.
 
@@ -364,15 +378,7 @@ def check_output(path: str | Path, inputs: Iterable[str | Path] = (), flag: str 
     socket (a symlink is judged by what it points to), and a directory where no file can be created (the
     check creates and removes a temporary file there). Missing parent directories are created.
     """
-    if not str(path).strip():
-        raise ScenarioError(f"{flag} {str(path)!r}: empty file name; give a file name to write")
-    p = Path(path)
-    try:
-        target: os.stat_result | None = os.stat(p)
-    except FileNotFoundError:
-        target = None
-    except OSError as err:
-        raise ScenarioError(f"{p}: cannot write here ({err.strerror})") from None
+    p, target = _output_target(path, flag, "file name; give a file name to write")
     if target is not None and stat.S_ISDIR(target.st_mode):
         raise ScenarioError(f"{p}: is a directory; give a file name to write")
     if p.name in ("", ".", ".."):
@@ -401,15 +407,7 @@ def check_output_dir(path: str | Path, names: Sequence[str], inputs: Iterable[st
     their paths. A missing directory is created and an existing one written into; an existing file (or
     anything else that is not a directory) is refused, and each file is checked as :func:`check_output`
     checks it (none may be an input)."""
-    if not str(path).strip():
-        raise ScenarioError(f"{flag} {str(path)!r}: empty directory name; give a directory to write into")
-    p = Path(path)
-    try:
-        target: os.stat_result | None = os.stat(p)
-    except FileNotFoundError:
-        target = None
-    except OSError as err:
-        raise ScenarioError(f"{p}: cannot write here ({err.strerror})") from None
+    p, target = _output_target(path, flag, "directory name; give a directory to write into")
     if target is not None and not stat.S_ISDIR(target.st_mode):
         raise ScenarioError(f"{flag} {p}: exists and is not a directory; give a directory to write "
                             f"{', '.join(names)} into")
