@@ -1042,7 +1042,7 @@ def put_value(data: dict[str, Any], dotted: str, value: Any) -> None:
     for i, k in enumerate(keys[:-1]):
         if isinstance(node.get(k), list) or k.isdigit():
             # A list (model.parameters, model.layers) is set whole: its items have no dotted paths.
-            where = ".".join(keys[: i + 1 if not k.isdigit() else i])
+            where = ".".join(keys[: i + 1 if not k.isdigit() else i]) or safeio.short_repr(dotted)
             raise ScenarioError(f"{safeio.short_repr(dotted)}: {where} is a list, set whole "
                                 f"({where}=[...]); its items cannot be set one by one")
         if not isinstance(node.get(k), dict):

@@ -103,8 +103,9 @@ class PlanResult(_Frozen):
 
 
 #: Largest micro-batch size (samples) the search considers. The divisors of the batch a replica takes are the
-#: candidates, found by trial division up to this bound: a batch of 10**18 (a probe's input) ran 540 s
-#: counting divisors up to its square root, and no GPU holds micro-batches this large of any real model.
+#: candidates, found by trial division up to this bound. Counting up to the batch, a batch of 10**9 took over
+#: 120 s to plan; up to its square root, one of 10**18 (a probe's input) still took 540 s. No GPU holds
+#: micro-batches this large of any real model.
 MAX_PLAN_MICRO_BATCH = 2**16
 
 
