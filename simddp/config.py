@@ -856,8 +856,13 @@ class Scenario(_Frozen):
 
     @model_validator(mode="after")
     def _check_layout(self) -> Scenario:
+        from simddp.limits import too_many_gpus
+
         par, gpus = self.parallelism, self.cluster.num_gpus
         nodes, per_node = self.cluster.num_nodes, self.cluster.gpus_per_node
+        problem = too_many_gpus(nodes, per_node)
+        if problem:  # first: the layout errors below would blame the batch or tp for it
+            raise ValueError(problem)
         dp = self.dp
         if par.dp is not None and par.dp * par.tp * par.pp != gpus:
             raise ValueError(

@@ -51,14 +51,22 @@ def num_model_layers(scenario: Scenario) -> int:
     return len(model.layers or model.parameters or [])
 
 
+def too_many_gpus(num_nodes: int, gpus_per_node: int) -> str | None:
+    """What is wrong with a cluster of more than :data:`MAX_GPUS` GPUs, or None. The scenario's own validation
+    asks first (before its layout checks, which would blame the batch or tp for it), this module again."""
+    gpus = num_nodes * gpus_per_node
+    if gpus <= MAX_GPUS:
+        return None
+    return (f"cluster: num_nodes({num_nodes}) x gpus_per_node({gpus_per_node}) = {gpus:,} GPUs is over the limit "
+            f"of {MAX_GPUS:,} (simddp.limits.MAX_GPUS)")
+
+
 def check_scenario_size(scenario: Scenario) -> None:
     """Refuse a scenario whose size alone makes every cost unbounded (raises :class:`ScenarioError`)."""
     cluster = scenario.cluster
-    if cluster.num_gpus > MAX_GPUS:
-        raise ScenarioError(
-            f"cluster: num_nodes({cluster.num_nodes}) x gpus_per_node({cluster.gpus_per_node}) = "
-            f"{cluster.num_gpus:,} GPUs is over the limit of {MAX_GPUS:,} (simddp.limits.MAX_GPUS)"
-        )
+    problem = too_many_gpus(cluster.num_nodes, cluster.gpus_per_node)
+    if problem:
+        raise ScenarioError(problem)
     tf = scenario.model.transformer
     if tf is not None and tf.num_layers > MAX_LAYERS:
         raise ScenarioError(f"model.transformer.num_layers({tf.num_layers:,}) is over the limit of {MAX_LAYERS:,} "
@@ -125,5 +133,6 @@ __all__ = [
     "check_simulation_size",
     "check_tails_size",
     "num_model_layers",
+    "too_many_gpus",
     "worker_processes",
 ]

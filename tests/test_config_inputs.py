@@ -167,6 +167,11 @@ def test_size_caps() -> None:
     huge = base_scenario(cluster={"preset": "dgx-a100-80gb", "num_nodes": MAX_GPUS // 8 + 1})
     assert f"is over the limit of {MAX_GPUS:,}" in _error(huge)
     scenario_from_dict(base_scenario(cluster={"preset": "dgx-a100-80gb", "num_nodes": MAX_GPUS // 8}))
+    # Said before the layout's checks, which blamed the batch for it (a fixed batch of 512 on 24 M GPUs: "not a
+    # multiple of dp(24000000)", found by a hostile-input probe).
+    fixed = base_scenario(cluster={"preset": "dgx-a100-80gb", "num_nodes": 3_000_000},
+                          training={"global_batch_size": 512})
+    assert _error(fixed).startswith("cluster: num_nodes(3000000) x gpus_per_node(8) = 24,000,000 GPUs is over")
     deep = base_scenario(model={"transformer": {"num_layers": 10**6, "hidden_size": 64, "num_heads": 1,
                                                 "ffn_hidden_size": 64, "vocab_size": 10}})
     assert "num_layers(1,000,000) is over the limit of 16,384" in _error(deep)
