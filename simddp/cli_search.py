@@ -10,7 +10,7 @@ from collections.abc import Callable
 from typing import Any
 
 from simddp import safeio, units
-from simddp.config import Scenario, ScenarioError
+from simddp.config import Scenario, ScenarioError, list_item_problem
 from simddp.limits import MAX_PLAN_TOP
 from simddp.planner import layout_settings
 
@@ -43,7 +43,7 @@ def _plan_scenario(args: argparse.Namespace) -> tuple[Scenario, dict[str, Any]]:
     scenario's GPUs) is checked again on ``--gpus`` GPUs with tp = pp = 1, where the planner starts."""
     from simddp.cli import _load, default_scenario_path
     from simddp.config import Cluster
-    from simddp.planner import _cluster_update
+    from simddp.planner import cluster_update
     from simddp.scenario_io import load_scenario, scenario_data
 
     try:
@@ -56,8 +56,7 @@ def _plan_scenario(args: argparse.Namespace) -> tuple[Scenario, dict[str, Any]]:
             cluster = Cluster.model_validate(scenario_data(path, args.set).get("cluster") or {})
         except ValueError:  # ScenarioError and pydantic's ValidationError: the cluster itself is wrong
             raise err from None
-        fake = Scenario.model_construct(cluster=cluster)  # _cluster_update reads the cluster only
-        nodes = _cluster_update(fake, args.gpus)
+        nodes = cluster_update(cluster, args.gpus)
         layout = [f"cluster.{k}={v}" for k, v in nodes.items()] + [
             "parallelism.tp=1", "parallelism.pp=1", "parallelism.virtual_stages=1",
             "parallelism.sequence_parallel=false"]
@@ -112,11 +111,9 @@ def parse_vary(items: list[str]) -> dict[str, list[Any]]:
         if not all(path.split(".")):
             raise ScenarioError(f"--vary {safeio.short_repr(item)}: empty key in the path "
                                 "(expected key.path=v1,v2,...)")
-        if any(k.isdigit() for k in path.split(".")):
-            where = path.split(".")
-            where = where[: next(i for i, k in enumerate(where) if k.isdigit())]
-            raise ScenarioError(f"--vary {path}: {'.'.join(where)} is a list, varied whole "
-                                f"({'.'.join(where)}=[...]); its items cannot be varied one by one")
+        problem = list_item_problem(path, "varied")
+        if problem:
+            raise ScenarioError(f"--vary {path}: {problem}")
         if path in varies:
             raise ScenarioError(f"--vary {path}: given twice")
         for other in varies:  # one would overwrite part of the other: rows labelled with values they did not use

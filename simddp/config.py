@@ -1036,6 +1036,21 @@ def set_value(data: dict[str, Any], dotted: str, value: Any) -> dict[str, Any]:
     return out
 
 
+def _whole_list(where: str, verb: str = "set") -> str:
+    return f"{where} is a list, {verb} whole ({where}=[...]); its items cannot be {verb} one by one"
+
+
+def list_item_problem(dotted: str, verb: str = "set", last: bool = True) -> str | None:
+    """What is wrong with a dotted path that indexes into a list (``model.parameters.0.numel``), or None: a list
+    (model.parameters, model.layers) is set whole, its items have no dotted paths. ``last``: whether a
+    number as the path's last key counts too."""
+    keys = dotted.split(".")
+    at = next((i for i, k in enumerate(keys if last else keys[:-1]) if k.isdigit()), None)
+    if at is None:
+        return None
+    return _whole_list(".".join(keys[:at]) or safeio.short_repr(dotted), verb)
+
+
 def put_value(data: dict[str, Any], dotted: str, value: Any) -> None:
     """:func:`set_value` in place: ``data`` itself gets ``value`` at the dotted path."""
     keys = dotted.split(".")
@@ -1043,13 +1058,13 @@ def put_value(data: dict[str, Any], dotted: str, value: Any) -> None:
         raise ScenarioError(f"{safeio.short_repr(dotted)}: empty key in path")
     if len(keys) > safeio.MAX_DEPTH:
         raise ScenarioError(f"{safeio.short_repr(dotted)}: more than {safeio.MAX_DEPTH} keys in the path")
+    problem = list_item_problem(dotted, last=False)
+    if problem:
+        raise ScenarioError(f"{safeio.short_repr(dotted)}: {problem}")
     node = data
     for i, k in enumerate(keys[:-1]):
-        if isinstance(node.get(k), list) or k.isdigit():
-            # A list (model.parameters, model.layers) is set whole: its items have no dotted paths.
-            where = ".".join(keys[: i + 1 if not k.isdigit() else i]) or safeio.short_repr(dotted)
-            raise ScenarioError(f"{safeio.short_repr(dotted)}: {where} is a list, set whole "
-                                f"({where}=[...]); its items cannot be set one by one")
+        if isinstance(node.get(k), list):
+            raise ScenarioError(f"{safeio.short_repr(dotted)}: {_whole_list('.'.join(keys[: i + 1]))}")
         if not isinstance(node.get(k), dict):
             node[k] = {}
         node = node[k]

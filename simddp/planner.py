@@ -22,7 +22,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from simddp.collectives import collective_cost
-from simddp.config import Scenario, ScenarioError
+from simddp.config import Cluster, Scenario, ScenarioError
 from simddp.limits import MAX_GPUS, MAX_PLAN_TOP, worker_processes
 from simddp.memory import memory_breakdown
 from simddp.sanity import check_range
@@ -163,8 +163,9 @@ def candidate_layouts(scenario: Scenario, num_gpus: int) -> Iterator[dict[str, A
                 }
 
 
-def _cluster_update(scenario: Scenario, num_gpus: int) -> dict[str, Any]:
-    per_node = scenario.cluster.gpus_per_node
+def cluster_update(cluster: Cluster, num_gpus: int) -> dict[str, Any]:
+    """The cluster keys that make ``cluster`` ``num_gpus`` GPUs: whole nodes, or one node's share of them."""
+    per_node = cluster.gpus_per_node
     if num_gpus <= 0:
         raise ScenarioError(f"--gpus({num_gpus}) must be > 0")
     if num_gpus > MAX_GPUS:
@@ -174,7 +175,7 @@ def _cluster_update(scenario: Scenario, num_gpus: int) -> dict[str, Any]:
     if num_gpus < per_node and per_node % num_gpus == 0:
         return {"num_nodes": 1, "gpus_per_node": num_gpus}
     raise ScenarioError(f"--gpus({num_gpus}) is not a whole number of {per_node}-GPU nodes "
-                        f"({scenario.cluster.preset or 'cluster'}: gpus_per_node {per_node})")
+                        f"({cluster.preset or 'cluster'}: gpus_per_node {per_node})")
 
 
 def _workload_key(update: dict[str, Any]) -> tuple[Any, ...]:
@@ -309,7 +310,7 @@ def plan_layouts(scenario: Scenario, num_gpus: int, top: int = 10, objective: Ob
     if scenario.model.preset is not None:
         data["model"] = {"preset": scenario.model.preset}
     data["name"] = None
-    data["cluster"] = {**data["cluster"], **_cluster_update(scenario, num_gpus)}
+    data["cluster"] = {**data["cluster"], **cluster_update(scenario.cluster, num_gpus)}
     candidates = list(candidate_layouts(scenario, num_gpus))
     if not candidates:
         raise ScenarioError(f"no layout splits global_batch_size({scenario.global_batch_size}) over {num_gpus} GPUs "
@@ -397,7 +398,7 @@ def layout_settings(scenario: Scenario, num_gpus: int, layout: PlannedLayout) ->
     """The scenario keys (dotted paths) that turn ``scenario`` into ``layout`` on ``num_gpus`` GPUs."""
     sets: dict[str, Any] = {}
     if num_gpus != scenario.cluster.num_gpus:
-        sets.update({f"cluster.{k}": v for k, v in _cluster_update(scenario, num_gpus).items()})
+        sets.update({f"cluster.{k}": v for k, v in cluster_update(scenario.cluster, num_gpus).items()})
     sets |= {"parallelism.dp": layout.dp, "parallelism.tp": layout.tp, "parallelism.pp": layout.pp,
              "parallelism.virtual_stages": layout.virtual_stages, "parallelism.zero_stage": layout.zero_stage,
              "parallelism.sequence_parallel": layout.sequence_parallel,
@@ -442,5 +443,5 @@ def terminal_progress(label: str) -> Callable[[int, int], None] | None:
 
 
 
-__all__ = ["BUCKET_CAPS_MB", "OBJECTIVES", "PlanResult", "PlannedLayout", "candidate_layouts", "layout_settings",
-           "pareto_front", "plan_layouts", "step_lower_bound", "terminal_progress"]
+__all__ = ["BUCKET_CAPS_MB", "OBJECTIVES", "PlanResult", "PlannedLayout", "candidate_layouts", "cluster_update",
+           "layout_settings", "pareto_front", "plan_layouts", "step_lower_bound", "terminal_progress"]
