@@ -91,6 +91,16 @@ def positive_float(text: str) -> float:
     return float(_checked_number(text, float, 0.0, inclusive=False))
 
 
+def bucket_cap_mb(text: str) -> float:
+    """argparse type: a bucket cap in MiB, > 0 and at most :data:`simddp.config.MAX_BUCKET_CAP_MB`."""
+    from simddp.config import MAX_BUCKET_CAP_MB
+
+    value = positive_float(text)
+    if value > MAX_BUCKET_CAP_MB:
+        raise argparse.ArgumentTypeError(f"{text!r} is above {MAX_BUCKET_CAP_MB:,} MiB (1 EiB)")
+    return value
+
+
 def non_negative_float(text: str) -> float:
     """argparse type: a finite number >= 0."""
     return float(_checked_number(text, float, 0.0, inclusive=True))
@@ -351,6 +361,8 @@ def cmd_knobs(args: argparse.Namespace) -> int:
 def cmd_buckets(args: argparse.Namespace) -> int:
     from simddp.exports import bucket_export
 
+    if args.json and args.csv:
+        raise UsageError("--json and --csv: choose one")
     scenario = _load(args)
     export = bucket_export(scenario)
     if args.json:
@@ -478,7 +490,16 @@ def cmd_collective(args: argparse.Namespace) -> int:
         cluster = Cluster.model_validate(cluster_dict)
     except Exception as err:  # pydantic ValidationError
         raise ScenarioError(_cluster_error(err)) from None
+    from simddp.limits import too_many_gpus
+
+    over = too_many_gpus(cluster.num_nodes, cluster.gpus_per_node)
+    if over is not None:
+        raise UsageError(over.replace("cluster: num_nodes", "--num-nodes").replace("gpus_per_node(",
+                                                                                   "--gpus-per-node("))
     group = world_group(cluster)
+    if args.op in ("all-to-all", "send-recv") and (args.algorithm, args.protocol) != ("auto", "auto"):
+        raise UsageError(f"--algorithm/--protocol: NCCL runs {args.op} as point-to-point sends and receives "
+                         "(Simple protocol); leave them out")
     if group.num_ranks < 2:
         raise UsageError(f"a collective needs at least 2 ranks (got {group.num_ranks} GPU)")
     sizes = [parse_size(args.bytes)] if args.bytes else [8 * 4**k for k in range(16)]
@@ -525,7 +546,7 @@ def cmd_presets(args: argparse.Namespace) -> int:
     if getattr(args, "presets_command", None) == "show":
         from simddp.schema import preset_values, preset_yaml
 
-        if args.show_json:
+        if args.show_json or args.json:  # `presets --json show NAME` means the same
             section, values = preset_values(args.name)
             print(safeio.json_text({section: values}, indent=2))
         else:
@@ -940,7 +961,7 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("profile", help="profile.json from `simddp calibrate fit`")
     q.add_argument("--ranks", default="2,8,32,128", help="data-parallel world sizes (default 2,8,32,128)")
     q.add_argument("--gpus-per-node", type=positive_int, help="ranks per node (default: all on one node)")
-    q.add_argument("--bucket-cap-mb", type=positive_float, help="DDP bucket cap, MiB (default: torch's)")
+    q.add_argument("--bucket-cap-mb", type=bucket_cap_mb, help="DDP bucket cap, MiB (default: torch's)")
     q.add_argument("--z", type=z_score, default=2.0, help="band width in standard errors, 0..10 (default 2)")
     q.add_argument("--set", action="append", default=[], metavar="KEY.PATH=VALUE",
                    help="override a scenario key, e.g. --set cluster.inter_node.kind=infiniband (repeatable)")

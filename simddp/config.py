@@ -37,6 +37,9 @@ from simddp.keys import closest_key, submodels, unknown_key_message
 from simddp.presets import CLUSTER_PRESETS, MODEL_PRESETS
 from simddp.units import DTYPE_BYTES, KiB, MiB, parse_rate, parse_size
 
+#: Largest ddp.bucket_cap_mb, MiB: 1 EiB, beyond any model's gradients (and what torch's int(mb * 2^20) holds).
+MAX_BUCKET_CAP_MB = 2**40
+
 Precision = Literal["fp32", "bf16-mixed", "fp16-mixed"]
 Optimizer = Literal["adamw", "adam", "sgd", "sgd-momentum", "adafactor"]
 Algorithm = Literal["auto", "ring", "tree", "nvls", "hierarchical"]
@@ -615,7 +618,7 @@ class DDPConfig(_Frozen):
         "megatron (0 DDP, 1 distributed optimizer). It sets which collectives run, when, and which buffers exist.",
     )
     bucket_cap_mb: float | None = Field(
-        default=None, gt=0,
+        default=None, gt=0, le=MAX_BUCKET_CAP_MB,
         description="Gradient bucket size in MiB; null = the implementation's: torch DDP 25 (1 MiB first, as torch "
         "reads bucket_cap_mb); DeepSpeed reduce_bucket_size 5e8 elements; Megatron max(4e7, 1e6 x dp) elements "
         "with overlap, one bucket without. An element count is MiB x 2^20 / gradient bytes.",
@@ -766,15 +769,20 @@ class VariabilityConfig(_Frozen):
 class RunConfig(_Frozen):
     """The whole training run (``simddp run``; :mod:`simddp.run`): tokens, price, failures and checkpoints."""
 
-    tokens: float | None = Field(default=None, gt=0, description="Tokens to train on; null = pass --tokens.")
+    tokens: float | None = Field(
+        default=None, gt=0, le=1e18,
+        description="Tokens to train on; null = pass --tokens. At most 1e18, about 10^4 times the largest published "
+        "pre-training runs (Llama 3: 15.6e12 tokens).",
+    )
     gpu_hour_cost_usd: float = Field(
-        default=12.29, ge=0,
+        default=12.29, ge=0, le=1e6,
         description="Price of one GPU-hour, USD. Default: AWS p5.48xlarge (8x H100) on-demand list price $98.32/h "
         "/ 8 (The Next Platform, 2023-07-27); reserved and smaller clouds charge a fraction of it.",
     )
     mtbf_hours: float = Field(
-        default=50_700, gt=0,
-        description="Mean time between failures that interrupt the job, per GPU (or per node, mtbf_scope), hours. "
+        default=50_700, gt=0, le=1e12,
+        description="Mean time between failures that interrupt the job, per GPU (or per node, mtbf_scope), hours "
+        "(at most 1e12: beyond it no failure happens in any run simddp answers for). "
         "Default: Llama 3 405B pre-training, 419 unexpected interruptions in 54 days on 16,384 H100s "
         "(Grattafiori et al. 2024, sec. 3.3.4): 54 x 24 x 16,384 / 419 GPU-hours.",
     )
@@ -800,7 +808,7 @@ class RunConfig(_Frozen):
         "peak read of Megatron-LM's initial load on Selene (Narayanan et al., SC'21, sec. 5.10).",
     )
     restart_overhead_s: float = Field(
-        default=600.0, ge=0,
+        default=600.0, ge=0, le=1e9,
         description="From a failure to the restarted job computing again, besides loading the checkpoint: noticing "
         "it (a hung collective waits out torch's 10-minute NCCL timeout; a crash is seen at once), rescheduling, "
         "process groups and NCCL set-up, s. Default 600 s: the NCCL timeout, an assumption to replace by your own.",

@@ -20,6 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from simddp.config import Scenario, ScenarioError, deep_merge
 from simddp.results import BREAKDOWN_PARTS, StepResult
+from simddp.sanity import MAX_STEP_TIME_S, check_range
 from simddp.scenario_io import scenario_from_dict
 
 
@@ -86,6 +87,7 @@ def knob_table(scenario: Scenario) -> KnobTable:
 
     data = scenario_to_dict(scenario)
     base = simulate_step(scenario, trace=False)
+    check_range(base.step_time_s)  # the bound `simulate` keeps to (simddp.sanity)
     rows = []
     for knob, setting, override in VARIANTS:
         try:
@@ -95,12 +97,22 @@ def knob_table(scenario: Scenario) -> KnobTable:
                                 delta_s=None, note=f"does not apply: {err}"))
             continue
         new = simulate_step(variant, trace=False)
+        if not new.step_time_s <= MAX_STEP_TIME_S:
+            rows.append(_untimed(knob, setting, new.step_time_s, base.step_time_s))
+            continue
         rows.append(KnobRow(knob=knob, setting=setting, step_time_s=new.step_time_s, baseline_s=base.step_time_s,
                             delta_s=new.step_time_s - base.step_time_s, moved=_moved(new, base),
                             note="; ".join(n for n in new.not_modelled if n not in base.not_modelled)))
     rows.append(_dataparallel_row(data))
     return KnobTable(scenario=scenario.name, baseline_s=base.step_time_s, startup_broadcast_s=startup_time(scenario),
                      rows=rows)
+
+
+def _untimed(knob: str, setting: str, step_s: float, baseline_s: float | None) -> KnobRow:
+    """A knob whose step is beyond what the model answers for (:data:`simddp.sanity.MAX_STEP_TIME_S`)."""
+    return KnobRow(knob=knob, setting=setting, step_time_s=None, baseline_s=baseline_s, delta_s=None,
+                   note=f"not timed: its step would take {step_s:.3g} s, beyond the {MAX_STEP_TIME_S:.0e} s "
+                   "answered for")
 
 
 def _dataparallel_row(data: dict[str, Any]) -> KnobRow:
@@ -117,6 +129,8 @@ def _dataparallel_row(data: dict[str, Any]) -> KnobRow:
         return KnobRow(knob=knob, setting=setting, step_time_s=None, baseline_s=None, delta_s=None,
                        note=f"does not apply: {err}")
     a, b = simulate_step(ddp, trace=False), simulate_step(dpar, trace=False)
+    if not max(a.step_time_s, b.step_time_s) <= MAX_STEP_TIME_S:
+        return _untimed(knob, setting, max(a.step_time_s, b.step_time_s), None)
     return KnobRow(knob=knob, setting=setting, step_time_s=b.step_time_s, baseline_s=a.step_time_s,
                    delta_s=b.step_time_s - a.step_time_s, moved=_moved(b, a),
                    note=f"against DDP on one node of the same GPUs ({ddp.cluster.num_gpus} GPUs)")

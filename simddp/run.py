@@ -40,11 +40,15 @@ from simddp.collectives import collective_cost
 from simddp.config import RunConfig, Scenario
 from simddp.errors import ScenarioError
 from simddp.memory import model_states_bytes, zero_model_states_bytes
+from simddp.sanity import check_range
 from simddp.topology import dp_group, group
 from simddp.units import DAY, HOUR, MiB, dtype_bytes
 
 #: DDP's start-up broadcast of parameters and buffers from rank 0 (``_sync_module_states``), per chunk.
 PARAM_SYNC_CHUNK_BYTES = 250 * MiB
+#: Longest wall clock a run is answered for (about 2,700 years): beyond it failures leave next to no progress,
+#: and Daly's exponentials are past what double precision resolves.
+MAX_RUN_DAYS = 1e6
 #: What the JSON form of a run always carries (``simddp run --json``).
 RUN_JSON_KEYS = ("days", "gpu_hours", "cost", "expected_failures", "checkpoint_interval_s", "checkpoint_time_s",
                  "goodput")
@@ -217,6 +221,11 @@ def simulate_run(scenario: Scenario, run: RunConfig | None = None, curve_points:
     notes: list[str] = []
     if run.achieved_tflops_per_gpu is not None:
         achieved = run.achieved_tflops_per_gpu * 1e12
+        peak = cluster.gpu.peak_flop_per_s(tr.precision)
+        if achieved > peak:
+            raise ScenarioError(
+                f"run.achieved_tflops_per_gpu: {run.achieved_tflops_per_gpu:g} TFLOP/s is above the "
+                f"{cluster.gpu.name}'s peak, {peak / 1e12:g} TFLOP/s in {tr.precision}")
         tokens_per_s = n * achieved / fpt
         source = f"fed: {run.achieved_tflops_per_gpu:g} TFLOP/s per GPU (run.achieved_tflops_per_gpu)"
         step_s = scenario.global_batch_size * tr.seq_len / tokens_per_s
@@ -232,8 +241,13 @@ def simulate_run(scenario: Scenario, run: RunConfig | None = None, curve_points:
         step = simulate_step(scenario, trace=False)
         tokens_per_s, step_s = step.tokens_per_s, step.step_time_s
         source = "simulated step"
+    check_range(step_s)  # the bound `simulate` keeps to (simddp.sanity)
     if not tokens_per_s > 0:
         raise ScenarioError("the step trains no tokens: check training.seq_len and the batch sizes")
+    step_tokens = scenario.global_batch_size * tr.seq_len
+    if run.tokens < step_tokens:
+        raise ScenarioError(f"run.tokens: {run.tokens:g} is less than one step's {step_tokens:,} tokens "
+                            "(training.global_batch_size x training.seq_len)")
     training_s = run.tokens / tokens_per_s
     num_bytes = checkpoint_bytes(scenario)
     rank0_s, sharded_s = checkpoint_times(scenario, num_bytes)
@@ -246,11 +260,17 @@ def simulate_run(scenario: Scenario, run: RunConfig | None = None, curve_points:
     interval = min(interval, training_s) if math.isfinite(interval) else training_s
     startup = startup_time(scenario)
     wall = startup + expected_wall_s(training_s, interval, delta, restart_s, mtbf_s)
-    if not math.isfinite(wall):
+    if not wall <= MAX_RUN_DAYS * DAY:
+        if training_s > MAX_RUN_DAYS * DAY:  # failures aside: the tokens at this throughput
+            raise ScenarioError(f"run.tokens: {run.tokens:g} tokens take {training_s / DAY:.3g} days of training "
+                                f"at {tokens_per_s:.3g} tokens/s, beyond the {MAX_RUN_DAYS:.0e} days answered for")
+        progress = ("expected progress is nil" if not math.isfinite(wall)
+                    else f"it would take {wall / DAY:.3g} days, beyond the {MAX_RUN_DAYS:.0e} answered for")
         raise ScenarioError(
             f"the run never finishes: with a failure every {mtbf_s / HOUR:.3g} h (run.mtbf_hours / {units:,} "
-            f"{run.mtbf_scope}s), checkpoints of {delta:.3g} s and restarts of {restart_s:.3g} s, expected progress "
-            "is nil; raise run.mtbf_hours or the storage bandwidth"
+            f"{run.mtbf_scope}s), checkpoints of {delta:.3g} s every {interval:.3g} s and restarts of "
+            f"{restart_s:.3g} s, {progress}; raise run.mtbf_hours or the storage bandwidth, or checkpoint less "
+            "often (run.checkpoint_interval_s)"
         )
     if state_is_sharded(scenario) and run.checkpoint_saving == "rank0":
         notes.append("rank0 saving of a sharded state (tp, pp or ZeRO) gathers it to rank 0 first; rank 0 also "
@@ -291,6 +311,7 @@ def goodput_curve(training_s: float, delta_s: float, restart_s: float, mtbf_s: f
 
 
 __all__ = [
+    "MAX_RUN_DAYS",
     "RUN_JSON_KEYS",
     "GoodputPoint",
     "RunResult",

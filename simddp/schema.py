@@ -293,6 +293,24 @@ def preset_yaml(name: str) -> str:
 
 
 # ------------------------------------------------------------------------------------------ init
+def _fit_batch(data: dict[str, Any]) -> str | None:
+    """Raise the base's global batch to the next multiple of dp x micro_batch_size where the cluster chosen does
+    not divide it (the default's 512 samples on 3 nodes of 8 GPUs: dp 24, 528), keeping the samples per GPU
+    nearest the base's; say so, or None where it divides."""
+    training = data.get("training", {})
+    batch = training.get("global_batch_size")
+    if batch is None:
+        return None
+    sized = scenario_from_dict({**data, "training": {**training, "global_batch_size": None}})
+    per_step = sized.dp * sized.training.micro_batch_size
+    if batch % per_step == 0:
+        return None
+    raised = -(-batch // per_step) * per_step
+    data["training"] = {**training, "global_batch_size": raised}
+    return (f"training.global_batch_size: {raised:,}, the base's {batch:,} raised to a multiple of dp x "
+            f"micro_batch_size ({sized.dp:,} x {sized.training.micro_batch_size})")
+
+
 def starter_scenario(base: dict[str, Any], model: str | None, cluster: str | None,
                      num_nodes: int | None) -> str:
     """A starter scenario with every key, each with its description.
@@ -310,6 +328,7 @@ def starter_scenario(base: dict[str, Any], model: str | None, cluster: str | Non
         data["cluster"] = {**data.get("cluster", {}), "preset": cluster}
     if num_nodes is not None:
         data["cluster"] = {**data.get("cluster", {}), "num_nodes": num_nodes}
+    note = _fit_batch(data)
     scenario = scenario_from_dict(data)
     if scenario.model.transformer is None and scenario.training.seq_len != 1:  # a CNN sample is one image
         data["training"] = {**data.get("training", {}), "seq_len": 1}
@@ -332,6 +351,7 @@ def starter_scenario(base: dict[str, Any], model: str | None, cluster: str | Non
         "# Commented-out keys show the value they take (the preset's or the default): uncomment one to change it.",
         "# `simddp schema KEY` explains a key; `simddp presets show NAME` prints a preset's values. Sizes and rates",
         "# accept units: 80GiB (binary), 80GB (decimal), 25GB/s, 400Gbit/s; a bare number is bytes or bytes/s.",
+        *([f"# {note}"] if note else []),
     ]
     return "\n".join([*head, _render(body)]) + "\n"
 

@@ -258,10 +258,16 @@ def gpipe_makespan(fwd: np.ndarray, bwd: np.ndarray) -> np.ndarray:
     return endb.max(axis=-1)
 
 
+#: A mean wait below this share of the mean step is float rounding (waits are differences of sums of the same
+#: times), not a wait: it counts as none.
+_WAIT_RESIDUE = 1e-12
+
+
 def simulate_tails(scenario: Scenario, num_steps: int = 200, seed: int | None = None,
                    step: StepResult | None = None) -> VariabilityResult:
     """Monte Carlo of ``num_steps`` steps of ``scenario`` under its ``variability`` settings."""
     from simddp.limits import check_tails_size
+    from simddp.sanity import check_range
     from simddp.sim import simulate_step
 
     check_tails_size(scenario, num_steps)
@@ -269,6 +275,7 @@ def simulate_tails(scenario: Scenario, num_steps: int = 200, seed: int | None = 
     if seed is not None:
         var = var.model_copy(update={"seed": seed})
     det = step or simulate_step(scenario, trace=False)
+    check_range(det.step_time_s)  # the bound `simulate` keeps to (simddp.sanity)
     par, tr = scenario.parallelism, scenario.training
     dp, tp, pp, m = scenario.dp, par.tp, par.pp, scenario.num_micro_batches
     rng = np.random.default_rng(var.seed)
@@ -342,10 +349,13 @@ def simulate_tails(scenario: Scenario, num_steps: int = 200, seed: int | None = 
     padding = 1.0 - float(real_tokens.sum()) / float(computed.sum())
     mean = float(steps.mean())
     loss = float(mean - balanced.mean())
-    total_wait = sum(float(w.mean()) for w in waits.values())
-    sync = [SyncPointWait(key=k, label=SYNC_POINTS[k], wait_s=max(0.0, float(w.mean())),
-                          share=max(0.0, float(w.mean())) / total_wait if total_wait > 0 else 0.0)
-            for k, w in waits.items() if (k != "tp" or tp > 1) and (k != "pp" or pp > 1)]
+    # Mean waits, a float residue of the step (differences of equal sums) counted as none; shares of their total.
+    residue = _WAIT_RESIDUE * mean
+    mean_waits = {k: float(w.mean()) for k, w in waits.items() if (k != "tp" or tp > 1) and (k != "pp" or pp > 1)}
+    mean_waits = {k: w if w > residue else 0.0 for k, w in mean_waits.items()}
+    total_wait = sum(mean_waits.values())
+    sync = [SyncPointWait(key=k, label=SYNC_POINTS[k], wait_s=w, share=w / total_wait if total_wait > 0 else 0.0)
+            for k, w in mean_waits.items()]
     sync.sort(key=lambda w: -w.wait_s)
     p50, p90, p99 = (float(v) for v in np.percentile(steps, [50, 90, 99]))
     return VariabilityResult(

@@ -45,6 +45,7 @@ def _strict(text: str) -> Any:
     (["calibrate", "predict", "p.json", "--bucket-cap-mb", "inf"], "argument --bucket-cap-mb: 'inf' is not a finite"),
     (["memory", "--stage", "-1"], "argument --stage: -1 must be >= 0"),
     (["memory", "--num-gpus", "0"], "argument --num-gpus: 0 must be > 0"),
+    (["calibrate", "predict", "p.json", "--bucket-cap-mb", "1e308"], "'1e308' is above 1,099,511,627,776 MiB"),
 ])
 def test_usage_errors_are_one_line(capsys: pytest.CaptureFixture[str], argv: list[str], message: str) -> None:
     rc, out, err = run(capsys, *argv)
@@ -167,3 +168,24 @@ def test_launcher_status() -> None:
 
     assert worker_status([2, 2]) == 2
     assert worker_status([17]) == 3 and worker_status([3, -15]) == 3 and worker_status([2, 3]) == 3
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["buckets", "--set", "ddp.bucket_cap_mb=1e308"], "ddp.bucket_cap_mb: Input should be less than or equal to"),
+    (["collective", "all-reduce", "--num-nodes", "100000000", "--bytes", "8"],
+     "--num-nodes(100000000) x --gpus-per-node(8) = 800,000,000 GPUs is over the limit"),
+    (["collective", "all-to-all", "--algorithm", "tree", "--bytes", "8"], "--algorithm/--protocol: NCCL runs"),
+    (["buckets", "--csv", "--json"], "--json and --csv: choose one"),
+])
+def test_refused_flag_values_and_combinations(capsys: pytest.CaptureFixture[str], argv: list[str],
+                                              message: str) -> None:
+    """Values that overflowed (a bucket cap of 1e308 MiB: an internal error), sizes past the caps the scenario
+    keeps, and flags that were silently ignored: one line each, exit 2."""
+    rc, out, err = run(capsys, *argv)
+    assert rc == 2 and out == ""
+    assert err.count("\n") == 1 and message in err, err
+
+
+def test_presets_json_flag_before_show(capsys: pytest.CaptureFixture[str]) -> None:
+    rc, out, _ = run(capsys, "presets", "--json", "show", "gpt2")
+    assert rc == 0 and "transformer" in _strict(out)["model"]

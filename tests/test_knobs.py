@@ -311,3 +311,32 @@ def test_knob_errors_are_one_line(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["simulate", "--set", "ddp.backend=mpi"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "ddp.backend" in err and "Traceback" not in err
+
+
+def test_dataparallel_chunks_are_counted_not_listed() -> None:
+    """A 1e16-element model is 10^9 chunks of 10 MiB: their time is the count times one chunk's (it used to build
+    a list with one entry per chunk: 8 GB and a minute, or a MemoryError)."""
+    huge = {"model": {"preset": None, "parameters": [{"name": "w", "numel": 10**16, "dtype": "float32"}],
+                      "layers": [{"name": "l", "param_indices": [0], "fwd_time_s": 0.002, "bwd_time_s": 0.004}]},
+            "training": {"precision": "fp32", "optimizer": "sgd", "seq_len": 1}}
+    scenario = scenario_from_dict(dataparallel(ddp={"wrapper": "dataparallel"}, **huge))
+    plan = dataparallel_plan(scenario)
+    node = group(scenario.cluster, 8)
+    full, rest = divmod(4 * 10**16, COALESCE_BYTES)
+    assert full > 10**8
+    expected = full * collective_cost("broadcast", COALESCE_BYTES, node).time_s + \
+        collective_cost("broadcast", rest, node).time_s
+    assert plan.replicate.time_s == pytest.approx(expected, rel=1e-12)
+
+
+def test_knobs_beyond_the_longest_step(capsys: pytest.CaptureFixture[str]) -> None:
+    """A baseline beyond the 1e9 s `simulate` answers for is refused, as `simulate` refuses it; a knob that takes
+    the step beyond it is listed as not timed."""
+    assert main(["knobs", "--set", "model.preset=gpt2", "--set", "cluster.intra_node.latency_s=1e308"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "beyond the 1e+09 s" in err
+    slow_gloo = ["--set", "model.preset=gpt2", "--set", "parallelism.zero_stage=0", "--set", "cluster.num_nodes=2",
+                 "--set", "cluster.gloo.bandwidth_bytes_per_s=1e-3", "--json"]
+    assert main(["knobs", *slow_gloo]) == 0
+    rows = {r["knob"]: r for r in json.loads(capsys.readouterr().out)["rows"]}
+    assert rows["ddp.backend"]["step_time_s"] is None and "not timed" in rows["ddp.backend"]["note"]

@@ -155,3 +155,23 @@ def test_python_api() -> None:
         simddp.training_run(base_scenario(), tokens=-1)
     t = simddp.tails(base_scenario(variability={"jitter_cv": 0.05}), steps=20, seed=1)
     assert t.num_steps == 20 and t.seed == 1
+
+
+def test_run_refuses_what_it_cannot_answer(capsys: pytest.CaptureFixture[str]) -> None:
+    """Inputs whose arithmetic would overflow, or whose answer would be absurd, get a one-line error naming the key:
+    they used to print 300-digit costs, 1e300-day runs, a step of 0.0 us from a throughput 10^3 times the GPU's
+    peak, and an internal error under --json."""
+    cases = [
+        (["--tokens", "1e308", "--gpu-hour-cost", "1e308", "--json"], "run.tokens: Input should be less than"),
+        (["--tokens", "1e12", "--mtbf-hours", "1e306"], "run.mtbf_hours: Input should be less than"),
+        (["--tokens", "1e12", "--tflops-per-gpu", "1e6"], "run.achieved_tflops_per_gpu: 1e+06 TFLOP/s is above"),
+        (["--tokens", "1"], "run.tokens: 1 is less than one step's"),
+        (["--tokens", "1e12", "--checkpoint-interval", "1e-300"], "beyond the 1e+06 answered for"),
+        (["--tokens", "1e12", "--set", "cluster.intra_node.latency_s=1e308"], "beyond the 1e+09 s"),
+    ]
+    for flags, message in cases:
+        assert main(["run", "--set", "model.preset=gpt2", *flags]) == 2, flags
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and message in err, (flags, err)
+    with pytest.raises(ScenarioError, match=r"run\.tokens: 1e\+18 tokens take .* days of training"):
+        simulate_run(scenario(run={"tokens": 1e18}, cluster={"num_nodes": 1}))

@@ -41,7 +41,7 @@ def test_schema_lists_every_key_of_every_model() -> None:
 def test_schema_key_has_type_unit_default_bounds_and_description() -> None:
     (cap,) = schema_keys("ddp.bucket_cap_mb")
     assert cap == KeyDoc(path="ddp.bucket_cap_mb", type="float", unit="MiB", accepts_units=False, required=False,
-                         default=None, nullable=True, bounds="> 0",
+                         default=None, nullable=True, bounds="> 0, <= 1099511627776",
                          description="Gradient bucket size in MiB; null = the implementation's: torch DDP 25 (1 MiB "
                          "first, as torch reads bucket_cap_mb); DeepSpeed reduce_bucket_size 5e8 elements; Megatron "
                          "max(4e7, 1e6 x dp) elements with overlap, one bucket without. An element count is MiB x "
@@ -176,3 +176,14 @@ def test_init_cli_writes_a_scenario_that_simulates(tmp_path) -> None:
 def test_unknown_preset_in_init_is_a_one_line_error() -> None:
     with pytest.raises(ScenarioError, match="unknown preset 'dgx'"):
         starter_scenario(read_mapping(default_scenario_path()), None, "dgx", None)
+
+
+def test_init_on_any_node_count_raises_the_batch_to_a_multiple_of_dp() -> None:
+    """The default's 512 samples do not split over 3 nodes of 8 GPUs (dp 24): init used to fail for most node
+    counts; it raises the batch to the next multiple (528) and says so in the file."""
+    text = starter_scenario(read_mapping(default_scenario_path()), None, None, 3)
+    assert "# training.global_batch_size: 528, the base's 512 raised to a multiple of dp x micro_batch_size (24 x 1)" \
+        in text
+    scenario = scenario_from_dict(yaml.safe_load(text))
+    assert scenario.training.global_batch_size == 528 and scenario.dp == 24
+    assert "raised" not in starter_scenario(read_mapping(default_scenario_path()), None, None, 16)

@@ -183,3 +183,23 @@ def test_tails_command(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as info:
         main(["tails", "--steps", "0"])
     assert info.value.code == 2 and "--steps" in capsys.readouterr().err
+
+
+def test_tails_refuses_a_step_beyond_the_longest(capsys: pytest.CaptureFixture[str]) -> None:
+    """`tails` keeps to the bound `simulate` keeps to: it used to print an inf step and nan percentiles."""
+    assert main(["tails", "--set", "model.preset=gpt2", "--set", "cluster.gpu.peak_bf16_flop_per_s=1e-300"]) == 2
+    _, err = capsys.readouterr()
+    assert err.count("\n") == 1 and "beyond the 1e+09 s" in err
+
+
+def test_wait_shares_are_of_real_waits() -> None:
+    """Float residues of equal sums are no wait: with every rank alike no share is over 100% (it printed 101.6%
+    for a 1e-17 s residue)."""
+    from simddp.cli import default_scenario_path
+    from simddp.config import read_mapping
+
+    data = deep_merge(read_mapping(default_scenario_path()), {"training": {"seq_len": 1}, "variability": {
+        "seq_len_distribution": "uniform", "sequence_handling": "packing"}})
+    result = simulate_tails(scenario_from_dict(data), 50, 1)  # the default: a 1.4e-17 s residue at the reduction
+    assert all(0.0 <= w.share <= 1.0 for w in result.sync_points)
+    assert sum(w.share for w in result.sync_points) in (0.0, pytest.approx(1.0))

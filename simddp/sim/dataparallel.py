@@ -80,13 +80,15 @@ def _chunked(op: str, size_bytes: int, scenario: Scenario, n: int) -> Collective
     """``op`` over the node's N GPUs in COALESCE_BYTES chunks, one after another: the chunks' latencies add."""
     grp = group(scenario.cluster, n)
     full, rest = divmod(size_bytes, COALESCE_BYTES)
-    parts = ([collective_cost(op, COALESCE_BYTES, grp)] * full  # type: ignore[arg-type]
-             + ([collective_cost(op, rest, grp)] if rest else []))  # type: ignore[arg-type]
+    # (cost, how many times it runs): the full chunks' times are counted, not listed (a 1e15-element model has
+    # 10^8 of them).
+    parts = ([(collective_cost(op, COALESCE_BYTES, grp), full)] if full else []) + (  # type: ignore[arg-type]
+        [(collective_cost(op, rest, grp), 1)] if rest else [])  # type: ignore[arg-type]
     if not parts:
         return collective_cost(op, 0, grp)  # type: ignore[arg-type]
-    first = parts[0]
-    return CollectiveCost(op, size_bytes, n, first.algorithm, first.protocol, sum(c.time_s for c in parts),
-                          sum(c.latency_s for c in parts), first.tier)
+    first = parts[0][0]
+    return CollectiveCost(op, size_bytes, n, first.algorithm, first.protocol, sum(c.time_s * k for c, k in parts),
+                          sum(c.latency_s * k for c, k in parts), first.tier)
 
 
 def _copies(size_bytes: int, scenario: Scenario, n: int) -> CollectiveCost:
