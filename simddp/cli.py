@@ -691,6 +691,8 @@ def cmd_calibrate_validate(args: argparse.Namespace) -> int:
     from simddp.profile import DDPMeasurements, read_calibration_file
     from simddp.report import extrapolate, validate, write_html
 
+    if args.gpus_per_node is not None and not args.extrapolate:
+        raise UsageError("--gpus-per-node shapes --extrapolate's world sizes: give --extrapolate RANKS too")
     html = Path(args.html) if args.html else Path(args.ddp).with_name(Path(args.ddp).stem + "_report.html")
     inputs = [args.profile, args.ddp]
     safeio.check_output(html, inputs, "--html")

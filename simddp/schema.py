@@ -181,7 +181,10 @@ def schema_keys(path: str = "") -> list[KeyDoc]:
         parts: list[str | int] = list(wanted.split("."))
         known = next((i for i in range(len(parts), 0, -1) if model_at(Scenario, parts[:i]) is not None), 0)
         bad = parts[: known + 1]
-        raise ScenarioError(f"schema: {'.'.join(map(str, bad))}: {unknown_key_message(Scenario, bad)}")
+        leaf = ".".join(map(str, bad))
+        if any(k.path.replace("[]", "") == leaf for k in keys):  # a value, not a section: nothing under it
+            raise ScenarioError(f"schema: {leaf} is a value, with no keys under it ({'.'.join(parts[known + 1:])})")
+        raise ScenarioError(f"schema: {leaf}: {unknown_key_message(Scenario, bad)}")
     return found
 
 

@@ -176,6 +176,7 @@ def test_launcher_status() -> None:
      "--num-nodes(100000000) x --gpus-per-node(8) = 800,000,000 GPUs is over the limit"),
     (["collective", "all-to-all", "--algorithm", "tree", "--bytes", "8"], "--algorithm/--protocol: NCCL runs"),
     (["buckets", "--csv", "--json"], "--json and --csv: choose one"),
+    (["calibrate", "validate", "p.json", "d.json", "--gpus-per-node", "8"], "--gpus-per-node shapes --extrapolate"),
 ])
 def test_refused_flag_values_and_combinations(capsys: pytest.CaptureFixture[str], argv: list[str],
                                               message: str) -> None:

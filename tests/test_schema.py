@@ -187,3 +187,8 @@ def test_init_on_any_node_count_raises_the_batch_to_a_multiple_of_dp() -> None:
     scenario = scenario_from_dict(yaml.safe_load(text))
     assert scenario.training.global_batch_size == 528 and scenario.dp == 24
     assert "raised" not in starter_scenario(read_mapping(default_scenario_path()), None, None, 16)
+
+
+def test_schema_below_a_value_says_so() -> None:
+    with pytest.raises(ScenarioError, match=r"schema: cluster\.gpu\.hbm_bytes is a value, with no keys under it \(x\)"):
+        schema_keys("cluster.gpu.hbm_bytes.x")
