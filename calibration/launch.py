@@ -23,7 +23,31 @@ def worker_status(exit_codes: Sequence[int]) -> int:
     return 2 if exit_codes and all(c == 2 for c in exit_codes) else 3
 
 
+def nproc_problem(args: Sequence[str]) -> str | None:
+    """What is wrong with the launcher's ``--nproc-per-node``, or None: torchrun starts that many processes at
+    once, so a count beyond :data:`~simddp.limits.MAX_NPROC_PER_NODE` (more than any node's GPUs or cores)
+    would fork until the machine runs out of memory. Only a number is judged (torchrun's gpu/cpu/auto stay)."""
+    from simddp.limits import MAX_NPROC_PER_NODE
+
+    for k, arg in enumerate(args):
+        if arg == "-m":  # the collector's own options follow
+            break
+        name, eq, value = arg.partition("=")
+        if name not in ("--nproc-per-node", "--nproc_per_node"):
+            continue
+        value = value if eq else (args[k + 1] if k + 1 < len(args) else "")
+        if value.strip().isdigit() and int(value) > MAX_NPROC_PER_NODE:
+            return (f"--nproc-per-node({int(value):,}) is over the limit of {MAX_NPROC_PER_NODE:,} ranks per node "
+                    "(simddp.limits.MAX_NPROC_PER_NODE)")
+    return None
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    args = list(sys.argv[1:] if argv is None else argv)
+    problem = nproc_problem(args)
+    if problem:
+        print(f"simddp calibrate collect: error: {problem}", file=sys.stderr)
+        return 2
     os.environ.setdefault("LOGLEVEL", "ERROR")
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import main as torchrun
@@ -33,7 +57,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if name.startswith("torch.distributed.elastic"):
             logging.getLogger(name).setLevel(logging.CRITICAL)
     try:
-        torchrun(list(sys.argv[1:] if argv is None else argv))
+        torchrun(args)
     except ChildFailedError as err:
         return worker_status([f.exitcode for _, f in sorted(err.failures.items())])
     except KeyboardInterrupt:

@@ -693,9 +693,12 @@ def cmd_calibrate_validate(args: argparse.Namespace) -> int:
 
     if args.gpus_per_node is not None and not args.extrapolate:
         raise UsageError("--gpus-per-node shapes --extrapolate's world sizes: give --extrapolate RANKS too")
-    html = Path(args.html) if args.html else Path(args.ddp).with_name(Path(args.ddp).stem + "_report.html")
+    # The HTML report goes beside ddp.json unless --html names it; --json alone writes none (stdout is the report).
+    html: Path | None = Path(args.html) if args.html else (
+        None if args.json else Path(args.ddp).with_name(Path(args.ddp).stem + "_report.html"))
     inputs = [args.profile, args.ddp]
-    safeio.check_output(html, inputs, "--html")
+    if html is not None:
+        safeio.check_output(html, inputs, "--html")
     ddp = read_calibration_file(args.ddp, DDPMeasurements)
     if not ddp.cases:
         raise ScenarioError(f"{args.ddp}: no DDP step measured")
@@ -704,7 +707,8 @@ def cmd_calibrate_validate(args: argparse.Namespace) -> int:
     cap = ddp.cases[-1].bucket_cap_mb
     extra = extrapolate(args.profile, sizes, args.gpus_per_node, cap, z=args.z) if sizes else []
     text = safeio.json_text(report.to_json_dict(), indent=2) if args.json else report.to_text()
-    write_html(report, html, extra, inputs)
+    if html is not None:
+        write_html(report, html, extra, inputs)
     if args.json:  # the text report shows them at the top
         for warning in report.warnings:
             print(f"simddp: warning: {warning}", file=sys.stderr)
@@ -952,7 +956,7 @@ def build_parser() -> argparse.ArgumentParser:
     q = cal.add_parser("validate", help="predicted vs measured DDP steps (ddp.json), MAPE, HTML report")
     q.add_argument("profile", help="profile.json from `simddp calibrate fit`")
     q.add_argument("ddp", help="ddp.json from `simddp calibrate collect ddp`")
-    q.add_argument("--html", help="report to write (default: <ddp>_report.html beside ddp.json)")
+    q.add_argument("--html", help="report to write (default: <ddp>_report.html beside ddp.json; none with --json)")
     q.add_argument("--z", type=z_score, default=2.0, help="band width in standard errors, 0..10 (default 2)")
     q.add_argument("--extrapolate", metavar="RANKS", help="also plot predictions for these world sizes, e.g. 2,8,128")
     q.add_argument("--gpus-per-node", type=positive_int,

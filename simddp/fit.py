@@ -40,6 +40,7 @@ from pydantic import ValidationError
 
 from simddp.collectives import BUSBW_FACTOR
 from simddp.config import CollectiveFit, ScenarioError, format_validation_error
+from simddp.limits import MAX_COMM_SIZES
 from simddp.profile import (
     PROFILE_VERSION,
     CalibrationProfile,
@@ -83,13 +84,13 @@ class Segment:
     rel_sse: float
 
 
-def _fit_segment(x_steps: np.ndarray, x_bytes: np.ndarray, t: np.ndarray, lo: int, hi: int) -> Segment:
-    """Weighted (1/t) least squares of t = steps a + bytes g on points lo..hi-1, with a, g >= 0."""
+def _nnls_coef(x_steps: np.ndarray, x_bytes: np.ndarray, t: np.ndarray, lo: int,
+               hi: int) -> tuple[np.ndarray, list[int], np.ndarray, float]:
+    """(coef, active terms, weighted design, relative SSE) of t = steps a + bytes g on lo..hi-1, a, g >= 0."""
     a_col, g_col, y = x_steps[lo:hi], x_bytes[lo:hi], t[lo:hi]
     w = 1.0 / y
     design = np.column_stack([a_col * w, g_col * w])
     target = np.ones_like(y)  # y * w
-    n = hi - lo
     active = [0, 1]
     coef = np.zeros(2)
     for _ in range(2):
@@ -104,7 +105,15 @@ def _fit_segment(x_steps: np.ndarray, x_bytes: np.ndarray, t: np.ndarray, lo: in
             break
     fitted = a_col * coef[0] + g_col * coef[1]
     rel = (fitted - y) / y
-    rel_sse = float(np.sum(rel**2))
+    return coef, active, design, float(np.sum(rel**2))
+
+
+def _fit_segment(x_steps: np.ndarray, x_bytes: np.ndarray, t: np.ndarray, lo: int, hi: int) -> Segment:
+    """Weighted (1/t) least squares of t = steps a + bytes g on points lo..hi-1, with a, g >= 0."""
+    a_col, g_col, y = x_steps[lo:hi], x_bytes[lo:hi], t[lo:hi]
+    coef, active, design, rel_sse = _nnls_coef(x_steps, x_bytes, t, lo, hi)
+    fitted = a_col * coef[0] + g_col * coef[1]
+    n = hi - lo
     dof = max(1, n - len(active))
     sigma2 = rel_sse / dof
     stderr = np.zeros(2)
@@ -135,7 +144,15 @@ def fit_piecewise(op: str, num_ranks: int, sizes: Sequence[int], times_s: Sequen
     n = len(s)
     if n < 2:
         raise ValueError(f"{op}: at least 2 message sizes are needed to fit latency and bandwidth (got {n})")
-    best: tuple[float, list[Segment]] | None = None
+    # A segment recurs in many splits: fit each (lo, hi) once (the same arithmetic, so the same choice).
+    sse_of: dict[tuple[int, int], float] = {}
+
+    def segment_sse(lo: int, hi: int) -> float:
+        if (lo, hi) not in sse_of:
+            sse_of[lo, hi] = _nnls_coef(x_steps, x_bytes, t, lo, hi)[3]
+        return sse_of[lo, hi]
+
+    best: tuple[float, list[int]] | None = None
     for k in range(1, max_segments + 1):
         if k > 1 and n < k * MIN_POINTS:
             break
@@ -143,13 +160,18 @@ def fit_piecewise(op: str, num_ranks: int, sizes: Sequence[int], times_s: Sequen
             bounds = [0, *cuts, n]
             if any(b - a < (MIN_POINTS if k > 1 else 2) for a, b in itertools.pairwise(bounds)):
                 continue
-            segs = [_fit_segment(x_steps, x_bytes, t, a, b) for a, b in itertools.pairwise(bounds)]
-            sse = max(sum(g.rel_sse for g in segs), 1e-12 * n)
+            if k > 2 and best is not None:
+                # The first and last segments alone bound the sum from below (float addition is monotone):
+                # skip fitting the middle ones when that bound already loses (by a margin beyond rounding).
+                outer = max(segment_sse(0, bounds[1]) + segment_sse(bounds[-2], n), 1e-12 * n)
+                if n * math.log(outer / n) + (3 * k - 1) * math.log(n) > best[0] + 1e-9 * (1 + abs(best[0])):
+                    continue
+            sse = max(sum(segment_sse(a, b) for a, b in itertools.pairwise(bounds)), 1e-12 * n)
             bic = n * math.log(sse / n) + (3 * k - 1) * math.log(n)
             if best is None or bic < best[0]:
-                best = (bic, segs)
+                best = (bic, bounds)
     assert best is not None
-    return best[1]
+    return [_fit_segment(x_steps, x_bytes, t, a, b) for a, b in itertools.pairwise(best[1])]
 
 
 def fit_collectives(cases: Sequence[CommCase], source: str = "comm.json",
@@ -168,6 +190,9 @@ def fit_collectives(cases: Sequence[CommCase], source: str = "comm.json",
         pts = sorted((c for c in cases if c.op == op and c.group == group), key=lambda c: c.size_bytes)
         if len(pts) < 2:
             continue
+        if len(pts) > MAX_COMM_SIZES:
+            raise ScenarioError(f"{source}: {op} on {group}: {len(pts):,} message sizes is over the limit of "
+                                f"{MAX_COMM_SIZES:,} (simddp.limits.MAX_COMM_SIZES); fit fewer sizes")
         for c in pts:
             if not c.stats.median_s > 0:
                 raise ScenarioError(f"{source}: {op} on {group} at {c.size_bytes} B: median time {c.stats.median_s} s; "
@@ -177,11 +202,15 @@ def fit_collectives(cases: Sequence[CommCase], source: str = "comm.json",
         run_per_node = max(per_node, gpus_per_node or per_node)
         sizes = [c.size_bytes for c in pts]
         times = [c.stats.median_s for c in pts]
+        what = f"{source}: {op} on {group} ({len(pts)} sizes, {sizes[0]}..{sizes[-1]} B)"
         try:
-            segments = fit_piecewise(op, n, sizes, times)
+            with np.errstate(all="ignore"):  # an overflow shows as a non-finite fit, refused below
+                segments = fit_piecewise(op, n, sizes, times)
         except (ValueError, np.linalg.LinAlgError) as err:
-            raise ScenarioError(f"{source}: {op} on {group} ({len(pts)} sizes, {sizes[0]}..{sizes[-1]} B): "
-                                f"the fit failed: {err}") from None
+            raise ScenarioError(f"{what}: the fit failed: {err}") from None
+        if not all(math.isfinite(v) for g in segments for v in (g.latency_per_step_s, g.inv_bandwidth_s_per_byte,
+                                                                 g.latency_stderr_s, g.inv_bandwidth_stderr, g.r2)):
+            raise ScenarioError(f"{what}: the fit is not finite (times or sizes out of range)")
         for k, seg in enumerate(segments):
             lo_bytes = 0 if k == 0 else int(math.sqrt(sizes[seg.lo - 1] * sizes[seg.lo])) + 1
             hi_bytes = sizes[-1] if k == len(segments) - 1 else int(math.sqrt(sizes[seg.hi - 1] * sizes[seg.hi]))

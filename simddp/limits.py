@@ -120,15 +120,33 @@ def check_tails_size(scenario: Scenario, num_steps: int) -> None:
         )
 
 
+#: Most distinct message sizes `simddp calibrate fit` fits per collective and communicator: its breakpoint search
+#: fits every contiguous run of sizes (quadratic); an nccl-tests sweep has 20 to 40, a dense one of 4 sizes
+#: per doubling over 1 B .. 8 GiB about 130. At the limit a fit takes about 1 s per collective.
+MAX_COMM_SIZES = 256
+#: Shortest measured median time a calibration file may hold, s: 1 ns is below any timer's resolution (CUDA
+#: events: 0.5 us); a shorter median is a unit error or a corrupt file, and its 1/t weight overflows.
+MIN_TIMING_S = 1e-9
+#: Longest measured time (and largest difference of times) a calibration file may hold, s: 1e6 s (11.6 days)
+#: is far beyond any one step or collective.
+MAX_TIMING_S = 1e6
+#: Most ranks per node `simddp calibrate collect --nproc-per-node` starts: more than any node's GPUs or CPU
+#: cores (each rank is a process).
+MAX_NPROC_PER_NODE = 1024
+
 __all__ = [
+    "MAX_COMM_SIZES",
     "MAX_GPUS",
     "MAX_LAYERS",
     "MAX_LAYER_PASSES",
     "MAX_MESSAGE_BYTES",
+    "MAX_NPROC_PER_NODE",
     "MAX_PARAMETERS",
     "MAX_PLAN_TOP",
     "MAX_TAIL_DRAWS",
     "MAX_TAIL_STEPS",
+    "MAX_TIMING_S",
+    "MIN_TIMING_S",
     "check_scenario_size",
     "check_simulation_size",
     "check_tails_size",

@@ -24,6 +24,7 @@ Timings are summarised by the median of repeats (robust to the outliers of share
 
 from __future__ import annotations
 
+import itertools
 import json
 from collections.abc import Iterable, Sequence
 from pathlib import Path
@@ -95,6 +96,40 @@ def timing_stats(samples: Sequence[float]) -> TimingStats:
         max_s=float(x.max()),
         num_outliers=outliers,
     )
+
+
+#: Relative slack of the order min <= p10 <= median <= p90 <= max: percentiles interpolate in floating point.
+_ORDER_SLACK = 1e-9
+
+
+def timing_problem(st: TimingStats, path: str, kind: Literal["time", "positive", "difference"] = "time") -> str | None:
+    """What is wrong with a timing summary at field ``path``, or None (one rule for every collector file).
+
+    Every value is finite and at most :data:`~simddp.limits.MAX_TIMING_S` in size, ``times_s`` is not empty,
+    and min <= p10 <= median <= p90 <= max. ``time``: no value is negative; ``positive`` (what a fit or a
+    relative error divides by): also a median of at least :data:`~simddp.limits.MIN_TIMING_S`;
+    ``difference`` (of two measured times, so noise may make it negative): only the bounds and the order.
+    """
+    from simddp.limits import MAX_TIMING_S, MIN_TIMING_S
+
+    if not st.times_s:
+        return f"{path}.times_s: is empty; a timing needs at least one repeat"
+    named = [("min_s", st.min_s), ("p10_s", st.p10_s), ("median_s", st.median_s), ("p90_s", st.p90_s),
+             ("max_s", st.max_s)]
+    for k, v in enumerate(st.times_s):
+        named.append((f"times_s.{k}", v))
+    for name, v in named:
+        if kind != "difference" and v < 0:
+            return f"{path}.{name}: {v} s is negative; a measured time is >= 0"
+        if not abs(v) <= MAX_TIMING_S:  # also NaN
+            return f"{path}.{name}: {v} s is over the limit of {MAX_TIMING_S:g} s (simddp.limits.MAX_TIMING_S)"
+    for (lo_name, lo), (hi_name, hi) in itertools.pairwise(named[:5]):
+        if lo > hi + _ORDER_SLACK * max(abs(lo), abs(hi)):
+            return f"{path}: {lo_name}({lo}) > {hi_name}({hi}); expected min <= p10 <= median <= p90 <= max"
+    if kind == "positive" and st.median_s < MIN_TIMING_S:
+        return (f"{path}.median_s: {st.median_s} s is below {MIN_TIMING_S:g} s (simddp.limits.MIN_TIMING_S); "
+                "a measured median must be a real duration")
+    return None
 
 
 # ------------------------------------------------------------------------------- measurement files
@@ -420,10 +455,74 @@ def calibration_from_dict(data: dict[str, Any], expected: type[_M], source: str)
             "re-run the collectors or `simddp calibrate fit` with this simddp"
         )
     try:
-        return expected.model_validate(data)
+        parsed = expected.model_validate(data)
     except ValidationError as err:
         message = format_validation_error(err)
         raise ScenarioError(f"{p}: malformed {want}: {_name_measurements(message, data)}") from None
+    problem = measurement_problem(parsed)
+    if problem:
+        raise ScenarioError(f"{p}: {_name_measurements(problem, data)}")
+    return parsed
+
+
+def _timing_fields(m: BaseModel) -> Iterable[tuple[str, TimingStats, Literal["time", "positive", "difference"]]]:
+    """(field path, summary, kind of check) of every timing summary of a measurement file."""
+    if isinstance(m, CommMeasurements):
+        for k, c in enumerate(m.cases):
+            yield f"cases.{k}.stats", c.stats, "positive"
+    elif isinstance(m, DDPMeasurements):
+        for k, d in enumerate(m.cases):
+            yield f"cases.{k}.stats", d.stats, "positive"
+        for k, knob in enumerate(m.knob_cases):
+            yield f"knob_cases.{k}.stats", knob.stats, "time"
+    elif isinstance(m, ComputeMeasurements):
+        for k, la in enumerate(m.layers):
+            yield f"layers.{k}.fwd", la.fwd, "time"
+            yield f"layers.{k}.bwd", la.bwd, "time"
+        for name in ("forward", "backward", "optimizer_step", "step"):
+            yield name, getattr(m, name), "time"
+        # The rest of the step and the DDP costs are differences of measured times: timer noise may make
+        # them slightly negative (the fit counts a negative one as 0).
+        yield "host", m.host, "difference"
+        if m.ddp_overhead is not None:
+            yield "ddp_overhead", m.ddp_overhead, "difference"
+        if m.graph_search is not None:
+            yield "graph_search", m.graph_search, "difference"
+
+
+def measurement_problem(m: BaseModel) -> str | None:
+    """What makes a parsed measurement file unusable, naming the field, or None: timing summaries (see
+    :func:`timing_problem`), rank counts beyond :data:`~simddp.limits.MAX_GPUS`, message sizes beyond
+    :data:`~simddp.limits.MAX_MESSAGE_BYTES`, a difference of times more negative than the whole step."""
+    from simddp.limits import MAX_GPUS, MAX_MESSAGE_BYTES, MAX_TIMING_S
+
+    if not isinstance(m, _MeasurementFile):
+        return None
+    for name in ("world_size", "num_nodes", "ranks_per_node"):
+        value = getattr(m.run, name)
+        if value > MAX_GPUS:
+            return f"run.{name}({value:,}) is over the limit of {MAX_GPUS:,} ranks (simddp.limits.MAX_GPUS)"
+    if isinstance(m, CommMeasurements):
+        for k, c in enumerate(m.cases):
+            if c.size_bytes > MAX_MESSAGE_BYTES:
+                return (f"cases.{k}.size_bytes({c.size_bytes:,}) is over the limit of {MAX_MESSAGE_BYTES:,} "
+                        "(simddp.limits.MAX_MESSAGE_BYTES)")
+        for k, ic in enumerate(m.interference):
+            for name in ("compute_alone_s", "comm_alone_s", "both_s", "comm_in_both_s"):
+                if getattr(ic, name) > MAX_TIMING_S:
+                    return (f"interference.{k}.{name}: {getattr(ic, name)} s is over {MAX_TIMING_S:g} s "
+                            "(simddp.limits.MAX_TIMING_S)")
+    for path, st, kind in _timing_fields(m):
+        problem = timing_problem(st, path, kind)
+        if problem:
+            return problem
+    if isinstance(m, ComputeMeasurements):
+        for name in ("host", "ddp_overhead", "graph_search"):
+            st = getattr(m, name)
+            if st is not None and st.median_s < -m.step.median_s:
+                return (f"{name}.median_s: {st.median_s} s is more negative than the whole step "
+                        f"({m.step.median_s} s); not a difference of this run's times")
+    return None
 
 
 def _name_measurements(message: str, data: dict[str, Any]) -> str:
@@ -491,6 +590,11 @@ def merge_measurements(items: Sequence[_Measurements]) -> _Measurements:
     kinds = {m.kind for m in items}
     if len(kinds) > 1:
         raise ScenarioError(f"cannot merge different kinds of files: {sorted(kinds)}")
+    # A file given twice (or under two names) would count its repeats twice and narrow the band.
+    for (i, a), (j, b) in itertools.combinations(enumerate(items), 2):
+        if a == b:
+            raise ScenarioError(f"merge: files {i + 1} and {j + 1} hold identical measurements (the same file "
+                                "twice?): pooling a run twice would double its repeats; give each run once")
     errors = [m.error for m in items if m.error]
     common: dict[str, Any] = {"complete": all(m.complete for m in items), "error": errors[0] if errors else None}
     if isinstance(first, CommMeasurements):
@@ -593,11 +697,13 @@ __all__ = [
     "calibration_from_dict",
     "layer_specs",
     "load_profile",
+    "measurement_problem",
     "merge_measurements",
     "parameter_specs",
     "read_calibration_file",
     "read_measurements",
     "scenario_defaults_from_profile",
+    "timing_problem",
     "timing_stats",
     "write_json",
 ]

@@ -185,7 +185,7 @@ def _scaled_profile_keys(profile: CalibrationProfile, direction: int, z: float) 
         fits.append({**f, "latency_per_step_s": lat, "bus_bandwidth_bytes_per_s": 1.0 / inv_bw})
     keys["cluster"]["collective_fits"] = fits
     scale = max(0.0, 1.0 + direction * z * profile.compute_rel_sigma)
-    for layer in keys["model"]["layers"]:
+    for layer in keys["model"].get("layers") or []:  # a parameter-list model has no layers
         for k in ("fwd_time_s", "bwd_time_s"):
             if layer.get(k) is not None:
                 layer[k] *= scale

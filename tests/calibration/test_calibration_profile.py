@@ -223,6 +223,9 @@ def test_cli_fit_validate_predict(calibration_files: dict[str, Path], tmp_path: 
     assert main(["calibrate", "validate", str(out), str(ddp_path), "--extrapolate", "2,8"]) == 0
     text = capsys.readouterr().out
     assert "MAPE 0.0%" in text and (tmp_path / "ddp_report.html").exists()
+    (tmp_path / "ddp_report.html").unlink()
+    assert main(["calibrate", "validate", str(out), str(ddp_path), "--json"]) == 0  # stdout is the report
+    assert json.loads(capsys.readouterr().out)["mape"] == 0.0 and not (tmp_path / "ddp_report.html").exists()
     assert main(["calibrate", "predict", str(out), "--ranks", "2,128", "--bucket-cap-mb", "5", "--json"]) == 0
     preds = json.loads(capsys.readouterr().out)
     assert [p["world_size"] for p in preds] == [2, 128]

@@ -1,0 +1,168 @@
+"""Hostile calibration inputs: each is refused with one line naming the file and the field, or handled."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+from conftest import compute_measurements, stats
+
+from simddp.cli import main
+from simddp.config import ScenarioError
+from simddp.fit import fit_piecewise
+from simddp.limits import MAX_COMM_SIZES, MAX_NPROC_PER_NODE
+from simddp.profile import merge_measurements, write_json
+from simddp_calibration.launch import main as launch_main
+from simddp_calibration.launch import nproc_problem
+
+
+def _edit(src: Path, dst: Path, edit) -> Path:  # type: ignore[no-untyped-def]
+    data = json.loads(src.read_text())
+    edit(data)
+    dst.write_text(json.dumps(data))
+    return dst
+
+
+def _one_line_error(args: list[str], capsys: pytest.CaptureFixture[str]) -> str:
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "Traceback" not in err and "Warning" not in err, err
+    return err
+
+
+def _ddp_file(tmp_path: Path) -> Path:
+    from test_calibration_consistency import _ddp
+
+    path = tmp_path / "ddp.json"
+    write_json(_ddp(), path)
+    return path
+
+
+def test_fit_search_is_not_quadratic_in_lstsq_calls() -> None:
+    rng = np.random.default_rng(0)
+    sizes = [1024 + 4096 * k for k in range(200)]
+    times = [(60e-6 + s / 1.5e9) * (1 + 0.02 * rng.standard_normal()) for s in sizes]
+    start = time.perf_counter()
+    segments = fit_piecewise("all-reduce", 2, sizes, times)
+    assert time.perf_counter() - start < 10  # 19 s per collective before segment fits were shared
+    assert segments[0].lo == 0 and segments[-1].hi == len(sizes)
+
+
+def test_too_many_message_sizes_are_refused(calibration_files: dict[str, Path], tmp_path: Path,
+                                            capsys: pytest.CaptureFixture[str]) -> None:
+    def many(data: dict) -> None:  # type: ignore[type-arg]
+        proto = data["cases"][0]
+        data["cases"] = [{**proto, "size_bytes": 1024 * (k + 1)} for k in range(MAX_COMM_SIZES + 1)]
+
+    comm = _edit(calibration_files["comm"], tmp_path / "many.json", many)
+    out = tmp_path / "p.json"
+    err = _one_line_error(["calibrate", "fit", str(comm), str(calibration_files["compute"]), "--out", str(out)],
+                          capsys)
+    assert "many.json: all-reduce on world" in err and "MAX_COMM_SIZES" in err and not out.exists()
+
+
+def test_launcher_refuses_absurd_nproc_per_node(capsys: pytest.CaptureFixture[str]) -> None:
+    assert nproc_problem([f"--nproc-per-node={MAX_NPROC_PER_NODE}", "-m", "x"]) is None
+    assert nproc_problem(["--nproc-per-node", "gpu"]) is None
+    assert launch_main(["--nproc-per-node=100000000", "--standalone", "-m", "simddp_calibration.collectives"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--nproc-per-node(100,000,000) is over the limit" in err
+    assert launch_main(["--nproc_per_node", "5000", "-m", "x"]) == 2
+
+
+def test_predict_and_validate_accept_a_profile_without_layers(calibration_files: dict[str, Path],
+                                                              tmp_path: Path) -> None:
+    prof = _edit(calibration_files["profile"], tmp_path / "p.json", lambda d: d["model"].update(layers=None))
+    assert main(["calibrate", "predict", str(prof), "--ranks", "2"]) == 0
+    assert main(["calibrate", "validate", str(prof), str(_ddp_file(tmp_path)), "--html",
+                 str(tmp_path / "r.html")]) == 0
+
+
+@pytest.mark.parametrize("median", [1e308, 1e-300])
+def test_fit_refuses_out_of_range_comm_medians(calibration_files: dict[str, Path], tmp_path: Path, median: float,
+                                               capsys: pytest.CaptureFixture[str]) -> None:
+    def edit(data: dict) -> None:  # type: ignore[type-arg]
+        st = data["cases"][0]["stats"]
+        st.update(median_s=median, times_s=[median], min_s=median, p10_s=median, p90_s=median, max_s=median)
+
+    comm = _edit(calibration_files["comm"], tmp_path / "c.json", edit)
+    err = _one_line_error(["calibrate", "fit", str(comm), str(calibration_files["compute"]), "--out",
+                           str(tmp_path / "p.json")], capsys)
+    assert "c.json: cases.0 (all-reduce on world, 1024 B).stats" in err and "TIMING_S" in err
+
+
+@pytest.mark.parametrize(("field", "value", "expected"), [
+    ("min_s", -1.0, "stats.min_s: -1.0 s is negative"),
+    ("p10_s", -1.0, "stats.p10_s: -1.0 s is negative"),
+    ("times_s", [], "stats.times_s: is empty"),
+    ("median_s", 1.0, "stats: median_s(1.0) > p90_s"),
+    ("median_s", 1e308, "stats.median_s: 1e+308 s is over the limit"),
+    ("median_s", 1e-300, "stats: p10_s"),
+])
+def test_validate_refuses_inconsistent_ddp_timings(calibration_files: dict[str, Path], tmp_path: Path, field: str,
+                                                   value: object, expected: str,
+                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    ddp = _edit(_ddp_file(tmp_path), tmp_path / "bad.json", lambda d: d["cases"][0]["stats"].update({field: value}))
+    html = tmp_path / "r.html"
+    err = _one_line_error(["calibrate", "validate", str(calibration_files["profile"]), str(ddp), "--html",
+                           str(html)], capsys)
+    assert f"bad.json: cases.0 (bucket_cap_mb 25.0).{expected}" in err and not html.exists()
+
+
+@pytest.mark.parametrize(("path", "value", "expected"), [
+    (("layers", 1, "fwd", "median_s"), 1e308, "layers.1 (l0).fwd.median_s: 1e+308 s is over the limit"),
+    (("layers", 1, "fwd", "p10_s"), -1.0, "layers.1 (l0).fwd.p10_s: -1.0 s is negative"),
+    (("host", "times_s"), [], "host.times_s: is empty"),
+    (("optimizer_step", "median_s"), -1.0, "optimizer_step.median_s: -1.0 s is negative"),
+])
+def test_fit_refuses_inconsistent_compute_timings(calibration_files: dict[str, Path], tmp_path: Path,
+                                                  path: tuple, value: object, expected: str,  # type: ignore[type-arg]
+                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    def edit(data: dict) -> None:  # type: ignore[type-arg]
+        node = data
+        for key in path[:-1]:
+            node = node[key]
+        node[path[-1]] = value
+
+    compute = _edit(calibration_files["compute"], tmp_path / "k.json", edit)
+    out = tmp_path / "p.json"
+    err = _one_line_error(["calibrate", "fit", str(calibration_files["comm"]), str(compute), "--out", str(out)],
+                          capsys)
+    assert f"k.json: {expected}" in err and not out.exists()
+
+
+def test_a_negative_host_time_beyond_the_step_is_refused(calibration_files: dict[str, Path], tmp_path: Path,
+                                                         capsys: pytest.CaptureFixture[str]) -> None:
+    minus = stats(-1.0).model_dump()
+    compute = _edit(calibration_files["compute"], tmp_path / "k.json", lambda d: d.update(host=minus))
+    err = _one_line_error(["calibrate", "fit", str(calibration_files["comm"]), str(compute), "--out",
+                           str(tmp_path / "p.json")], capsys)
+    assert "k.json: host.median_s: -1.0 s is more negative than the whole step" in err
+    small = stats(-1e-6).model_dump()  # timer noise on a difference of times stays accepted
+    compute = _edit(calibration_files["compute"], tmp_path / "k2.json", lambda d: d.update(host=small))
+    assert main(["calibrate", "fit", str(calibration_files["comm"]), str(compute), "--out",
+                 str(tmp_path / "p.json")]) == 0
+
+
+def test_merge_refuses_the_same_run_twice(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    ddp = _ddp_file(tmp_path)
+    link = tmp_path / "link.json"
+    link.symlink_to(ddp)
+    for second in (ddp, link):
+        err = _one_line_error(["calibrate", "merge", str(ddp), str(second), "--out", str(tmp_path / "m.json")],
+                              capsys)
+        assert "files 1 and 2 hold identical measurements" in err
+    assert not (tmp_path / "m.json").exists()
+    with pytest.raises(ScenarioError, match="identical measurements"):
+        merge_measurements([compute_measurements(), compute_measurements()])
+
+
+def test_validate_names_the_ddp_world_size_over_the_limit(calibration_files: dict[str, Path], tmp_path: Path,
+                                                          capsys: pytest.CaptureFixture[str]) -> None:
+    ddp = _edit(_ddp_file(tmp_path), tmp_path / "d.json", lambda d: d["run"].update(world_size=10**19))
+    err = _one_line_error(["calibrate", "validate", str(calibration_files["profile"]), str(ddp), "--html",
+                           str(tmp_path / "r.html")], capsys)
+    assert "d.json: run.world_size(10,000,000,000,000,000,000) is over the limit" in err and "cluster" not in err
