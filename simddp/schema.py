@@ -183,7 +183,8 @@ def schema_keys(path: str = "") -> list[KeyDoc]:
         bad = parts[: known + 1]
         leaf = ".".join(map(str, bad))
         if any(k.path.replace("[]", "") == leaf for k in keys):  # a value, not a section: nothing under it
-            raise ScenarioError(f"schema: {leaf} is a value, with no keys under it ({'.'.join(map(str, parts[known + 1:]))})")
+            under = ".".join(map(str, parts[known + 1:]))
+            raise ScenarioError(f"schema: {leaf} is a value, with no keys under it ({under})")
         raise ScenarioError(f"schema: {leaf}: {unknown_key_message(Scenario, bad)}")
     return found
 
