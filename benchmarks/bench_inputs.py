@@ -3,7 +3,7 @@
     python benchmarks/bench_inputs.py
 
 Each row is one wall-clock measurement on this machine: parsing a file just under the 20 MiB cap (YAML
-and JSON), a 100k-parameter model (linear since the memory model stopped rebuilding a set per
+and JSON), a model at the parameter-list cap (linear since the memory model stopped rebuilding a set per
 parameter), the layout search at the GPU cap, and pipeline / ZeRO-3 steps at the pass cap.
 """
 
@@ -17,7 +17,7 @@ from typing import Any
 import simddp
 from simddp import safeio
 from simddp.cli import default_scenario_path
-from simddp.limits import MAX_GPUS, MAX_LAYER_PASSES
+from simddp.limits import MAX_GPUS, MAX_LAYER_PASSES, MAX_PARAMETERS
 from simddp.memory import smallest_layout_that_fits
 
 
@@ -44,9 +44,9 @@ def main() -> None:
     keep = int(len(params) * safeio.MAX_INPUT_BYTES / len(json_text)) - 1000
     json_text = json.dumps({**data, "model": {"parameters": params[:keep]}})
     _timed(f"JSON, {len(json_text) / 2**20:.1f} MiB", lambda: safeio.parse_mapping(json_text, "big.json", "json"))
-    scenario = {"cluster": {"preset": "dgx-h100-80gb", "num_nodes": 1}, "model": {"parameters": _params(100_000)},
-                "training": {"seq_len": 1}}
-    _timed("simulate a 100,000-parameter model", lambda: simddp.simulate(scenario, trace=False))
+    scenario = {"cluster": {"preset": "dgx-h100-80gb", "num_nodes": 1},
+                "model": {"parameters": _params(MAX_PARAMETERS)}, "training": {"seq_len": 1}}
+    _timed(f"simulate a {MAX_PARAMETERS:,}-parameter model", lambda: simddp.simulate(scenario, trace=False))
     default = simddp.load_scenario(default_scenario_path())
     _timed(f"layout search on {MAX_GPUS:,} GPUs (llama2-7b)", lambda: smallest_layout_that_fits(default, MAX_GPUS))
     base = {"cluster": {"preset": "dgx-h100-80gb", "num_nodes": 32}, "model": {"preset": "llama2-7b"}}

@@ -19,8 +19,12 @@ from simddp.errors import ScenarioError
 MAX_GPUS = 2**24
 #: Most transformer blocks.
 MAX_LAYERS = 16_384
-#: Most entries of an explicit parameter list (one layer each unless `layers` groups them).
-MAX_PARAMETERS = 2**18
+#: Most entries of an explicit parameter list (one layer each unless `layers` groups them): 65,536, above the
+#: tensors of any published model (a 671B MoE of 61 layers with 256 experts holds about 47,000 expert matrices).
+#: One evaluation costs about 50 us per entry (2026-11-25: a 100,000-entry list simulated in 5 s), and
+#: `knobs`, `memory --max-micro-batch` and `memory --fit-layout` evaluate 8 to 30 variants: at 2^18 those ran
+#: for minutes (a hostile-input probe), at 2^16 for under a minute.
+MAX_PARAMETERS = 2**16
 #: Most (micro-batch, pipeline stage x model chunk) or (micro-batch, layer) passes a pipeline or a
 #: ZeRO-3 step simulates.
 MAX_LAYER_PASSES = 2**17
