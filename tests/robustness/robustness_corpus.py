@@ -284,8 +284,10 @@ def cases() -> list[Case]:
     # ---- 2. bounded cost
     add("30k-parameter list (quadratic memory code)", ["memory", "big.yaml"],
         setup=_files(big__yaml=_params_scenario(30_000)), expect="ok", timeout_s=60)
-    add("100k-parameter list", ["simulate", "big.yaml", "--json"], setup=_files(big__yaml=_params_scenario(100_000)),
-        expect="ok", timeout_s=60)
+    add("parameter list at the cap", ["simulate", "big.yaml", "--json"],
+        setup=_files(big__yaml=_params_scenario(2**16)), expect="ok", timeout_s=60)
+    add("parameter list over the cap", ["simulate", "big.yaml", "--json"],
+        setup=_files(big__yaml=_params_scenario(2**16 + 1)), expect="error", error_has="model.parameters: 65,537")
     add("--fit-layout --num-gpus 1e9", ["memory", "sc.yaml", "--fit-layout", "--num-gpus", "1000000000"], copy=CAL,
         timeout_s=30)
     add("--fit-layout --num-gpus 2**24", ["memory", "sc.yaml", "--fit-layout", "--num-gpus", str(2**24)], copy=CAL,
@@ -511,7 +513,8 @@ def cases() -> list[Case]:
     add("fit: partial compute.json", ["calibrate", "fit", "comm.json", "part.json", "--out", "p.json"], copy=CAL,
         setup=_json_file("part.json", compute_dict(complete=False)), expect="error")
     add("fit: zero timing", ["calibrate", "fit", "zero.json", "compute.json", "--out", "p.json"], copy=CAL,
-        setup=_files(zero__json=poisoned(comm_dict(), "0")), expect="error", error_has="zero.json: all-reduce")
+        setup=_files(zero__json=poisoned(comm_dict(), "0")), expect="error",
+        error_has="zero.json: cases.0 (all-reduce on world")
     add("validate: another model's DDP steps", ["calibrate", "validate", "profile.json", "other.json"], copy=CAL,
         setup=_json_file("other.json", ddp_dict(model="other.py:build", micro_batch=32, world=4)),
         stdout_has="warning")
