@@ -46,6 +46,8 @@ from dataclasses import dataclass
 from typing import Literal
 
 from simddp.engine_caches import cached
+from simddp.errors import ScenarioError
+from simddp.sanity import MAX_STEP_TIME_S
 from simddp.topology import CommGroup
 from simddp.units import US
 
@@ -393,7 +395,26 @@ def collective_cost(
     algorithm: AlgorithmName = "auto",
     protocol: Protocol | Literal["auto"] = "auto",
 ) -> CollectiveCost:
-    """Time of ``op`` on ``size_bytes`` (nccl-tests size: the full buffer) over ``group``."""
+    """Time of ``op`` on ``size_bytes`` (nccl-tests size: the full buffer) over ``group``.
+
+    A collective longer than the longest step answered for (:data:`simddp.sanity.MAX_STEP_TIME_S`, or not finite)
+    comes from a link latency or bandwidth out of any physical range: a :class:`ScenarioError` (an infinite
+    collective once left the fluid engine's event loop without progress)."""
+    return checked_cost(_collective_cost(op, size_bytes, group, algorithm, protocol))
+
+
+def checked_cost(cost: CollectiveCost) -> CollectiveCost:
+    """``cost``, unless it is beyond :data:`simddp.sanity.MAX_STEP_TIME_S` (see :func:`collective_cost`)."""
+    if cost.time_s <= MAX_STEP_TIME_S:
+        return cost
+    raise ScenarioError(
+        f"one {cost.op} of {cost.size_bytes:,} B over {cost.num_ranks:,} ranks would take {cost.time_s:.3g} s, beyond "
+        f"the {MAX_STEP_TIME_S:.0e} s the model answers for: a link latency or bandwidth is out of range "
+        "(cluster.intra_node, cluster.inter_node, cluster.gloo)")
+
+
+def _collective_cost(op: Op, size_bytes: int, group: CommGroup, algorithm: AlgorithmName,
+                     protocol: Protocol | Literal["auto"]) -> CollectiveCost:
     if size_bytes < 0:
         raise ValueError(f"size_bytes({size_bytes}) must be >= 0")
     if op not in BUSBW_FACTOR:
@@ -479,6 +500,7 @@ __all__ = [
     "CollectiveCost",
     "all_to_all_s",
     "best",
+    "checked_cost",
     "collective_cost",
     "fitted_s",
     "hierarchical_all_reduce_s",

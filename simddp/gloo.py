@@ -20,7 +20,7 @@ gloo calibration of this repository's CPU machine (see their descriptions).
 
 from __future__ import annotations
 
-from simddp.collectives import BUSBW_FACTOR, CollectiveCost, Op
+from simddp.collectives import BUSBW_FACTOR, CollectiveCost, Op, checked_cost
 from simddp.config import GlooTransport
 from simddp.topology import CommGroup
 
@@ -54,8 +54,8 @@ def gloo_cost(op: Op, size_bytes: int, group: CommGroup, transport: GlooTranspor
     latency = _STEPS[op](n) * transport.latency_s
     wire = BUSBW_FACTOR[op](n) * size_bytes / gloo_bandwidth_bytes_per_s(group, transport)
     staging = 2 * size_bytes / transport.host_copy_bandwidth_bytes_per_s
-    return CollectiveCost(op, size_bytes, n, "gloo-ring", "tcp", latency + wire + staging, latency, _tier(group),
-                          sm_interference=False)
+    return checked_cost(CollectiveCost(op, size_bytes, n, "gloo-ring", "tcp", latency + wire + staging, latency,
+                                       _tier(group), sm_interference=False))
 
 
 def _tier(group: CommGroup) -> str:

@@ -35,6 +35,7 @@ from pydantic import BaseModel, Field, ValidationError, model_validator
 
 from simddp import safeio
 from simddp.config import (
+    MAX_FIT_RANKS,
     Cluster,
     CollectiveFit,
     LayerSpec,
@@ -45,6 +46,7 @@ from simddp.config import (
     format_validation_error,
 )
 from simddp.config import _Frozen as _Frozen  # input models: finite floats, no booleans as numbers
+from simddp.limits import MAX_COMM_SIZES
 
 #: Version of the measurement files (comm.json, compute.json, ddp.json) this simddp reads and writes.
 MEASUREMENT_VERSION = 1
@@ -136,9 +138,10 @@ def timing_problem(st: TimingStats, path: str, kind: Literal["time", "positive",
 class RunInfo(_Frozen):
     """Where and how a collector ran."""
 
-    world_size: int = Field(gt=0, description="Ranks in the run.")
-    num_nodes: int = Field(gt=0, description="Distinct hosts.")
-    ranks_per_node: int = Field(gt=0, description="Ranks on each host (the collectors need it uniform).")
+    world_size: int = Field(gt=0, le=MAX_FIT_RANKS, description="Ranks in the run.")
+    num_nodes: int = Field(gt=0, le=MAX_FIT_RANKS, description="Distinct hosts.")
+    ranks_per_node: int = Field(gt=0, le=MAX_FIT_RANKS,
+                                description="Ranks on each host (the collectors need it uniform).")
     backend: str = Field(description="torch.distributed backend: gloo or nccl ('none' for one process).")
     device: Literal["cpu", "cuda"] = Field(description="Where tensors lived.")
     hosts: list[str] = Field(default_factory=list, description="Host name of each rank, by rank.")
@@ -322,7 +325,7 @@ class FitReport(_Frozen):
 
     fit: CollectiveFit = Field(description="The segment as the simulator uses it.")
     group: GroupName = Field(description="Communicator the points came from.")
-    num_points: int = Field(gt=0, description="Message sizes in the segment.")
+    num_points: int = Field(gt=0, le=MAX_COMM_SIZES, description="Message sizes in the segment.")
     r2: float = Field(description="Coefficient of determination of the times in the segment.")
     latency_stderr_s: float = Field(ge=0, description="Standard error of the per-step latency, s.")
     inv_bandwidth_stderr_s_per_byte: float = Field(ge=0, description="Standard error of 1/busbw, s/byte.")
@@ -373,7 +376,8 @@ class CalibrationProfile(_Frozen):
     model_name: str = Field(description="FILE.py:factory of the model.")
     fits: list[FitReport] = Field(description="Collective fits with their quality.")
     interference: InterferenceFit = Field(description="Compute slowdown while a collective runs.")
-    compute_rel_sigma: float = Field(ge=0, description="Robust relative std of the measured step (noise).")
+    compute_rel_sigma: float = Field(ge=0, le=10, description="Robust relative std of the measured step (noise; at "
+                                     "most 10: ten times the median is no measurement of a step)")
     cluster: dict[str, Any] = Field(description="Scenario `cluster` keys.")
     model: dict[str, Any] = Field(description="Scenario `model` keys: parameters, grad_ready_order, layers.")
     training: dict[str, Any] = Field(description="Scenario `training` keys.")
@@ -492,16 +496,12 @@ def _timing_fields(m: BaseModel) -> Iterable[tuple[str, TimingStats, Literal["ti
 
 def measurement_problem(m: BaseModel) -> str | None:
     """What makes a parsed measurement file unusable, naming the field, or None: timing summaries (see
-    :func:`timing_problem`), rank counts beyond :data:`~simddp.limits.MAX_GPUS`, message sizes beyond
+    :func:`timing_problem`; rank counts are bounded by the schema), message sizes beyond
     :data:`~simddp.limits.MAX_MESSAGE_BYTES`, a difference of times more negative than the whole step."""
-    from simddp.limits import MAX_GPUS, MAX_MESSAGE_BYTES, MAX_TIMING_S
+    from simddp.limits import MAX_MESSAGE_BYTES, MAX_TIMING_S
 
     if not isinstance(m, _MeasurementFile):
         return None
-    for name in ("world_size", "num_nodes", "ranks_per_node"):
-        value = getattr(m.run, name)
-        if value > MAX_GPUS:
-            return f"run.{name}({value:,}) is over the limit of {MAX_GPUS:,} ranks (simddp.limits.MAX_GPUS)"
     if isinstance(m, CommMeasurements):
         for k, c in enumerate(m.cases):
             if c.size_bytes > MAX_MESSAGE_BYTES:

@@ -366,3 +366,18 @@ def test_the_tuner_picks_the_fastest_of_the_algorithms_own_times(where: tuple[st
     assert cost.latency_s == latency
     assert cost.time_s == latency + transfer
     assert cost.time_s == min(sum(parts) for parts in direct.values())
+
+
+def test_a_collective_beyond_the_longest_step_is_the_users_error() -> None:
+    """A latency of 1e308 s made collectives infinite, and the fluid engine's event loop (ZeRO-3, TP) never
+    advanced past them: `simulate` hung. Such a collective is refused where it is costed."""
+    import simddp
+    from simddp.cli import default_scenario_path
+    from simddp.config import ScenarioError, read_mapping
+
+    base = read_mapping(default_scenario_path())
+    for extra in ({"parallelism": {"zero_stage": 3}}, {"parallelism": {"zero_stage": 1}}):
+        data = {**base, **extra, "cluster": {**base["cluster"], "intra_node": {"latency_s": 1e308}}}
+        with pytest.raises(ScenarioError, match=r"would take (inf|nan|[0-9.e+]+) s, beyond the 1e\+09 s .* link "
+                                                r"latency or bandwidth"):
+            simddp.simulate(data, trace=False)
