@@ -44,7 +44,7 @@ from typing import Any
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
-from simddp.config import Scenario, VariabilityConfig
+from simddp.config import Scenario, ScenarioError, VariabilityConfig
 from simddp.results import StepResult
 from simddp.scenario_io import scenario_from_dict
 
@@ -388,19 +388,28 @@ class RanksPoint(_Result):
 
 
 def tails_vs_ranks(scenario: Scenario, num_nodes: list[int], num_steps: int = 200) -> list[RanksPoint]:
-    """Weak scaling: the same micro-batches per GPU on more nodes, and the tails at each size."""
+    """Weak scaling: the same micro-batches per GPU on more nodes, and the tails at each size. A size the layout
+    does not fit (pp x tp more than its GPUs, more stragglers than GPUs) is left out; if every size is, the first
+    one's error is raised."""
     from simddp.sweeps import scenario_to_dict, with_values
 
     data = scenario_to_dict(scenario)
     data["name"] = None
     points = []
+    first_error: ScenarioError | None = None
     for nodes in num_nodes:
-        variant = scenario_from_dict(with_values(data, {"cluster.num_nodes": nodes}))
+        try:
+            variant = scenario_from_dict(with_values(data, {"cluster.num_nodes": nodes}))
+        except ScenarioError as err:
+            first_error = first_error or err
+            continue
         result = simulate_tails(variant, num_steps)
         points.append(RanksPoint(num_gpus=variant.cluster.num_gpus, num_nodes=nodes,
                                  deterministic_step_s=result.deterministic_step_s, mean_s=result.mean_s,
                                  p50_s=result.p50_s, p99_s=result.p99_s,
                                  tail_loss_fraction=result.tail_loss_fraction))
+    if not points and first_error is not None:
+        raise first_error
     return points
 
 

@@ -203,3 +203,14 @@ def test_wait_shares_are_of_real_waits() -> None:
     result = simulate_tails(scenario_from_dict(data), 50, 1)  # the default: a 1.4e-17 s residue at the reduction
     assert all(0.0 <= w.share <= 1.0 for w in result.sync_points)
     assert sum(w.share for w in result.sync_points) in (0.0, pytest.approx(1.0))
+
+
+def test_tails_vs_ranks_leaves_out_sizes_the_layout_does_not_fit() -> None:
+    """A layout with more stragglers than one node's GPUs: the 1-node point is left out, not the whole sweep (the
+    dashboard's chart was replaced by an error)."""
+    s = scenario_from_dict(base_scenario())
+    s = s.model_copy(update={"variability": VariabilityConfig(num_stragglers=12, straggler_slowdown=1.2)})
+    points = tails_vs_ranks(s, [1, 2, 4], 20)
+    assert [p.num_nodes for p in points] == [2, 4]
+    with pytest.raises(ScenarioError, match="num_stragglers"):
+        tails_vs_ranks(s, [1], 20)

@@ -86,4 +86,7 @@ if result is not None:
     points = state.tails_vs_ranks(variant, nodes, int(steps))
     if points:
         st.plotly_chart(charts.tails_vs_ranks(points), key="var_ranks")
-        st.caption(f"{per_node} GPUs per node; the seed is the same at every size.")
+        left_out = sorted(set(nodes) - {p.num_nodes for p in points})
+        st.caption(f"{per_node} GPUs per node; the seed is the same at every size."
+                   + (f" Left out (the layout does not fit them): {', '.join(map(str, left_out))} node(s)."
+                      if left_out else ""))
