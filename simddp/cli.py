@@ -492,10 +492,9 @@ def cmd_collective(args: argparse.Namespace) -> int:
         raise ScenarioError(_cluster_error(err)) from None
     from simddp.limits import too_many_gpus
 
-    over = too_many_gpus(cluster.num_nodes, cluster.gpus_per_node)
+    over = too_many_gpus(cluster.num_nodes, cluster.gpus_per_node, ("--num-nodes", "--gpus-per-node"))
     if over is not None:
-        raise UsageError(over.replace("cluster: num_nodes", "--num-nodes").replace("gpus_per_node(",
-                                                                                   "--gpus-per-node("))
+        raise UsageError(over)
     group = world_group(cluster)
     if args.op in ("all-to-all", "send-recv") and (args.algorithm, args.protocol) != ("auto", "auto"):
         raise UsageError(f"--algorithm/--protocol: NCCL runs {args.op} as point-to-point sends and receives "

@@ -46,8 +46,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from simddp.engine_caches import cached
-from simddp.errors import ScenarioError
-from simddp.sanity import MAX_STEP_TIME_S
+from simddp.sanity import check_range
 from simddp.topology import CommGroup
 from simddp.units import US
 
@@ -405,12 +404,9 @@ def collective_cost(
 
 def checked_cost(cost: CollectiveCost) -> CollectiveCost:
     """``cost``, unless it is beyond :data:`simddp.sanity.MAX_STEP_TIME_S` (see :func:`collective_cost`)."""
-    if cost.time_s <= MAX_STEP_TIME_S:
-        return cost
-    raise ScenarioError(
-        f"one {cost.op} of {cost.size_bytes:,} B over {cost.num_ranks:,} ranks would take {cost.time_s:.3g} s, beyond "
-        f"the {MAX_STEP_TIME_S:.0e} s the model answers for: a link latency or bandwidth is out of range "
-        "(cluster.intra_node, cluster.inter_node, cluster.gloo)")
+    check_range(cost.time_s, f"one {cost.op} of {cost.size_bytes:,} B over {cost.num_ranks:,} ranks",
+                "a link latency or bandwidth is out of range (cluster.intra_node, cluster.inter_node, cluster.gloo)")
+    return cost
 
 
 def _collective_cost(op: Op, size_bytes: int, group: CommGroup, algorithm: AlgorithmName,

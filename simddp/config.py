@@ -37,8 +37,10 @@ from simddp.keys import closest_key, submodels, unknown_key_message
 from simddp.presets import CLUSTER_PRESETS, MODEL_PRESETS
 from simddp.units import DTYPE_BYTES, KiB, MiB, parse_rate, parse_size
 
-#: Most ranks a collective fit may say it was measured on: simddp.limits.MAX_GPUS (limits imports this module).
-MAX_FIT_RANKS = 2**24
+#: Most GPUs in a scenario (num_nodes x gpus_per_node), and most ranks a calibration run or fit may say it was
+#: measured on; also the largest `--num-gpus`. Defined here, where the schema bounds by it; simddp.limits, which
+#: holds every other cap, exports it.
+MAX_GPUS = 2**24
 #: Largest ddp.bucket_cap_mb, MiB: 1 EiB, beyond any model's gradients (and what torch's int(mb * 2^20) holds).
 MAX_BUCKET_CAP_MB = 2**40
 
@@ -228,13 +230,13 @@ class CollectiveFit(_Frozen):
     latency_per_step_s: float = Field(ge=0, description="Fitted latency per ring step, seconds.")
     bus_bandwidth_bytes_per_s: BytesPerS = Field(gt=0, description="Fitted bus bandwidth, bytes/s.")
     rel_residual: float = Field(default=0.0, ge=0, description="Relative RMS residual of the fit.")
-    measured_ranks: int = Field(default=2, gt=1, le=MAX_FIT_RANKS, description="World size the fit was measured on.")
+    measured_ranks: int = Field(default=2, gt=1, le=MAX_GPUS, description="World size the fit was measured on.")
     ranks_per_node: int = Field(
-        default=1, gt=0, le=MAX_FIT_RANKS, description="Ranks per node of the measured communicator (1 with the "
+        default=1, gt=0, le=MAX_GPUS, description="Ranks per node of the measured communicator (1 with the "
         "defaults: the whole node's NICs)."
     )
     gpus_per_node: int = Field(
-        default=1, gt=0, le=MAX_FIT_RANKS, description="Ranks per node of the measured run: the communicator crossed "
+        default=1, gt=0, le=MAX_GPUS, description="Ranks per node of the measured run: the communicator crossed "
         "nodes on "
         "ranks_per_node / gpus_per_node of each node's NICs; an inter-node fit scales to a group's own share."
     )

@@ -12,11 +12,9 @@ from __future__ import annotations
 
 import os
 
-from simddp.config import Scenario
+from simddp.config import MAX_GPUS, Scenario
 from simddp.errors import ScenarioError
 
-#: Most GPUs in a scenario (num_nodes x gpus_per_node); also the largest `--num-gpus`.
-MAX_GPUS = 2**24
 #: Most transformer blocks.
 MAX_LAYERS = 16_384
 #: Most entries of an explicit parameter list (one layer each unless `layers` groups them): 65,536, above the
@@ -55,13 +53,15 @@ def num_model_layers(scenario: Scenario) -> int:
     return len(model.layers or model.parameters or [])
 
 
-def too_many_gpus(num_nodes: int, gpus_per_node: int) -> str | None:
-    """What is wrong with a cluster of more than :data:`MAX_GPUS` GPUs, or None. The scenario's own validation
-    asks first (before its layout checks, which would blame the batch or tp for it), this module again."""
+def too_many_gpus(num_nodes: int, gpus_per_node: int,
+                  names: tuple[str, str] = ("cluster: num_nodes", "gpus_per_node")) -> str | None:
+    """What is wrong with a cluster of more than :data:`MAX_GPUS` GPUs, or None; ``names``: what the two counts
+    are called where they were given (scenario keys, or flags). The scenario's own validation asks first (before
+    its layout checks, which would blame the batch or tp for it), this module again."""
     gpus = num_nodes * gpus_per_node
     if gpus <= MAX_GPUS:
         return None
-    return (f"cluster: num_nodes({num_nodes}) x gpus_per_node({gpus_per_node}) = {gpus:,} GPUs is over the limit "
+    return (f"{names[0]}({num_nodes}) x {names[1]}({gpus_per_node}) = {gpus:,} GPUs is over the limit "
             f"of {MAX_GPUS:,} (simddp.limits.MAX_GPUS)")
 
 

@@ -35,7 +35,7 @@ from pydantic import BaseModel, Field, ValidationError, model_validator
 
 from simddp import safeio
 from simddp.config import (
-    MAX_FIT_RANKS,
+    MAX_GPUS,
     Cluster,
     CollectiveFit,
     LayerSpec,
@@ -138,9 +138,9 @@ def timing_problem(st: TimingStats, path: str, kind: Literal["time", "positive",
 class RunInfo(_Frozen):
     """Where and how a collector ran."""
 
-    world_size: int = Field(gt=0, le=MAX_FIT_RANKS, description="Ranks in the run.")
-    num_nodes: int = Field(gt=0, le=MAX_FIT_RANKS, description="Distinct hosts.")
-    ranks_per_node: int = Field(gt=0, le=MAX_FIT_RANKS,
+    world_size: int = Field(gt=0, le=MAX_GPUS, description="Ranks in the run.")
+    num_nodes: int = Field(gt=0, le=MAX_GPUS, description="Distinct hosts.")
+    ranks_per_node: int = Field(gt=0, le=MAX_GPUS,
                                 description="Ranks on each host (the collectors need it uniform).")
     backend: str = Field(description="torch.distributed backend: gloo or nccl ('none' for one process).")
     device: Literal["cpu", "cuda"] = Field(description="Where tensors lived.")

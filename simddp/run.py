@@ -282,7 +282,7 @@ def simulate_run(scenario: Scenario, run: RunConfig | None = None, curve_points:
     return RunResult(
         scenario=scenario.name, num_gpus=n, num_nodes=cluster.num_nodes, tokens=run.tokens,
         throughput_source=source, tokens_per_s=tokens_per_s, step_time_s=step_s,
-        num_steps=run.tokens / (scenario.global_batch_size * tr.seq_len), flop_per_token=fpt,
+        num_steps=run.tokens / step_tokens, flop_per_token=fpt,
         achieved_flop_per_s_per_gpu=tokens_per_s * fpt / n, training_s=training_s, training_days=training_s / DAY,
         startup_s=startup, checkpoint_bytes=num_bytes, checkpoint_saving=run.checkpoint_saving,
         checkpoint_time_s=delta, checkpoint_time_rank0_s=rank0_s, checkpoint_time_sharded_s=sharded_s,

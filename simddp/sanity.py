@@ -21,12 +21,14 @@ REL_TOL = 1e-6
 ABS_TOL_S = 1e-9
 
 
-def check_range(step_time_s: float, what: str = "the step") -> None:
-    """Refuse a step time that is not finite or beyond :data:`MAX_STEP_TIME_S` (a user error)."""
+def check_range(step_time_s: float, what: str = "the step",
+                cause: str = "a rate or size in the scenario is out of range (peak FLOP/s, bandwidths, seq_len, "
+                             "batch sizes)") -> None:
+    """Refuse a step time (or any part of one) that is not finite or beyond :data:`MAX_STEP_TIME_S` (a user
+    error; ``cause`` says which inputs can make it so)."""
     if not step_time_s <= MAX_STEP_TIME_S:
         raise ScenarioError(
-            f"{what} would take {step_time_s:.3g} s, beyond the {MAX_STEP_TIME_S:.0e} s the model answers for: "
-            "a rate or size in the scenario is out of range (peak FLOP/s, bandwidths, seq_len, batch sizes)"
+            f"{what} would take {step_time_s:.3g} s, beyond the {MAX_STEP_TIME_S:.0e} s the model answers for: {cause}"
         )
 
 
