@@ -402,6 +402,20 @@ def collective_cost(
     return checked_cost(_collective_cost(op, size_bytes, group, algorithm, protocol))
 
 
+def chunked_cost(op: Op, size_bytes: int, chunk_bytes: int, group: CommGroup) -> CollectiveCost:
+    """``op`` on ``size_bytes`` sent as ``chunk_bytes`` chunks and a remainder, one after another (DataParallel's
+    coalesced broadcasts, DDP's start-up parameter broadcast): their times and latencies add. The full chunks are
+    counted, not listed (a 10^15-element model has 10^8 of them)."""
+    full, rest = divmod(size_bytes, chunk_bytes)
+    parts = ([(collective_cost(op, chunk_bytes, group), full)] if full else []) + (
+        [(collective_cost(op, rest, group), 1)] if rest else [])
+    if not parts:
+        return collective_cost(op, 0, group)
+    first = parts[0][0]
+    return CollectiveCost(op, size_bytes, group.num_ranks, first.algorithm, first.protocol,
+                          sum(c.time_s * k for c, k in parts), sum(c.latency_s * k for c, k in parts), first.tier)
+
+
 def checked_cost(cost: CollectiveCost) -> CollectiveCost:
     """``cost``, unless it is beyond :data:`simddp.sanity.MAX_STEP_TIME_S` (see :func:`collective_cost`)."""
     check_range(cost.time_s, f"one {cost.op} of {cost.size_bytes:,} B over {cost.num_ranks:,} ranks",
@@ -497,6 +511,7 @@ __all__ = [
     "all_to_all_s",
     "best",
     "checked_cost",
+    "chunked_cost",
     "collective_cost",
     "fitted_s",
     "hierarchical_all_reduce_s",

@@ -36,7 +36,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from simddp.collectives import collective_cost
+from simddp.collectives import chunked_cost, collective_cost
 from simddp.config import RunConfig, Scenario
 from simddp.errors import ScenarioError
 from simddp.memory import model_states_bytes, zero_model_states_bytes
@@ -174,10 +174,7 @@ def startup_time(scenario: Scenario) -> float:
     workload = build_workload(scenario)
     stage0 = {i for la in workload.rank_layers(0, scenario.parallelism.pp) for i in la.param_indices}
     size = sum(workload.parameters[i].numel * dtype_bytes(workload.parameters[i].dtype) for i in stage0)
-    grp = dp_group(scenario)
-    full, rest = divmod(size, PARAM_SYNC_CHUNK_BYTES)
-    total = full * collective_cost("broadcast", PARAM_SYNC_CHUNK_BYTES, grp).time_s if full else 0.0
-    return total + (collective_cost("broadcast", rest, grp).time_s if rest else 0.0)
+    return chunked_cost("broadcast", size, PARAM_SYNC_CHUNK_BYTES, dp_group(scenario)).time_s if size else 0.0
 
 
 def daly_interval(delta_s: float, mtbf_s: float) -> float:

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 
 import simpy
 
-from simddp.collectives import CollectiveCost, collective_cost
+from simddp.collectives import CollectiveCost, chunked_cost, collective_cost
 from simddp.compute import memory_s
 from simddp.config import Scenario
 from simddp.memory import memory_breakdown
@@ -78,17 +78,7 @@ class DataParallelPlan:
 
 def _chunked(op: str, size_bytes: int, scenario: Scenario, n: int) -> CollectiveCost:
     """``op`` over the node's N GPUs in COALESCE_BYTES chunks, one after another: the chunks' latencies add."""
-    grp = group(scenario.cluster, n)
-    full, rest = divmod(size_bytes, COALESCE_BYTES)
-    # (cost, how many times it runs): the full chunks' times are counted, not listed (a 1e15-element model has
-    # 10^8 of them).
-    parts = ([(collective_cost(op, COALESCE_BYTES, grp), full)] if full else []) + (  # type: ignore[arg-type]
-        [(collective_cost(op, rest, grp), 1)] if rest else [])  # type: ignore[arg-type]
-    if not parts:
-        return collective_cost(op, 0, grp)  # type: ignore[arg-type]
-    first = parts[0][0]
-    return CollectiveCost(op, size_bytes, n, first.algorithm, first.protocol, sum(c.time_s * k for c, k in parts),
-                          sum(c.latency_s * k for c, k in parts), first.tier)
+    return chunked_cost(op, size_bytes, COALESCE_BYTES, group(scenario.cluster, n))  # type: ignore[arg-type]
 
 
 def _copies(size_bytes: int, scenario: Scenario, n: int) -> CollectiveCost:
