@@ -5,6 +5,7 @@ from __future__ import annotations
 import streamlit as st
 
 from simddp import units
+from simddp.exports import frame_to_csv
 from simddp_app import state
 
 
@@ -39,7 +40,7 @@ def sidebar() -> None:
         st.download_button("Scenario YAML", data=lambda: state.to_yaml(data), file_name="scenario.yaml",
                            mime="application/x-yaml", on_click="ignore", icon=":material/download:", width="stretch")
         if result is not None:
-            st.download_button("Results CSV", data=lambda: result.summary_dataframe().to_csv(index=False),
+            st.download_button("Results CSV", data=lambda: frame_to_csv(result.summary_dataframe()),
                                file_name="results.csv", mime="text/csv", on_click="ignore",
                                icon=":material/download:", width="stretch")
             scenario_json = state.to_json(data)

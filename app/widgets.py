@@ -7,6 +7,8 @@ what the exported YAML holds. Help texts are the config fields' descriptions.
 
 from __future__ import annotations
 
+import math
+import sys
 from collections.abc import Callable, Sequence
 from typing import Any, Literal
 
@@ -67,6 +69,8 @@ def number(
     def to_value(v: Any) -> Any:
         return int(v) if integer else float(v) * scale
 
+    if not integer and scale > 1.0:  # a shown value whose scaled one would overflow to inf is refused here
+        max_value = min(max_value if max_value is not None else math.inf, sys.float_info.max / scale / (1 + 1e-9))
     return (where or st).number_input(
         label, min_value=min_value, max_value=max_value, step=step, format=fmt, key=key,
         help=field_help(model, field), on_change=_write, args=(key, path, to_value),

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import csv
-import io
 import os
 from collections.abc import Callable
 from typing import Any
@@ -136,12 +134,9 @@ def parse_vary(items: list[str]) -> dict[str, list[Any]]:
 
 
 def _csv_text(rows: list[dict[str, Any]]) -> str:
-    buf = io.StringIO()
-    writer = csv.DictWriter(buf, fieldnames=list(rows[0]) if rows else [], lineterminator="\n")
-    writer.writeheader()
-    for row in rows:
-        writer.writerow({k: ("" if v is None else v) for k, v in row.items()})
-    return buf.getvalue()
+    from simddp.exports import dicts_to_csv
+
+    return dicts_to_csv(rows, list(rows[0]) if rows else [])
 
 
 def cmd_sweep(args: argparse.Namespace) -> int:

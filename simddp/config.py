@@ -86,7 +86,7 @@ def _list_item_type(annotation: Any) -> Any:
 
 class _Frozen(BaseModel):
     """Base of every input model: frozen, no unknown keys, finite floats, no true/false where a number goes,
-    and names without terminal control characters."""
+    and names without terminal control characters (and, for ``name`` fields, on one line)."""
 
     model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
@@ -94,7 +94,11 @@ class _Frozen(BaseModel):
     @classmethod
     def _no_bool_numbers_no_controls(cls, value: Any, info: ValidationInfo) -> Any:
         if isinstance(value, str):
-            return safeio.strip_control(value)
+            value = safeio.strip_control(value)
+            if info.field_name == "name" and ("\n" in value or "\r" in value or "\t" in value):
+                # a name is one cell of a table, a CSV row and a trace label; torch's never holds these
+                raise ValueError("a name is one line: no newlines or tabs")
+            return value
         if isinstance(value, bool):
             if not _admits_bool(_annotation(cls, info)):
                 raise ValueError("expected a number, not a boolean")

@@ -200,7 +200,7 @@ def write_step_csv(directory: str | Path, scenario: Scenario, result: StepResult
     paths = safeio.check_output_dir(directory, STEP_CSV_NAMES, inputs, "--csv")
     export = bucket_export(scenario)
     tables = (
-        _dicts_to_csv(summary_rows(result, extra), ["metric", "value"]),
+        dicts_to_csv(summary_rows(result, extra), ["metric", "value"]),
         rows_to_csv(bucket_timing_rows(result, export), BucketTimingRow),
         rows_to_csv(layer_rows(scenario, result), LayerRow),
     )
@@ -208,9 +208,16 @@ def write_step_csv(directory: str | Path, scenario: Scenario, result: StepResult
 
 
 # ----------------------------------------------------------------------------- CSV helpers
+def frame_to_csv(frame: Any) -> str:
+    """A pandas DataFrame (the dashboard's downloads) as :func:`dicts_to_csv` writes it: missing values empty,
+    formula-like texts quoted."""
+    plain = frame.astype(object).where(frame.notna(), None)
+    return dicts_to_csv(plain.to_dict("records"), [str(c) for c in frame.columns])
+
+
 def rows_to_csv(rows: Sequence[BaseModel], model: type[BaseModel]) -> str:
     """CSV with a header of ``model``'s fields; None is an empty cell."""
-    return _dicts_to_csv([r.model_dump() for r in rows], list(model.model_fields))
+    return dicts_to_csv([r.model_dump() for r in rows], list(model.model_fields))
 
 
 def rows_to_dataframe(rows: Sequence[BaseModel], model: type[BaseModel]) -> Any:
@@ -219,14 +226,29 @@ def rows_to_dataframe(rows: Sequence[BaseModel], model: type[BaseModel]) -> Any:
     return pd.DataFrame([r.model_dump() for r in rows], columns=list(model.model_fields))
 
 
-def _dicts_to_csv(rows: list[dict[str, Any]], columns: list[str]) -> str:
+#: First characters that make a spreadsheet read a cell as a formula (OWASP, "CSV Injection").
+_FORMULA_START = ("=", "+", "-", "@", "\t", "\r")
+
+
+def _cell(value: Any) -> Any:
+    """A CSV cell: None empty; a text that a spreadsheet would run as a formula (a user's parameter or scenario
+    name starting with ``=``) behind a ``'``, as OWASP advises, so it opens as the text it is."""
+    if value is None:
+        return ""
+    if isinstance(value, str) and value.startswith(_FORMULA_START):
+        return "'" + value
+    return value
+
+
+def dicts_to_csv(rows: Sequence[dict[str, Any]], columns: list[str]) -> str:
+    """CSV with a header of ``columns``, one row per dict (:func:`_cell` per value)."""
     buf = io.StringIO()
     writer = csv.DictWriter(buf, fieldnames=columns, lineterminator="\n")
     writer.writeheader()
-    writer.writerows(rows)
+    writer.writerows({k: _cell(v) for k, v in row.items()} for row in rows)
     return buf.getvalue()
 
 
 __all__ = ["STEP_CSV_NAMES", "BucketEntry", "BucketExport", "BucketParamRow", "BucketTimingRow", "LayerRow",
-           "ParamEntry", "bucket_export", "bucket_timing_rows", "layer_rows", "rows_to_csv", "rows_to_dataframe",
-           "summary_rows", "write_step_csv"]
+           "ParamEntry", "bucket_export", "bucket_timing_rows", "dicts_to_csv", "frame_to_csv", "layer_rows",
+           "rows_to_csv", "rows_to_dataframe", "summary_rows", "write_step_csv"]

@@ -126,3 +126,42 @@ def test_simulate_csv_writes_into_an_existing_directory_never_over_an_input(tmp_
     assert r.returncode == 2 and "the same file as" in r.stderr and not (tmp_path / "t2" / "layers.csv").exists()
     r = run("simulate", "--csv", "")
     assert r.returncode == 2 and "empty directory name" in r.stderr
+
+
+PARAMETER_LIST = """name: t
+model:
+  parameters:
+    - {name: "=HYPERLINK(1)", numel: 10}
+    - {name: "+x", numel: 10}
+    - {name: "layer.-weight", numel: 10}
+cluster: {preset: dgx-h100-80gb, num_nodes: 1}
+training: {global_batch_size: 8, micro_batch_size: 1, seq_len: 16}
+"""
+
+
+def test_csv_cells_a_spreadsheet_would_run_as_formulas_are_quoted(tmp_path: Path) -> None:
+    """OWASP's CSV-injection advice: a user's name starting with = + - @ opens as text (behind a '), in every CSV
+    simddp writes; other names, and negative numbers, are unchanged."""
+    from simddp.exports import dicts_to_csv, frame_to_csv
+
+    path = tmp_path / "s.yaml"
+    path.write_text(PARAMETER_LIST)
+    out = run("buckets", str(path), "--csv")
+    assert out.returncode == 0, out.stderr
+    assert sorted(r["name"] for r in _csv(out.stdout)) == ["'+x", "'=HYPERLINK(1)", "layer.-weight"]
+    assert run("simulate", str(path), "--csv", str(tmp_path / "out")).returncode == 0
+    firsts = {r["first_param"] for r in _csv((tmp_path / "out" / "buckets.csv").read_text())}
+    assert firsts <= {"'+x", "'=HYPERLINK(1)", "layer.-weight"} and firsts
+    assert dicts_to_csv([{"a": -1.5, "b": "@x", "c": None}], ["a", "b", "c"]) == "a,b,c\n-1.5,'@x,\n"
+    import pandas as pd
+
+    assert frame_to_csv(pd.DataFrame({"n": ["-x", "y"], "v": [1.0, None]})) == "n,v\n'-x,1.0\ny,\n"
+
+
+def test_a_name_with_a_newline_is_a_one_line_error(tmp_path: Path) -> None:
+    path = tmp_path / "s.yaml"
+    path.write_text(PARAMETER_LIST.replace('"+x"', '"a\\nb"'))
+    out = run("buckets", str(path))
+    assert out.returncode == 2 and out.stdout == ""
+    assert out.stderr.strip().count("\n") == 0
+    assert "model.parameters.1.name: a name is one line: no newlines or tabs" in out.stderr

@@ -5,6 +5,7 @@ from __future__ import annotations
 import streamlit as st
 
 from simddp import ScenarioError
+from simddp.exports import frame_to_csv
 from simddp_app import charts, state, widgets
 
 HOW = """Measure on the machines you want to model (needs torch), then upload the files here:
@@ -87,7 +88,7 @@ else:
             widgets.table(charts.validation_table(report))
             for note in report.notes:
                 st.info(note, icon=":material/info:")
-            st.download_button("Validation CSV", data=lambda: report.to_dataframe().to_csv(index=False),
+            st.download_button("Validation CSV", data=lambda: frame_to_csv(report.to_dataframe()),
                                file_name="validation.csv", mime="text/csv", on_click="ignore",
                                icon=":material/download:")
 

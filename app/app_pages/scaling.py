@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import streamlit as st
 
+from simddp.exports import frame_to_csv
 from simddp_app import charts, state, widgets
 
 st.title("Scaling")
@@ -25,7 +26,7 @@ if sweep is not None:
     table = charts.scaling_table(sweep)
     widgets.table(table)
     frame = sweep.to_dataframe()
-    st.download_button("Scaling CSV", data=lambda: frame.to_csv(index=False),
+    st.download_button("Scaling CSV", data=lambda: frame_to_csv(frame),
                        file_name="scaling.csv", mime="text/csv", on_click="ignore", icon=":material/download:")
     bad = [p for p in sweep.points if not p.ok]
     if bad:

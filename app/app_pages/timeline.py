@@ -5,6 +5,7 @@ from __future__ import annotations
 import streamlit as st
 
 from simddp import units
+from simddp.exports import frame_to_csv
 from simddp_app import charts, state, widgets
 
 st.title("Timeline")
@@ -35,5 +36,5 @@ if result is not None and result.trace is not None:
     st.subheader("Buckets")
     table = charts.bucket_table(result)
     widgets.table(table, height=320)
-    st.download_button("Buckets CSV", data=lambda: table.to_csv(index=False), file_name="buckets.csv",
+    st.download_button("Buckets CSV", data=lambda: frame_to_csv(table), file_name="buckets.csv",
                        mime="text/csv", on_click="ignore", icon=":material/download:")

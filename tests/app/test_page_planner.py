@@ -135,3 +135,17 @@ def test_default_dict_is_the_embedded_scenario() -> None:
     ours, embedded = simddp.scenario_from_dict(default_dict()), simddp.load_scenario(default_scenario_path())
     assert ours.dp == embedded.dp == 128
     assert ours.model_copy(update={"parallelism": embedded.parallelism}) == embedded
+
+
+def test_scaled_inputs_cannot_overflow_to_infinity() -> None:
+    """A value typed in TFLOP/s or GiB is refused by the widget where its scaled value would be inf (it used to
+    reach the scenario as inf and read "got inf" beside the 1e300 typed)."""
+    import math
+
+    at = start()
+    at.expander[0]  # the hardware overrides are rendered (collapsed)
+    for key, scale in (("w:cluster.gpu.peak_bf16_flop_per_s", units.TFLOP), ("w:cluster.gpu.hbm_bytes", units.GiB)):
+        widget = at.number_input(key=key)
+        assert math.isfinite(widget.max * scale)
+        assert widget.max > 1e290
+    assert at.number_input(key="w:cluster.num_nodes").max == 4096  # other bounds unchanged
