@@ -177,11 +177,20 @@ def packed_rows(rng: np.random.Generator, var: VariabilityConfig, seq_len: int,
         ends = np.concatenate([ends, more])
     total = min(total, int(ends[-1]) // seq_len * seq_len)
     rows = total // seq_len
-    cuts = np.union1d(ends[ends < total], np.arange(1, rows) * seq_len)
+    cuts = _merge_sorted(ends[ends < total], np.arange(1, rows) * seq_len)
     bounds = np.concatenate([[0], cuts, [total]])
     seg = np.diff(bounds).astype(float)
     row = (bounds[:-1] // seq_len).astype(np.int64)
     return np.bincount(row, weights=seg * seg, minlength=rows)
+
+
+def _merge_sorted(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """``np.union1d(a, b)`` of two strictly increasing integer arrays, by insertion in O(len(a) + len(b)):
+    ``union1d`` sorts (numpy 2.4's ``unique`` took 2.3 s on the two million document ends of a packing pool of
+    one-token documents, this 5 ms)."""
+    at = np.searchsorted(a, b)
+    fresh = b[(at >= len(a)) | (a[np.minimum(at, len(a) - 1)] != b)] if len(a) else b
+    return np.insert(a, np.searchsorted(a, fresh), fresh)
 
 
 def sequence_costs(rng: np.random.Generator, var: VariabilityConfig, seq_len: int, micro_batch: int,
