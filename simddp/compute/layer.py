@@ -12,7 +12,7 @@ not here: the simulator runs them on the links (:mod:`simddp.sim`).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from simddp.compute.attention import flash_s
 from simddp.compute.elementwise import memory_s
@@ -49,15 +49,13 @@ class LayerTiming:
     dgrad_s: float
     wgrad_s: float
     recompute_s: float = 0.0  # forward kernels re-run inside backward
+    # Derived once here, not in a property per read: a step sums them over every layer (a 1T model's 1,400).
+    bwd_s: float = field(init=False, compare=False, repr=False)  # recompute + dgrad + wgrad
+    compute_s: float = field(init=False, compare=False, repr=False)  # forward + backward (recompute included)
 
-    @property
-    def bwd_s(self) -> float:
-        return self.recompute_s + self.dgrad_s + self.wgrad_s
-
-    @property
-    def compute_s(self) -> float:
-        """Kernel time of forward + backward (recompute included)."""
-        return self.fwd_s + self.recompute_s + self.dgrad_s + self.wgrad_s
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "bwd_s", self.recompute_s + self.dgrad_s + self.wgrad_s)
+        object.__setattr__(self, "compute_s", self.fwd_s + self.recompute_s + self.dgrad_s + self.wgrad_s)
 
 
 def kernel_s(kernel: Kernel, gpu: GPU, precision: str, compute_efficiency: float = 1.0) -> float:
