@@ -22,6 +22,7 @@ from simddp.memory import (
     max_micro_batch_that_fits,
     memory_breakdown,
     model_states_bytes,
+    recompute_working_set_bytes,
     smallest_layout_that_fits,
     transformer_embedding_activation_bytes,
     transformer_layer_activation_bytes,
@@ -269,6 +270,49 @@ def test_recompute_never_raises_activations(data):
         assert acts["none"] >= acts["selective"] >= acts["full"]
     # The most loaded stage may change with recompute; its total never rises.
     assert by["none"].total_bytes >= by["selective"].total_bytes >= by["full"].total_bytes
+
+
+@settings(max_examples=150, deadline=None)
+@given(data=transformer_scenarios(), recompute=st.sampled_from(["selective", "selective-op", "full"]),
+       sp=st.booleans(), bias=st.booleans(), ffn_per_h=st.sampled_from([0.5, 1.0, 2.6875, 4.0]))
+def test_the_recompute_working_set_is_what_the_saved_set_lacks(data, recompute, sp, bias, ffn_per_h):
+    """The working set is at least zero and at most a layer's activations without recompute, and a breakdown is
+    built for every mode (selective-op at tp >= 4 with sequence parallelism saves more than that whole set where
+    the MLP is narrow, which made the working set negative and memory_breakdown raise)."""
+    spec = data["model"]["transformer"]
+    ffn = int(spec["hidden_size"] * ffn_per_h) // 8 * 8
+    data = deep_merge(data, {"model": {"transformer": {"bias": bias, "ffn_hidden_size": ffn}}})
+    scenario = with_keys(data, training={"recompute": recompute},
+                         parallelism={"sequence_parallel": sp and data["parallelism"]["tp"] > 1})
+    spec, tr, par = scenario.model.transformer, scenario.training, scenario.parallelism
+    shape = dict(seq_len=tr.seq_len, micro_batch_size=tr.micro_batch_size, tp=par.tp,
+                 sequence_parallel=par.sequence_parallel, act_bytes=2 if tr.precision == "bf16-mixed" else 4,
+                 dropout=False, attention=tr.attention)
+    full = transformer_layer_activation_bytes(spec, recompute="none", **shape)
+    assert 0 <= recompute_working_set_bytes(spec, recompute=recompute, **shape) <= full
+    for stage in range(par.pp):
+        items = memory_breakdown(scenario, stage=stage).items
+        assert all(i.size_bytes >= 0 for i in items)
+
+
+def test_selective_op_working_set_by_hand() -> None:
+    """Llama-2-7B (h 4096, ffn 11008, 32 heads), tp 8 with SP, 2,048 tokens, bf16, flash attention. Without
+    recompute a layer saves 33,718,272 B; torchtitan's op-level SAC saves 35,028,992 B, of which the w2 matmul
+    output (full width, 4096 x 2 B per token) and the two reduce-scatter outputs (2 x 512 x 2 B) are not in that
+    set: 2,048 x 10,240 = 20,971,520 B. The working set is 33,718,272 - (35,028,992 - 20,971,520) = 19,660,800 B."""
+    scenario = scenario_from_dict({"cluster": {"preset": "dgx-h100-80gb", "num_nodes": 1},
+                                   "model": {"preset": "llama2-7b"},
+                                   "parallelism": {"tp": 8, "sequence_parallel": True},
+                                   "training": {"recompute": "selective-op", "seq_len": 2048, "micro_batch_size": 1}})
+    spec = scenario.model.transformer
+    shape = dict(seq_len=2048, micro_batch_size=1, tp=8, sequence_parallel=True, act_bytes=2, dropout=False,
+                 attention="flash")
+    assert transformer_layer_activation_bytes(spec, recompute="none", **shape) == 33_718_272
+    assert transformer_layer_activation_bytes(spec, recompute="selective-op", **shape) == 35_028_992
+    assert recompute_working_set_bytes(spec, recompute="selective-op", **shape) == 19_660_800
+    line = next(i for i in memory_breakdown(scenario).items if i.name == "recompute working set")
+    assert line.size_bytes == 19_660_800
+    assert simddp.simulate(scenario, trace=False).step_time_s > 0  # raised a ValidationError before
 
 
 @settings(max_examples=60, deadline=None)

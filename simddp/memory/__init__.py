@@ -54,6 +54,7 @@ from __future__ import annotations
 
 from simddp.memory.activations import (
     in_flight_micro_batches,
+    recompute_working_set_bytes,
     transformer_embedding_activation_bytes,
     transformer_layer_activation_bytes,
     transformer_output_activation_bytes,
@@ -82,6 +83,7 @@ __all__ = [
     "max_micro_batch_that_fits",
     "memory_breakdown",
     "model_states_bytes",
+    "recompute_working_set_bytes",
     "smallest_layout_that_fits",
     "transformer_embedding_activation_bytes",
     "transformer_layer_activation_bytes",

@@ -91,6 +91,48 @@ def transformer_layer_activation_bytes(
     return round(per_token * tokens)
 
 
+def recompute_working_set_bytes(
+    spec: TransformerSpec,
+    seq_len: int,
+    micro_batch_size: int,
+    tp: int = 1,
+    sequence_parallel: bool = False,
+    recompute: str = "none",
+    act_bytes: int = 2,
+    dropout: bool = True,
+    attention: str = "unfused",
+) -> int:
+    """What backward holds beyond a recomputed layer's saved activations while it re-creates them (one layer,
+    one micro-batch): the activations the layer would save without recompute that its saved set does not
+    already hold. Full and selective recompute save subsets of those: the difference of the two totals.
+    torchtitan's selective-op also saves tensors that a layer without recompute frees (:func:`_op_sac_unshared`:
+    the row-parallel w2's matmul output, the reduce-scatter outputs of sequence parallelism); they are not in
+    that layer's set, so they are taken out of the saved set before the difference (at tp >= 4 with sequence
+    parallelism its saved set is larger than the whole set without recompute, which the plain difference made a
+    negative working set)."""
+    if recompute == "none":
+        return 0
+    full, saved = (transformer_layer_activation_bytes(spec, seq_len, micro_batch_size, tp, sequence_parallel, r,
+                                                      act_bytes, dropout, attention) for r in ("none", recompute))
+    if recompute == "selective-op":
+        sp = tp if sequence_parallel else 1
+        saved -= round(_op_sac_unshared(spec, tp, sp, act_bytes) * seq_len * micro_batch_size)
+    return max(0, full - saved)  # max: rounding of the two totals apart
+
+
+def _op_sac_unshared(spec: TransformerSpec, tp: int, sp: int, act_bytes: int) -> float:
+    """Bytes per token of :func:`_op_sac_per_token`'s saved set that a layer without recompute does not save:
+    the w2 (down projection) matmul output of a bias-free gated MLP, full width (row-parallel partial sums
+    before their reduction; without recompute only the residual add reads it, which saves nothing), and the
+    reduce-scatter outputs after wo and w2 under sequence parallelism (read by residual adds). The other kept
+    outputs (q, v, w1, the attention output and log-sum-exp, the block input) are tensors the layer saves anyway
+    (attention's and the MLP's inputs, the first norm's input)."""
+    h = spec.hidden_size
+    w2_out = h if (spec.gated_mlp and not spec.bias) else 0.0
+    scattered = 2 * h / sp if (tp > 1 and sp > 1) else 0.0
+    return act_bytes * (w2_out + scattered)
+
+
 def _op_sac_per_token(spec: TransformerSpec, tp: int, sp: int, act_bytes: int, attention: str, q_width: float,
                       kv_width: float) -> float:
     """torchtitan's op-level selective activation checkpointing (``selective_ac_option = "op"``,

@@ -17,6 +17,7 @@ from simddp.bucketing import PARAM_SIZE
 from simddp.config import Scenario
 from simddp.memory.activations import (
     in_flight_micro_batches,
+    recompute_working_set_bytes,
     transformer_embedding_activation_bytes,
     transformer_layer_activation_bytes,
     transformer_output_activation_bytes,
@@ -259,9 +260,10 @@ def _activation_parts(scenario: Scenario, workload: Workload, stage: int,
         }
         act = PRECISION_ACT_BYTES[tr.precision]
         dropout = uses_dropout(scenario)
-        for recompute in {tr.recompute, "none"}:
-            same[("layer", recompute)] = transformer_layer_activation_bytes(
-                spec, **shape, recompute=recompute, act_bytes=act, dropout=dropout, attention=tr.attention)
+        same[("layer", tr.recompute)] = transformer_layer_activation_bytes(
+            spec, **shape, recompute=tr.recompute, act_bytes=act, dropout=dropout, attention=tr.attention)
+        same[("working set",)] = recompute_working_set_bytes(
+            spec, **shape, recompute=tr.recompute, act_bytes=act, dropout=dropout, attention=tr.attention)
         same[("activation inputs",)] = shape, act, dropout, fmt_bytes(same[("layer", tr.recompute)])
     blocks_key = ("blocks per rank", par.pp)
     if blocks_key not in workload.shared:
@@ -283,8 +285,7 @@ def _activation_parts(scenario: Scenario, workload: Workload, stage: int,
         what = "logits, fp32 softmax" if tr.cross_entropy == "fused" else "fp32 log-probs and their gradients"
         parts.append(("output layer and loss", out, _OUTPUT, f"norm/head inputs, {what} x {{out}}"))
     if tr.recompute != "none" and num_blocks:
-        full = same[("layer", "none")]
-        parts.append(("recompute working set", full - per_layer, _ONCE, "one layer re-created in backward"))
+        parts.append(("recompute working set", same[("working set",)], _ONCE, "one layer re-created in backward"))
     same[key] = parts
     return parts
 
