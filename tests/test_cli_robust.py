@@ -190,3 +190,24 @@ def test_refused_flag_values_and_combinations(capsys: pytest.CaptureFixture[str]
 def test_presets_json_flag_before_show(capsys: pytest.CaptureFixture[str]) -> None:
     rc, out, _ = run(capsys, "presets", "--json", "show", "gpt2")
     assert rc == 0 and "transformer" in _strict(out)["model"]
+
+
+@pytest.mark.parametrize(("cluster", "tp", "why"), [
+    ("dgx-a100-80gb", 1, "nvls needs an intra-node link with nvls_algbw_bytes_per_s"),  # no NVSwitch SHARP
+    ("dgx-h100-80gb", 8, "nvls needs >= 2 ranks per node (group has 1)"),  # one data-parallel rank per node
+])
+def test_an_algorithm_the_group_cannot_run_names_ddp_algorithm(capsys: pytest.CaptureFixture[str], tmp_path: Path,
+                                                                cluster: str, tp: int, why: str) -> None:
+    """ddp.algorithm nvls where NCCL could not run it: a ScenarioError naming the field from the API (a bare
+    ValueError from the collective model before), one line from the CLI."""
+    import simddp
+
+    data = {"cluster": {"preset": cluster, "num_nodes": 2}, "model": {"preset": "llama2-7b"},
+            "parallelism": {"tp": tp}, "ddp": {"algorithm": "nvls"}, "training": {"seq_len": 512}}
+    with pytest.raises(ScenarioError, match=r"^ddp\.algorithm: nvls cannot run the data-parallel all-reduce here: "
+                       + why.replace("(", r"\(").replace(")", r"\)")):
+        simddp.simulate(data, trace=False)
+    path = tmp_path / "s.json"
+    path.write_text(json.dumps(data))
+    code, out, err = run(capsys, "simulate", str(path))
+    assert code == 2 and out == "" and err.count("\n") == 1 and "ddp.algorithm: nvls" in err

@@ -24,6 +24,7 @@ from simddp.compute import (
     optimizer_step_s,
 )
 from simddp.config import Scenario
+from simddp.errors import ScenarioError
 from simddp.sim.layers import LayerPlan, layer_alone, layer_tp_s
 from simddp.sim.pipeline import PipeOp, last_backward, schedule
 from simddp.topology import CommGroup, dp_group, group, pp_boundary_group, tp_group
@@ -444,7 +445,7 @@ def build_plan(scenario: Scenario, workload: Workload | None = None) -> StepPlan
         buckets = grads.memo.get(plans_key)
         if buckets is None:
             for size in {b.size_bytes for b in grads.buckets}.difference(reduces):
-                reduces[size] = dp_collective(scenario, op, size, dp, algorithm)
+                reduces[size] = _bucket_reduction(scenario, op, size, dp, algorithm)
             gathers: list[CollectiveCost | None] = [None] * len(grads.buckets)
             if rule.overlap_param_gather:
                 gathers = [collective_cost("all-gather", sum(working[i].numel * dtype_bytes(working[i].dtype)
@@ -616,6 +617,17 @@ def dp_collective(scenario: Scenario, op: Op, size_bytes: int, group: CommGroup,
 
         return gloo_cost(op, size_bytes, group, scenario.cluster.gloo)
     return collective_cost(op, size_bytes, group, algorithm)  # type: ignore[arg-type]
+
+
+def _bucket_reduction(scenario: Scenario, op: Op, size_bytes: int, group: CommGroup, algorithm: str) -> CollectiveCost:
+    """:func:`dp_collective` of a bucket; an algorithm the user chose that cannot run on this group (nvls without
+    NVSwitch SHARP or with one data-parallel rank per node) is a :class:`ScenarioError` naming ``ddp.algorithm``."""
+    try:
+        return dp_collective(scenario, op, size_bytes, group, algorithm)
+    except ValueError as e:
+        if algorithm == "auto" or isinstance(e, ScenarioError):
+            raise
+        raise ScenarioError(f"ddp.algorithm: {algorithm} cannot run the data-parallel {op} here: {e}") from None
 
 
 def autograd_nodes(scenario: Scenario, rank: RankPlan) -> int:
