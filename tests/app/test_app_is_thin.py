@@ -8,7 +8,8 @@ from pathlib import Path
 APP = Path(__file__).resolve().parents[2] / "app"
 #: simddp modules the app may use: scenario and results types (the memory verdict too), units, presets, sweeps,
 #: memory/profile types, the layout planner, the input/output safety layer (safe parsing, errors, result sanity
-#: checks, the CSV writer of exports), and the Monte Carlo, run and knob models (variability, run, knobs), called whole like the sweeps.
+#: checks, the CSV writer of exports), and the Monte Carlo, run and knob models (variability, run, knobs), called
+#: whole like the sweeps.
 ALLOWED = {"simddp", "simddp.units", "simddp.config", "simddp.presets", "simddp.results", "simddp.sweeps",
            "simddp.memory", "simddp.cli", "simddp.profile", "simddp.report", "simddp.fit", "simddp.verdict",
            "simddp.safeio", "simddp.errors", "simddp.sanity", "simddp.planner", "simddp.variability", "simddp.run",
