@@ -231,6 +231,7 @@ def simulate_run(scenario: Scenario, run: RunConfig | None = None, curve_points:
 
         tails = simulate_tails(scenario)
         tokens_per_s, step_s = tails.tokens_per_s, tails.mean_s
+        step_tokens = tails.tokens_per_step  # real tokens: padding trains none (tokens_per_s counts the same)
         source = f"Monte Carlo mean step ({tails.num_steps} steps, variability on)"
     else:
         from simddp.sim import simulate_step
@@ -241,10 +242,12 @@ def simulate_run(scenario: Scenario, run: RunConfig | None = None, curve_points:
     check_range(step_s)  # the bound `simulate` keeps to (simddp.sanity)
     if not tokens_per_s > 0:
         raise ScenarioError("the step trains no tokens: check training.seq_len and the batch sizes")
-    step_tokens = scenario.global_batch_size * tr.seq_len
-    if run.tokens < step_tokens:
-        raise ScenarioError(f"run.tokens: {run.tokens:g} is less than one step's {step_tokens:,} tokens "
+    full_tokens = scenario.global_batch_size * tr.seq_len
+    if run.tokens < full_tokens:
+        raise ScenarioError(f"run.tokens: {run.tokens:g} is less than one step's {full_tokens:,} tokens "
                             "(training.global_batch_size x training.seq_len)")
+    if not scenario.variability.active or run.achieved_tflops_per_gpu is not None:
+        step_tokens = full_tokens
     training_s = run.tokens / tokens_per_s
     num_bytes = checkpoint_bytes(scenario)
     rank0_s, sharded_s = checkpoint_times(scenario, num_bytes)

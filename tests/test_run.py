@@ -114,6 +114,19 @@ def test_variability_feeds_the_run() -> None:
     assert r.step_time_s > simulate_step(s, trace=False).step_time_s
 
 
+@pytest.mark.parametrize("variability", [{"jitter_cv": 0.1}, {"seq_len_distribution": "lognormal", "mean_seq_len": 64,
+                                                                "sequence_handling": "padding"}])
+def test_steps_times_the_step_is_the_training_time(variability: dict) -> None:
+    """num_steps counts the steps that see run.tokens: with padding a step trains only its real tokens, so the
+    steps are run.tokens over the real tokens per step (they were counted over full rows: a quarter of the steps
+    the training time holds, with documents of a quarter of the context)."""
+    r = simulate_run(scenario(variability=variability))
+    assert r.num_steps * r.step_time_s == pytest.approx(r.training_s, rel=1e-9)
+    padded = "seq_len_distribution" in variability
+    full = r.tokens / (scenario().global_batch_size * scenario().training.seq_len)
+    assert (r.num_steps > 1.5 * full) if padded else r.num_steps == pytest.approx(full, rel=1e-12)
+
+
 def test_run_needs_tokens_and_finite_progress() -> None:
     with pytest.raises(ScenarioError, match=r"run\.tokens"):
         simulate_run(scenario_from_dict(base_scenario()))
