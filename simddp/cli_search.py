@@ -222,8 +222,8 @@ def add_commands(sub: argparse._SubParsersAction, scenario_args: ScenarioArgs) -
     p.add_argument("--jobs", type=_positive_int, default=1,
                    help="worker processes (default 1; at most the CPUs and the points)")
     p.add_argument("--batch", choices=("weak", "strong"), default="weak",
-                   help="when the cluster size varies: weak keeps micro-batches per GPU (default), strong keeps "
-                        "the global batch")
+                   help="when the cluster size varies: weak keeps the samples per data-parallel replica "
+                        "(default), strong keeps the global batch")
     p.set_defaults(func=cmd_sweep)
 
 

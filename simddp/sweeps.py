@@ -6,9 +6,12 @@ A sweep only builds variant scenarios, as dicts of scenario keys changed at dott
 a valid scenario becomes a point that carries its one-line error instead of numbers.
 
 Changing the cluster size keeps the parallel layout: dp follows the GPUs (dp = GPUs / (tp x pp)). The batch
-follows ``batch``: ``"weak"`` keeps micro-batch size and micro-batches per GPU, so the global batch grows
-with dp (the usual data-parallel scaling); ``"strong"`` keeps the global batch, and GPU counts it does not
-divide into are reported as invalid.
+follows ``batch``: ``"weak"`` keeps the samples each data-parallel replica trains per step (the base's global
+batch over its dp), so the global batch grows with dp (the usual data-parallel scaling); ``"strong"`` keeps the
+global batch, and GPU counts it does not divide into are reported as invalid. Either way a point's batch depends
+only on its own values: a point whose cluster is the base's has the base's batch, whether or not the cluster
+size is among the keys varied (a micro-batch size varied beside it changes the micro-batches per step, not the
+batch).
 """
 
 from __future__ import annotations
@@ -124,7 +127,8 @@ class ScalingSweep(_Sweep):
     """Step time, communication and efficiency of one scenario from 1 GPU to thousands."""
 
     scenario: str = Field(description="Name of the swept scenario.")
-    batch: BatchScaling = Field(description="weak: micro-batches per GPU kept; strong: global batch kept.")
+    batch: BatchScaling = Field(description="weak: samples per data-parallel replica kept; strong: global batch "
+                                            "kept.")
     reference_num_gpus: int = Field(description="GPUs of the scenario itself (marked on plots).")
     points: list[ScalingPoint]
 
@@ -223,7 +227,7 @@ def with_values(
     """``base`` with each dotted path of ``updates`` set; a new cluster size re-derives dp and the batch.
 
     When the cluster size changes, an explicit ``parallelism.dp`` is dropped (dp = GPUs / (tp x pp)), and
-    with ``batch="weak"`` the global batch keeps the base's micro-batches per GPU. ``base_scenario`` is
+    with ``batch="weak"`` the global batch keeps the base's samples per data-parallel replica. ``base_scenario`` is
     ``base`` validated, when the caller has it (a sweep validates its base once, not once per point; a caller
     that simulates the variant should take :func:`_variant`'s validated scenario rather than validate again).
     """
@@ -258,19 +262,18 @@ def _variant(
     # The variant without its batch (a shallow copy down to the one key it changes).
     training = out.get("training")
     unbatched = {**out, "training": {**(training if isinstance(training, dict) else {}), "global_batch_size": None}}
+    per_replica = base_scenario.global_batch_size // base_scenario.dp  # the base's batch divides over its dp
     shape = None if out.get("calibration") else _dp_and_micro_batch(unbatched)
     if shape is not None:
-        dp, mbs = shape
-        batched = {**unbatched, "training": {**unbatched["training"],
-                                             "global_batch_size": base_scenario.num_micro_batches * mbs * dp}}
+        dp, _ = shape
+        batched = {**unbatched, "training": {**unbatched["training"], "global_batch_size": per_replica * dp}}
         try:
             return batched, _reusing_sections(batched, base, base_scenario) or scenario_from_dict(batched)
         except ScenarioError:
             pass  # the two-step route below says why, in its own words
     resized = scenario_from_dict_or_none(unbatched)
     if resized is not None:
-        gbs = base_scenario.num_micro_batches * resized.training.micro_batch_size * resized.dp
-        put_value(out, "training.global_batch_size", gbs)
+        put_value(out, "training.global_batch_size", per_replica * resized.dp)
     return out, None
 
 

@@ -397,9 +397,9 @@ class RanksPoint(_Result):
 
 
 def tails_vs_ranks(scenario: Scenario, num_nodes: list[int], num_steps: int = 200) -> list[RanksPoint]:
-    """Weak scaling: the same micro-batches per GPU on more nodes, and the tails at each size. A size the layout
-    does not fit (pp x tp more than its GPUs, more stragglers than GPUs) is left out; if every size is, the first
-    one's error is raised."""
+    """Weak scaling: the same samples per data-parallel replica on more nodes, and the tails at each size. A size
+    the layout does not fit (pp x tp more than its GPUs, more stragglers than GPUs) is left out; if every size is,
+    the first one's error is raised."""
     from simddp.sweeps import scenario_to_dict, with_values
 
     data = scenario_to_dict(scenario)

@@ -190,8 +190,8 @@ def _two_step_variant(base: dict[str, Any], updates: dict[str, Any]) -> dict[str
         out = set_value(out, "parallelism.dp", None)
     resized = sweeps.scenario_from_dict_or_none(set_value(out, "training.global_batch_size", None))
     if resized is not None:
-        gbs = sweeps.scenario_from_dict(base).num_micro_batches * resized.training.micro_batch_size * resized.dp
-        out = set_value(out, "training.global_batch_size", gbs)
+        before = sweeps.scenario_from_dict(base)
+        out = set_value(out, "training.global_batch_size", before.global_batch_size // before.dp * resized.dp)
     return out
 
 
@@ -216,6 +216,21 @@ def test_a_weak_scaled_variant_is_the_two_step_one(updates: dict[str, Any]) -> N
         assert scenario == sweeps.scenario_from_dict(data)
     metrics, _ = sweeps.evaluate(data, scenario)
     assert metrics == sweeps.evaluate(_two_step_variant(base, updates))[0]
+
+
+def test_a_points_batch_does_not_depend_on_the_other_keys_varied() -> None:
+    """Weak scaling keeps the samples per data-parallel replica: a point at the base's cluster size has the
+    base's batch whether or not the cluster size is varied beside the micro-batch size (it had twice the batch at
+    micro-batch 2 when it was, from the base's micro-batch count x the new size), and the node axis scales it."""
+    base = base_scenario(training={"micro_batch_size": 2, "global_batch_size": 128, "seq_len": 1024})
+    nodes = sweeps.scenario_from_dict(base).cluster.num_nodes
+    alone = sweeps.with_values(base, {"training.micro_batch_size": 4})
+    beside = sweeps.with_values(base, {"training.micro_batch_size": 4, "cluster.num_nodes": nodes})
+    assert sweeps.scenario_from_dict(beside).global_batch_size == sweeps.scenario_from_dict(alone).global_batch_size
+    assert sweeps.scenario_from_dict(beside).global_batch_size == 128
+    doubled = sweeps.scenario_from_dict(sweeps.with_values(base, {"training.micro_batch_size": 4,
+                                                                  "cluster.num_nodes": 2 * nodes}))
+    assert doubled.global_batch_size == 256 and doubled.num_micro_batches * 4 * doubled.dp == 256
 
 
 @pytest.mark.parametrize("updates", [

@@ -80,8 +80,8 @@ if result is not None:
     st.subheader("p99 against the number of GPUs")
     per_node = base.cluster.gpus_per_node
     up_to = st.select_slider("Up to nodes", [4, 8, 16, 32, 64, 128], value=32, key="var_max_nodes",
-                             help="Weak scaling: the same micro-batches per GPU on more nodes; each point is a "
-                                  f"simulated step and {int(steps)} Monte Carlo steps.")
+                             help="Weak scaling: the same samples per data-parallel replica on more nodes; each "
+                                  f"point is a simulated step and {int(steps)} Monte Carlo steps.")
     nodes = tuple(n for n in (1, 2, 4, 8, 16, 32, 64, 128) if n <= up_to)
     points = state.tails_vs_ranks(variant, nodes, int(steps))
     if points:
