@@ -24,8 +24,10 @@ input-grad vs weight-grad
     Backward of a layer computes the gradient of its input (dgrad, needed by the layer before) and of
     its weights (wgrad); a parameter's gradient is ready for DDP when its wgrad finishes.
 exposed communication
-    The part of the step during which the GPU waits for communication: step time minus compute,
-    optimizer and host time.
+    The data-parallel communication the GPU waits for, not hidden behind compute (gradient reductions,
+    parameter gathers, the embedding sync). The step's other waits are parts of their own: tensor-parallel
+    collectives, the pipeline bubble and stage imbalance, kernels slowed by NCCL (``StepResult.breakdown``
+    lists every part; they add up to the step).
 busbw / algbw
     nccl-tests' bus and algorithm bandwidths: algbw = size / time; busbw = algbw x 2(n-1)/n for
     all-reduce, comparable across world sizes.

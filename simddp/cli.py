@@ -205,6 +205,14 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     if result.pp > 1:
         lines.append(f"  pipeline bubble        {f(result.pipeline_bubble_time_s):>12}   "
                      f"{scenario.parallelism.pipeline_schedule}, {result.reported_rank}")
+        if result.stage_imbalance_time_s > 0:
+            lines.append(f"  stage imbalance        {f(result.stage_imbalance_time_s):>12}   "
+                         f"{BREAKDOWN_PARTS['stage_imbalance'][1]}")
+    # The step's other parts, so that every line but data-parallel comm (mostly hidden) adds up to the step.
+    for key, label, value in (("interference", "compute slowed by NCCL", result.interference_time_s),
+                              ("host", "host overhead", result.host_overhead_s)):
+        if value > 0:
+            lines.append(f"  {label:<22} {f(value):>12}   {BREAKDOWN_PARTS[key][1]}")
     lines += [
         f"  exposed comm           {f(result.exposed_comm_time_s):>12}   "
         f"{result.exposed_comm_fraction:.1%} of the step",
