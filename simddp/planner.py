@@ -133,6 +133,8 @@ def candidate_layouts(scenario: Scenario, num_gpus: int) -> Iterator[dict[str, A
     heads = tf.num_heads if tf is not None else 1
     gbs = scenario.global_batch_size
     tps = [t for t in _divisors(per_node) if heads % t == 0] if tf is not None else [1]
+    # DeepSpeed (every stage, ZeRO-3's reduce buckets too) and Megatron size their buckets from the cap
+    torch_fsdp = scenario.ddp.implementation == "torch"
     for tp in tps:
         for pp in _divisors(layers):
             if tp * pp > num_gpus or num_gpus % (tp * pp):
@@ -150,8 +152,8 @@ def candidate_layouts(scenario: Scenario, num_gpus: int) -> Iterator[dict[str, A
                 micro = per_replica // mbs
                 if v > 1 and micro % pp:
                     continue
-                if zero == 3 and cap != BUCKET_CAPS_MB[0]:
-                    continue  # FSDP reduces per unit: the bucket cap plays no part
+                if cap != BUCKET_CAPS_MB[0] and torch_fsdp and zero >= 2:
+                    continue  # torch's ZeRO-2/3 is FSDP, which reduces per unit: the bucket cap plays no part
                 yield {
                     "parallelism": {"dp": None, "tp": tp, "pp": pp, "zero_stage": zero, "sequence_parallel": sp,
                                     "virtual_stages": v,
