@@ -135,8 +135,13 @@ def candidate_layouts(scenario: Scenario, num_gpus: int) -> Iterator[dict[str, A
     tps = [t for t in _divisors(per_node) if heads % t == 0] if tf is not None else [1]
     # DeepSpeed (every stage, ZeRO-3's reduce buckets too) and Megatron size their buckets from the cap
     torch_fsdp = scenario.ddp.implementation == "torch"
+    # pp: the divisors of the layers (even stages, as Megatron requires), and those of the GPUs up to the layers,
+    # whose stages are uneven (simulate's split: block i on stage i x stages // layers, as torch's pipelining
+    # splits a model by hand): on 24 GPUs a 32-layer model has no layout with even stages whose dp divides 512.
+    pps = sorted(set(_divisors(layers)) | {d for d in _divisors(num_gpus) if d <= layers}) if tf is not None \
+        else _divisors(layers)
     for tp in tps:
-        for pp in _divisors(layers):
+        for pp in pps:
             if tp * pp > num_gpus or num_gpus % (tp * pp):
                 continue
             dp = num_gpus // (tp * pp)

@@ -169,6 +169,21 @@ def test_branch_and_bound_equals_simulating_every_fitting_layout(capacity: float
     assert [(r.memory_bytes, r.step_time_s) for r in front] == [(m, pytest.approx(t, rel=1e-12)) for m, t in expected]
 
 
+def test_pipeline_stages_need_not_divide_the_layers() -> None:
+    """On 3 GPUs the 4-layer model has no layout with even stages (dp 3 does not divide the batch of 16, pp 2 and
+    4 do not divide 3 GPUs); simulate accepts pp 3 (stages of 1, 1 and 2 layers), so the plan has it, and its
+    answer is the exhaustive one (it said no layout splits the batch, while simulate and memory --fit-layout
+    found fitting ones)."""
+    data = _small()
+    data["cluster"]["gpus_per_node"] = 3
+    data["parallelism"] = {"pp": 3}  # the scenario as given must be valid: this one is the only kind
+    result = plan_layouts(as_scenario(data), 3, top=3)
+    every = _exhaustive(data, 3)
+    assert every and {e[1][1] for e in every} == {3}
+    assert [r.step_time_s for r in result.layouts] == pytest.approx([e[0] for e in every[:3]], rel=1e-12)
+    assert all(r.pp == 3 and r.dp == 1 for r in result.layouts)
+
+
 def test_plan_cli_json_and_errors(capsys: pytest.CaptureFixture[str], tmp_path) -> None:
     path = tmp_path / "s.json"
     path.write_text(json.dumps(_small()))
