@@ -381,17 +381,36 @@ def cmd_buckets(args: argparse.Namespace) -> int:
         return 0
     buckets = export.buckets
     par = scenario.parallelism
+    rule = zero_rule(scenario)
+    if rule.sharded_params and par.pp == 1:
+        return _print_reduction_units(scenario)
     where = f"pipeline stage 0 of {par.pp}, " if par.pp > 1 else ""
     print(f"{len(buckets)} buckets, {units.fmt_bytes(sum(b.size_bytes for b in buckets))} of gradients "
           f"({where}tp shard {(par.tp > 1 and f'1 of {par.tp}') or 'whole model'}; parameter indices are this "
           "rank's, in model.parameters() order)")
-    rule = zero_rule(scenario)
     if rule.sharded_params:
         print(f"note: {rule.name} reduce-scatters per unit instead (see simddp simulate --trace)")
     print(f"{'#':>4} {'size':>12} {'dtype':>9} {'params':>7}  first .. last parameter")
     for b in buckets:
         print(f"{b.index:>4} {units.fmt_bytes(b.size_bytes):>12} {b.dtype:>9} {len(b.params):>7}  "
               f"{b.params[0].name} .. {b.params[-1].name}")
+    return 0
+
+
+def _print_reduction_units(scenario: Scenario) -> int:
+    """``simddp buckets`` under FSDP or DeepSpeed ZeRO-3 (pp 1): the units whose gradients are reduce-scattered,
+    as the simulated step reduces them (torch DDP's buckets play no part there)."""
+    from simddp.sim.plan import build_plan
+
+    rank = build_plan(scenario).ranks[0]
+    reduced = [u for u in [*rank.fsdp_units, *([rank.fsdp_root] if rank.fsdp_root else [])] if u.reduce is not None]
+    what = _reduction_units(scenario, 1)
+    size = units.fmt_bytes(sum(u.grad_bytes for u in reduced))
+    print(f"{len(reduced)} {what}, {size} of gradients, each reduce-scattered after its backward "
+          f"({zero_rule(scenario).name}; `--json` / `--csv` list the parameters torch DDP would bucket)")
+    print(f"{'#':>4} {'size':>12} {'layers':>7}  unit")
+    for k, u in enumerate(reduced):
+        print(f"{k:>4} {units.fmt_bytes(u.grad_bytes):>12} {len(u.layers):>7}  {u.name}")
     return 0
 
 

@@ -217,3 +217,16 @@ def test_simulate_text_lines_add_up_to_the_step(sets: list[str]) -> None:
     parts = sum(v for k, v in values.items() if k not in ("step time", "data-parallel comm"))
     assert parts == pytest.approx(step["step_time_s"], rel=2e-3)  # printed to 4-5 digits
     assert values["step time"] == pytest.approx(step["step_time_s"], rel=1e-3)
+
+
+@pytest.mark.parametrize("implementation", ["torch", "deepspeed"])
+def test_buckets_under_zero3_are_the_units_simulate_reduces(implementation: str) -> None:
+    """FSDP and DeepSpeed ZeRO-3 reduce-scatter per unit: `buckets` lists those units, as many and as large as
+    simulate's reductions (it listed torch DDP's 291 buckets where simulate reduced 129 DeepSpeed buckets)."""
+    sets = ["--set", f"ddp.implementation={implementation}", "--set", "parallelism.zero_stage=3"]
+    step = json.loads(run("simulate", *sets, "--json").stdout)
+    lines = run("buckets", *sets).stdout.splitlines()
+    count = int(lines[0].split()[0])
+    assert count == len(step["buckets"]) and count == len(lines) - 2
+    what = "FSDP units" if implementation == "torch" else "ZeRO-3 reduce buckets"
+    assert lines[0].startswith(f"{count} {what}, ")
