@@ -478,13 +478,37 @@ def cmd_memory(args: argparse.Namespace) -> int:
         lines += ["", f"Largest micro-batch that fits: {max_mb}{kept}" if max_mb else
                   "No micro-batch fits, not even 1"]
     if layout is not None:
-        lines += ["", *_layout_lines(layout)]
+        lines += ["", *_layout_lines(layout, scenario)]
     print("\n".join(lines))
     return 0
 
 
-def _layout_lines(layout: Any) -> list[str]:
-    """The answers of `memory --fit-layout`, then every layout it evaluated (fitting ones first)."""
+#: What each answer of `memory --fit-layout` keeps from the scenario's layout (its field descriptions).
+_KEPT = {"smallest ZeRO stage": ("tp", "pp", "sequence_parallel", "recompute"),
+         "least recompute": ("zero_stage", "tp", "pp", "sequence_parallel"),
+         "smallest tp": ("zero_stage", "pp", "recompute"),
+         "smallest pp": ("zero_stage", "tp", "sequence_parallel", "recompute")}
+
+
+def _layout_lines(layout: Any, scenario: Scenario) -> list[str]:
+    """The answers of `memory --fit-layout`, then every layout it evaluated (fitting ones first). An answer that
+    keeps part of the scenario's layout says whether no such layout fits or none is valid on these GPUs (the batch
+    or the layers do not split so)."""
+    par = scenario.parallelism
+    own = {"zero_stage": par.zero_stage, "tp": par.tp, "pp": par.pp, "sequence_parallel": par.sequence_parallel,
+           "recompute": scenario.training.recompute}
+
+    def missing(name: str) -> str:
+        kept = _KEPT.get(name)
+        if kept is None:
+            return "invalid layout" if name == "current" else "none fits"
+        if any(all(getattr(f, k) == own[k] for k in kept) for f in layout.evaluated):
+            return "none fits"
+        names = {"zero_stage": "ZeRO", "sequence_parallel": "SP"}
+        said = ", ".join(f"{names.get(k, k)} {('on' if own[k] else 'off') if k == 'sequence_parallel' else own[k]}"
+                         for k in kept)
+        return f"none valid on {layout.num_gpus} GPUs with {said}"
+
     fb = units.fmt_bytes
     fitting = sum(f.fits for f in layout.evaluated)
     lines = [f"Layouts on {layout.num_gpus} GPUs: {layout.num_layouts} evaluated (ZeRO stage x tp x pp x sequence "
@@ -494,7 +518,7 @@ def _layout_lines(layout: Any) -> list[str]:
             ("smallest pp", layout.smallest_pp), ("least model parallel", layout.best)]
     for name, fit in rows:
         if fit is None:
-            lines.append(f"  {name:<22}{'invalid layout' if name == 'current' else 'none fits'}")
+            lines.append(f"  {name:<22}{missing(name)}")
             continue
         lines.append(f"  {name:<22}{fit.label():<52}{fb(fit.total_bytes):>12}   "
                      f"{'fits' if fit.fits else 'does not fit'}")

@@ -230,3 +230,13 @@ def test_buckets_under_zero3_are_the_units_simulate_reduces(implementation: str)
     assert count == len(step["buckets"]) and count == len(lines) - 2
     what = "FSDP units" if implementation == "torch" else "ZeRO-3 reduce buckets"
     assert lines[0].startswith(f"{count} {what}, ")
+
+
+def test_fit_layout_tells_no_valid_layout_from_none_fits() -> None:
+    """On 24 GPUs no layout at pp 1 splits the batch of 512 (dp 24): the answers that keep pp 1 said "none fits"
+    beside 96 fitting layouts; they say none is valid. Where valid layouts are too big they still say none fits."""
+    out = run("memory", "--fit-layout", "--num-gpus", "24").stdout
+    assert "smallest ZeRO stage   none valid on 24 GPUs with tp 1, pp 1, SP off, recompute selective" in out
+    assert "none fits" not in out and "smallest pp           ZeRO-1 tp=1 pp=3 dp=8" in out
+    big = run("memory", "--fit-layout", "--num-gpus", "16", "--set", "model.preset=llama2-70b").stdout
+    assert "smallest ZeRO stage   none fits" in big
