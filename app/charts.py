@@ -32,6 +32,10 @@ COLORS = {
     "exposed": "#E45756",
     "gather": "#EECA3B",
     "other": "#54A24B",
+    "recompute": "#9D755D",
+    "interference": "#FF9DA6",
+    "imbalance": "#D67195",
+    "clip": "#D4A6C8",
 }
 _LAYOUT = {"margin": {"l": 10, "r": 10, "t": 40, "b": 10},
            "legend": {"orientation": "h", "yanchor": "top", "y": -0.25}}
@@ -56,13 +60,20 @@ def _ms(seconds: float | None) -> float | None:
 
 # ------------------------------------------------------------------------------------------ planner
 #: The step as simddp splits it: compute + pipeline bubble + exposed communication + optimizer + host.
+#: The step's parts (:data:`simddp.results.BREAKDOWN_PARTS`, which add up to the step) in the order stacked, with
+#: their colours; a part a step does not have is left out.
 _STEP_PARTS = [
-    ("compute (fwd+bwd)", "compute_time_s", "compute"),
-    ("pipeline bubble", "pipeline_bubble_time_s", "accumulation"),
-    ("exposed communication (incl. tensor-parallel)", "exposed_comm_time_s", "exposed"),
-    ("optimizer (+ ZeRO all-gather wait in comm)", "optimizer_time_s", "optimizer"),
-    ("host", "host_overhead_s", "host"),
+    ("compute", "compute"), ("recompute", "recompute"), ("interference", "interference"), ("tp_comm", "gather"),
+    ("pipeline_bubble", "accumulation"), ("stage_imbalance", "imbalance"), ("dp_comm", "exposed"),
+    ("ddp_host", "other"), ("grad_clip", "clip"), ("optimizer", "optimizer"), ("host", "host"),
 ]
+
+
+def _parts(results: Sequence[StepResult]) -> list[tuple[str, str, str]]:
+    """(key, label, colour) of every part that any of ``results`` has, in stacking order."""
+    labels = {p.key: p.label for r in results for p in r.breakdown}
+    return [(key, labels[key], color) for key, color in _STEP_PARTS
+            if key in labels and any(r.part(key) > 0 for r in results)]
 
 
 def step_breakdown(result: StepResult, title: str = "Where the step goes", compact: bool = False) -> go.Figure:
@@ -71,8 +82,8 @@ def step_breakdown(result: StepResult, title: str = "Where the step goes", compa
     ``compact``: no legend, the parts labelled inside their bars (for a narrow column).
     """
     fig = go.Figure()
-    for label, field, color in _STEP_PARTS:
-        ms = getattr(result, field) / MS
+    for key, label, color in _parts([result]):
+        ms = result.part(key) / MS
         fig.add_bar(y=["step"], x=[ms], name=label, orientation="h", marker_color=COLORS[color],
                     text=[f"{label.split(' (')[0]} {ms:,.0f} ms"] if compact else None, textposition="inside",
                     insidetextanchor="middle", hovertemplate=f"{label}: %{{x:.2f}} ms<extra></extra>")
@@ -297,9 +308,8 @@ def compare(results: Mapping[str, StepResult]) -> go.Figure:
     """Stacked step breakdown of each saved scenario, side by side."""
     names = list(results)
     fig = go.Figure()
-    for label, field, color in _STEP_PARTS:
-        fig.add_bar(x=names, y=[getattr(results[n], field) / MS for n in names], name=label,
-                    marker_color=COLORS[color])
+    for key, label, color in _parts([results[n] for n in names]):
+        fig.add_bar(x=names, y=[results[n].part(key) / MS for n in names], name=label, marker_color=COLORS[color])
     fig.update_layout(barmode="stack", title="Step time by scenario", yaxis_title="ms", height=420, **_LAYOUT)
     return fig
 
