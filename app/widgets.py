@@ -15,6 +15,7 @@ from typing import Any, Literal
 import streamlit as st
 from pydantic import BaseModel
 
+from simddp import sweeps
 from simddp.results import StepResult
 from simddp.verdict import MemoryVerdict
 from simddp_app import state
@@ -97,9 +98,14 @@ def choice(
     )
 
 
-def flag(label: str, path: str, value: bool, *, model: type[BaseModel], field: str, where: Any = None) -> bool:
-    """A toggle for a boolean field."""
+def flag(label: str, path: str, value: bool, *, model: type[BaseModel], field: str, where: Any = None,
+         follows_default: bool = False) -> bool:
+    """A toggle for a boolean field. ``follows_default``: ``value`` is a default that depends on other keys (the
+    data-parallel implementation's overlap), so while the scenario leaves ``path`` unset the toggle shows the
+    default of this run, not the one it was seeded with (a stale "on" could not be switched on)."""
     key = _key(path)
+    if follows_default and sweeps.get_path(state.scenario_dict(), path) is None:
+        st.session_state[key] = bool(value)
     _seed(key, bool(value))
     return (where or st).toggle(
         label, key=key, help=field_help(model, field), on_change=_write, args=(key, path, bool)

@@ -229,9 +229,10 @@ with col_layout:
                    field="bucket_cap_mb", min_value=0.0, step=5.0, fmt="%.1f", where=c1)
     widgets.choice("All-reduce algorithm", "ddp.algorithm", ddp.algorithm, ["auto", "ring", "tree", "hierarchical"],
                    model=DDPConfig, field="algorithm", where=c2)
-    widgets.flag("Overlap communication with backward", "ddp.overlap", rule.overlap, model=DDPConfig, field="overlap")
+    widgets.flag("Overlap communication with backward", "ddp.overlap", rule.overlap, model=DDPConfig, field="overlap",
+                 follows_default=True)
     widgets.flag("Reduce in fp32", "ddp.reduce_in_fp32", rule.reduce_in_fp32, model=DDPConfig,
-                 field="reduce_in_fp32")
+                 field="reduce_in_fp32", follows_default=True)
     st.caption(describe(rule))
 
 # ---------------------------------------------------------------------------------- details

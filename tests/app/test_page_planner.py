@@ -169,3 +169,21 @@ def test_step_charts_stack_every_part_of_the_step(sets: list[str]) -> None:
     assert step_ms * units.MS == pytest.approx(result.step_time_s, rel=1e-9)
     columns = charts.compare({"a": result}).to_dict()
     assert sum(t["y"][0] for t in columns["data"]) * units.MS == pytest.approx(result.step_time_s, rel=1e-9)
+
+
+def test_default_toggles_follow_the_implementation() -> None:
+    """The overlap and fp32-reduction toggles show the chosen implementation's defaults while the scenario leaves
+    them unset: after switching to Megatron the overlap toggle stayed on (torch's default) while Megatron's step
+    ran without overlap, and switching it on changed nothing."""
+    at = start()
+    assert at.toggle(key="w:ddp.overlap").value is True
+    at.selectbox(key="w:ddp.implementation").set_value("megatron").run()
+    assert at.toggle(key="w:ddp.overlap").value is False and at.toggle(key="w:ddp.reduce_in_fp32").value is True
+    at.toggle(key="w:ddp.overlap").set_value(True).run()
+    assert at.session_state["scenario"]["ddp"]["overlap"] is True
+    ref = simddp.simulate(simddp.scenario_io.load_scenario(default_scenario_path(), [
+        "ddp.implementation=megatron", "ddp.overlap=true"]), trace=False)
+    assert metric(at, "Step time") == units.fmt_time(ref.step_time_s)
+    at.selectbox(key="w:ddp.implementation").set_value("torch").run()
+    assert at.toggle(key="w:ddp.overlap").value is True  # set by the user: kept
+    assert_clean(at, errors_allowed=False)
