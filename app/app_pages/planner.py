@@ -66,7 +66,7 @@ def headline(result: StepResult) -> None:
     if memory is not None:
         fits = "fits" if memory.fits else "does NOT fit"
         c[5].metric("Memory / GPU", f"{memory.total_bytes / units.GiB:.1f} GiB",
-                    delta=f"{fits} ({memory.capacity_bytes / units.GiB:.0f} GiB)",
+                    delta=f"{fits} (of {memory.capacity_bytes / units.GiB:.2f} GiB)",
                     delta_color="green" if memory.fits else "red", delta_arrow="off", border=True,
                     help=f"{memory.verdict()}. Parameters, gradients, optimizer state, activations, buffers and "
                          "overhead: see the Memory page.")

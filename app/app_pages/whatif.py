@@ -72,7 +72,7 @@ def _metric_row(base: StepResult, new: StepResult, changed: bool) -> None:
     mem_new, mem_base = getattr(new, "memory", None), getattr(base, "memory", None)
     if mem_new is not None and mem_base is not None:
         fits = "" if mem_new.fits else " ✗"
-        c[4].metric("Memory / GPU", f"{mem_new.total_bytes / units.GiB:.3g} GiB{fits}", border=True,
+        c[4].metric("Memory / GPU", f"{mem_new.total_bytes / units.GiB:.1f} GiB{fits}", border=True,
                     delta_color="inverse", help=mem_new.verdict(),
                     delta=delta(f"{(mem_new.total_bytes - mem_base.total_bytes) / units.GiB:+.2f} GiB"))
     else:

@@ -44,7 +44,7 @@ def test_latency_bucket_cap_nodes_zero_and_apply() -> None:
     expected = simddp.simulate(what_if, trace=False)
     assert metric(at, "Step time") == units.fmt_time(expected.step_time_s)
     assert expected.memory is not None
-    assert metric(at, "Memory / GPU").startswith(f"{expected.memory.total_bytes / units.GiB:.3g} GiB")
+    assert metric(at, "Memory / GPU").startswith(f"{expected.memory.total_bytes / units.GiB:.1f} GiB")
     at.button(key="whatif_apply").click().run()
     assert_clean(at)
     assert at.session_state["scenario"]["cluster"]["num_nodes"] == 4
