@@ -183,16 +183,18 @@ def bucket_cap_sweep(data: dict[str, Any], caps_mb: tuple[float, ...]) -> sweeps
 
 @st.cache_data(max_entries=64, show_spinner="Simulating the grid...")
 def _grid(scenario_json: str, x_path: str, x_values: tuple[Any, ...], y_path: str,
-          y_values: tuple[Any, ...]) -> sweeps.GridSweep:
-    return sweeps.grid_sweep(json.loads(scenario_json), x_path, x_values, y_path, y_values)
+          y_values: tuple[Any, ...], batch: str) -> sweeps.GridSweep:
+    return sweeps.grid_sweep(json.loads(scenario_json), x_path, x_values, y_path, y_values,
+                             batch="strong" if batch == "strong" else "weak")
 
 
 def grid_sweep(data: dict[str, Any], x_path: str, x_values: tuple[Any, ...], y_path: str,
-               y_values: tuple[Any, ...]) -> sweeps.GridSweep | None:
+               y_values: tuple[Any, ...], batch: str = "weak") -> sweeps.GridSweep | None:
+    """The grid of ``simddp sweep`` over two keys; ``batch`` as its ``--batch`` when a key is the cluster size."""
     if validate(data) is None:
         return None
     try:
-        return _grid(to_json(data), x_path, tuple(x_values), y_path, tuple(y_values))
+        return _grid(to_json(data), x_path, tuple(x_values), y_path, tuple(y_values), batch)
     except simddp.ScenarioError as err:
         st.error(str(err), icon=":material/error:")
         return None

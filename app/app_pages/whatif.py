@@ -155,7 +155,7 @@ if base_s is not None and base is not None:
                 st.warning("Pick two different parameters.", icon=":material/warning:")
             else:
                 (xp, xv, xf), (yp, yv, yf) = GRID_PARAMS[x_name], GRID_PARAMS[y_name]
-                grid = state.grid_sweep(what_if, xp, xv, yp, yv)
+                grid = state.grid_sweep(what_if, xp, xv, yp, yv, batch="strong" if keep_batch else "weak")
                 if grid is not None:
                     st.plotly_chart(charts.heatmap(grid, metric, x_name, y_name, [xf(v) for v in xv],
                                                    [yf(v) for v in yv]), key="heatmap")

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from apptest_helpers import assert_clean, figure, metric, metric_delta, open_page, start
+from apptest_helpers import assert_clean, default_dict, figure, metric, metric_delta, open_page, start
 
 import simddp
 from simddp import sweeps, units
@@ -79,3 +79,27 @@ def test_heatmap_over_two_parameters() -> None:
     assert heat["z"][3][2] == pytest.approx(grid.points[3 * 6 + 2].step_time_s / units.MS)  # 8 nodes, 25 MiB
     at.selectbox(key="grid_y").set_value("bucket cap (MiB)").run()
     assert at.main.warning  # two different parameters needed, said inline
+
+
+def test_heatmap_keeps_the_batch_when_asked() -> None:
+    """'Keep the global batch when nodes change' reaches the heatmap: nodes x ZeRO stage equals the strong-scaled
+    sweep (it drew the weak-scaled one whatever the toggle said: 20 of 24 cells differed)."""
+    from apptest_helpers import figure, open_page
+
+    from simddp import sweeps
+
+    at = open_page(start(), "whatif")
+    at.segmented_control(key="whatif_view").set_value("Heatmap").run()
+    at.toggle(key="wi:keep_batch").set_value(True).run()
+    at.selectbox(key="grid_x").set_value("nodes")
+    at.selectbox(key="grid_y").set_value("ZeRO stage")
+    at.selectbox(key="grid_metric").set_value("tokens/s").run()
+    heat = figure(at, "over")["data"][0]
+    ref = sweeps.grid_sweep(default_dict(), "cluster.num_nodes", [1, 2, 4, 8, 16, 32], "parallelism.zero_stage",
+                            [0, 1, 2, 3], batch="strong")
+    want = {(p.x, p.y): p.tokens_per_s for p in ref.points}
+    got = {(x, y): heat["z"][j][i] for j, y in enumerate(heat["y"]) for i, x in enumerate(heat["x"])}
+    assert len(got) == 24
+    for (x, y), value in got.items():
+        expected = want[(int(x), int(y))]
+        assert (value is None and expected is None) or value == pytest.approx(expected, rel=1e-9)
