@@ -77,3 +77,20 @@ def test_a_wrong_file_is_an_inline_error(files: dict[str, Path]) -> None:
     assert_clean(at, errors_allowed=True)
     assert len(at.error) == 1
     assert "ddp.json" in at.error[0].value and "simddp-profile" in at.error[0].value
+
+
+def test_a_setup_that_differs_from_the_profiles_is_warned(files: dict[str, Path], tmp_path: Path) -> None:
+    """DDP steps measured with another model, micro-batch or optimizer than the profile's: the page shows the same
+    warnings as `simddp calibrate validate` (it showed the MAPE alone, which then compares unlike runs)."""
+    from calibration_data import ddp as measured
+
+    from simddp.profile import write_json
+
+    other = measured(files["profile"]).model_copy(update={"micro_batch_size": 16, "optimizer": "adam"})
+    write_json(other, tmp_path / "ddp_other.json")
+    at = open_page(start(), "calibration")
+    _upload(at, "cal_profile", files["profile"])
+    _upload(at, "cal_ddp", tmp_path / "ddp_other.json").run()
+    expected = validate(files["profile"], other).warnings
+    assert len(expected) == 2 and [w.value for w in at.warning] == expected
+    assert_clean(at)
