@@ -50,7 +50,16 @@ with st.expander("Upload scenario YAML/JSON"):
         except ScenarioError as err:
             st.error(safeio.one_line(err), icon=":material/error:")
             continue
-        state.save_scenario(data.get("name") or f.name, data)
+        name = data.get("name") or f.name
+        taken = state.saved_scenarios()
+        if name in taken and taken[name] != data:  # another scenario of that name: keep both, under the file's name
+            base, k = f"{name} ({f.name})", 2
+            name = base
+            while name in taken and taken[name] != data:
+                name, k = f"{base} {k}", k + 1
+            st.info(f"{f.name}: a different scenario is already saved as {data.get('name') or f.name!r}; "
+                    f"saved as {name!r}", icon=":material/info:")
+        state.save_scenario(name, data)
 
 saved = state.saved_scenarios()
 if not saved:

@@ -51,3 +51,22 @@ def test_upload_scenarios_good_and_bad() -> None:
     table = at.main.dataframe[0].value
     assert list(table["scenario"]) == ["gpt2-on-a100"]
     assert list(table["GPUs"]) == [16]
+
+
+def test_uploads_of_one_name_are_kept_apart() -> None:
+    """Two different files that both say `name: same` are two rows (the second replaced the first silently); the
+    same file twice is one."""
+    at = open_page(start(), "compare")
+    doc = {"name": "same", "cluster": {"preset": "dgx-a100-80gb", "num_nodes": 2}, "model": {"preset": "gpt2"},
+           "training": {"micro_batch_size": 8, "seq_len": 1024}}
+    other = {**doc, "ddp": {"bucket_cap_mb": 100}}
+    at.file_uploader(key="compare_upload").set_value([
+        ("a.yaml", yaml.safe_dump(doc).encode(), "application/x-yaml"),
+        ("b.yaml", yaml.safe_dump(other).encode(), "application/x-yaml"),
+        ("a2.yaml", yaml.safe_dump(doc).encode(), "application/x-yaml")]).run()
+    assert_clean(at, errors_allowed=False)
+    table = at.main.dataframe[0].value
+    assert list(table["scenario"]) == ["same", "same (b.yaml)"]
+    assert len(at.info) == 1 and "saved as 'same (b.yaml)'" in at.info[0].value
+    steps = {n: simddp.simulate(d, trace=False).step_time_s for n, d in (("same", doc), ("same (b.yaml)", other))}
+    assert list(table["step time (ms)"]) == pytest.approx([steps[n] / units.MS for n in table["scenario"]], rel=1e-9)
