@@ -216,6 +216,8 @@ def simulate_run(scenario: Scenario, run: RunConfig | None = None, curve_points:
     n = cluster.num_gpus
     fpt = flop_per_token(scenario)
     notes: list[str] = []
+    full_tokens = scenario.global_batch_size * tr.seq_len
+    step_tokens: float = full_tokens  # what one step trains (padding aside)
     if run.achieved_tflops_per_gpu is not None:
         achieved = run.achieved_tflops_per_gpu * 1e12
         peak = cluster.gpu.peak_flop_per_s(tr.precision)
@@ -225,7 +227,7 @@ def simulate_run(scenario: Scenario, run: RunConfig | None = None, curve_points:
                 f"{cluster.gpu.name}'s peak, {peak / 1e12:g} TFLOP/s in {tr.precision}")
         tokens_per_s = n * achieved / fpt
         source = f"fed: {run.achieved_tflops_per_gpu:g} TFLOP/s per GPU (run.achieved_tflops_per_gpu)"
-        step_s = scenario.global_batch_size * tr.seq_len / tokens_per_s
+        step_s = full_tokens / tokens_per_s
     elif scenario.variability.active:
         from simddp.variability import simulate_tails
 
@@ -242,12 +244,9 @@ def simulate_run(scenario: Scenario, run: RunConfig | None = None, curve_points:
     check_range(step_s)  # the bound `simulate` keeps to (simddp.sanity)
     if not tokens_per_s > 0:
         raise ScenarioError("the step trains no tokens: check training.seq_len and the batch sizes")
-    full_tokens = scenario.global_batch_size * tr.seq_len
     if run.tokens < full_tokens:
         raise ScenarioError(f"run.tokens: {run.tokens:g} is less than one step's {full_tokens:,} tokens "
                             "(training.global_batch_size x training.seq_len)")
-    if not scenario.variability.active or run.achieved_tflops_per_gpu is not None:
-        step_tokens = full_tokens
     training_s = run.tokens / tokens_per_s
     num_bytes = checkpoint_bytes(scenario)
     rank0_s, sharded_s = checkpoint_times(scenario, num_bytes)
