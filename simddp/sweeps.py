@@ -263,9 +263,8 @@ def _variant(
     training = out.get("training")
     unbatched = {**out, "training": {**(training if isinstance(training, dict) else {}), "global_batch_size": None}}
     per_replica = base_scenario.global_batch_size // base_scenario.dp  # the base's batch divides over its dp
-    shape = None if out.get("calibration") else _dp_and_micro_batch(unbatched)
-    if shape is not None:
-        dp, _ = shape
+    dp = None if out.get("calibration") else _sections_dp(unbatched)
+    if dp is not None:
         batched = {**unbatched, "training": {**unbatched["training"], "global_batch_size": per_replica * dp}}
         try:
             return batched, _reusing_sections(batched, base, base_scenario) or scenario_from_dict(batched)
@@ -301,16 +300,16 @@ _SECTIONS = frozenset(name for name, f in Scenario.model_fields.items()
                       if isinstance(f.annotation, type) and issubclass(f.annotation, BaseModel))
 
 
-def _dp_and_micro_batch(data: dict[str, Any]) -> tuple[int, int] | None:
-    """A scenario dict's dp and micro-batch size from its own sections (``Scenario.dp``'s rule), or None where
-    a section does not validate (the caller then validates the whole scenario)."""
+def _sections_dp(data: dict[str, Any]) -> int | None:
+    """A scenario dict's dp from its cluster and parallelism sections (``Scenario.dp``'s rule), or None where one
+    of them, or the training section, does not validate (the caller then validates the whole scenario)."""
     try:
         cluster = Cluster.model_validate(data["cluster"])
         par = Parallelism.model_validate(data.get("parallelism", {}))
-        tr = Training.model_validate(data["training"])
+        Training.model_validate(data["training"])
     except (ValidationError, KeyError, TypeError, ValueError, RecursionError):
         return None
-    return data_parallel_size(cluster, par), tr.micro_batch_size
+    return data_parallel_size(cluster, par)
 
 
 def scenario_from_dict_or_none(data: dict[str, Any]) -> Scenario | None:
