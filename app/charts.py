@@ -538,6 +538,18 @@ def validation_table(report: Any) -> Any:
     ])
 
 
+def knob_checks_table(report: Any) -> Any:
+    """The DDP options measured as paired differences against plain DDP (``simddp calibrate validate``'s table)."""
+    import pandas as pd
+
+    return pd.DataFrame([
+        {"DDP option (against plain DDP)": k.setting, "predicted (ms)": k.predicted_s / MS,
+         "measured median (ms)": k.measured_median_s / MS, "p25 (ms)": k.measured_p25_s / MS,
+         "p75 (ms)": k.measured_p75_s / MS, "pairs": k.num_pairs}
+        for k in report.knobs
+    ])
+
+
 def extrapolation(predictions: Sequence[Any], measured_ranks: int | None = None) -> go.Figure:
     """Predicted step time against data-parallel ranks, with the calibration's uncertainty band."""
     xs = [p.world_size for p in predictions]

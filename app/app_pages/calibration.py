@@ -89,12 +89,7 @@ else:
             st.plotly_chart(charts.validation(report), key="cal_validation_chart")
             widgets.table(charts.validation_table(report))
             if report.knobs:  # DDP options measured as paired differences (`simddp calibrate validate` prints them)
-                import pandas as pd
-
-                widgets.table(pd.DataFrame([{
-                    "DDP option (against plain DDP)": k.setting, "predicted (ms)": k.predicted_s * 1e3,
-                    "measured median (ms)": k.measured_median_s * 1e3, "p25 (ms)": k.measured_p25_s * 1e3,
-                    "p75 (ms)": k.measured_p75_s * 1e3, "pairs": k.num_pairs} for k in report.knobs]))
+                widgets.table(charts.knob_checks_table(report))
             for note in report.notes:
                 st.info(note, icon=":material/info:")
             st.download_button("Validation CSV", data=lambda: frame_to_csv(report.to_dataframe()),
