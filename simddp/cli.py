@@ -407,7 +407,7 @@ def _print_reduction_units(scenario: Scenario) -> int:
     what = _reduction_units(scenario, 1)
     size = units.fmt_bytes(sum(u.grad_bytes for u in reduced))
     print(f"{len(reduced)} {what}, {size} of gradients, each reduce-scattered after its backward "
-          f"({zero_rule(scenario).name}; `--json` / `--csv` list the parameters torch DDP would bucket)")
+          f"({zero_rule(scenario).name}; `--json` / `--csv` list each one's parameters)")
     print(f"{'#':>4} {'size':>12} {'layers':>7}  unit")
     for k, u in enumerate(reduced):
         print(f"{k:>4} {units.fmt_bytes(u.grad_bytes):>12} {len(u.layers):>7}  {u.name}")
@@ -756,7 +756,12 @@ def cmd_calibrate_validate(args: argparse.Namespace) -> int:
     sizes = _world_sizes(args.extrapolate) if args.extrapolate else []
     cap = ddp.cases[-1].bucket_cap_mb
     extra = extrapolate(args.profile, sizes, args.gpus_per_node, cap, z=args.z) if sizes else []
-    text = safeio.json_text(report.to_json_dict(), indent=2) if args.json else report.to_text()
+    text = report.to_text()
+    if args.json:  # with --extrapolate, its predictions beside the report (as `calibrate predict --json` lists them)
+        data = report.to_json_dict()
+        if extra:
+            data["extrapolated"] = [p.model_dump() for p in extra]
+        text = safeio.json_text(data, indent=2)
     if html is not None:
         write_html(report, html, extra, inputs)
     if args.json:  # the text report shows them at the top
@@ -1008,7 +1013,9 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("ddp", help="ddp.json from `simddp calibrate collect ddp`")
     q.add_argument("--html", help="report to write (default: <ddp>_report.html beside ddp.json; none with --json)")
     q.add_argument("--z", type=z_score, default=2.0, help="band width in standard errors, 0..10 (default 2)")
-    q.add_argument("--extrapolate", metavar="RANKS", help="also plot predictions for these world sizes, e.g. 2,8,128")
+    q.add_argument("--extrapolate", metavar="RANKS",
+                   help="also predict these world sizes, e.g. 2,8,128 (plotted in the HTML; under --json, listed "
+                        "as 'extrapolated')")
     q.add_argument("--gpus-per-node", type=positive_int,
                    help="ranks per node when extrapolating (default: one node)")
     q.add_argument("--json", action="store_true")

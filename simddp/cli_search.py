@@ -24,67 +24,133 @@ def _positive_int(text: str) -> int:
 def cmd_plan(args: argparse.Namespace) -> int:
     from simddp.planner import plan_layouts, terminal_progress
 
-    scenario, cluster_sets = _plan_scenario(args)
+    scenario, cluster_sets, own, why = _plan_scenario(args)
     gpus = args.gpus or scenario.cluster.num_gpus
     result = plan_layouts(scenario, gpus, top=args.top, objective=args.objective, jobs=args.jobs,
                           progress=None if args.json else terminal_progress("plan"))
+    yours = _scenario_layout(own)
     if args.json:
-        print(safeio.json_text(result.to_json_dict(), indent=2))
+        print(safeio.json_text({**result.to_json_dict(), "scenario_layout": yours}, indent=2))
         return 0
-    print("\n".join(plan_lines(scenario, result, cluster_sets)))
+    if own is not None and yours is None:
+        why = "it cannot be simulated"
+    print("\n".join(plan_lines(scenario, result, cluster_sets, yours, why)))
     return 0
 
 
-def _plan_scenario(args: argparse.Namespace) -> tuple[Scenario, dict[str, Any]]:
-    """The scenario to plan from, and the cluster keys it has that the user's has not. The planner replaces
-    its layout and, with ``--gpus``, its GPU count; a batch its own layout cannot split (dp from the
-    scenario's GPUs) is checked again on ``--gpus`` GPUs with tp = pp = 1, where the planner starts."""
-    from simddp.cli import _load, default_scenario_path
+def _plan_scenario(args: argparse.Namespace) -> tuple[Scenario, dict[str, Any], Scenario | None, str | None]:
+    """The scenario to plan from, the cluster keys it has that the user's has not, the user's scenario on the
+    GPUs planned for (None where its own layout is not valid there) and, then, why not.
+
+    The planner replaces the layout (and, with ``--gpus``, the GPU count), so a layout that does not validate
+    (a tp that does not divide the heads, a dp that does not divide a batch smaller than the GPUs) does not stop
+    it: the scenario is then validated with the first of tp x pp = 1, 2, ... (dp derived, no interleaving or
+    sequence parallelism, micro-batch 1) that is valid, the planner's own starting point. Where none is, the
+    scenario's own error is the answer (it is not about the layout)."""
+    from simddp.cli import default_scenario_path
     from simddp.config import Cluster
-    from simddp.planner import cluster_update
+    from simddp.planner import cluster_update, layout_starts
     from simddp.scenario_io import load_scenario, scenario_data
 
+    path = args.scenario or default_scenario_path()
+    data = scenario_data(path, args.set)
     try:
-        return _load(args), {}
+        cluster = Cluster.model_validate(data.get("cluster") or {})
+    except ValueError:  # ScenarioError and pydantic's ValidationError: the cluster itself is wrong
+        load_scenario(path, args.set)  # raises the scenario's own one-line error
+        raise
+    nodes = cluster_update(cluster, args.gpus) if args.gpus else {}
+    sets = [f"cluster.{k}={v}" for k, v in nodes.items()]
+    try:
+        own = load_scenario(path, args.set, sets)
     except ScenarioError as err:
-        if not args.gpus:
-            raise
-        path = args.scenario or default_scenario_path()
+        first = err
+    else:
+        return own, {f"cluster.{k}": v for k, v in nodes.items()}, own, None
+    for layout in layout_starts(data, cluster.gpus_per_node, nodes.get("gpus_per_node", cluster.gpus_per_node)
+                                * nodes.get("num_nodes", cluster.num_nodes)):
         try:
-            cluster = Cluster.model_validate(scenario_data(path, args.set).get("cluster") or {})
-        except ValueError:  # ScenarioError and pydantic's ValidationError: the cluster itself is wrong
-            raise err from None
-        nodes = cluster_update(cluster, args.gpus)
-        layout = [f"cluster.{k}={v}" for k, v in nodes.items()] + [
-            "parallelism.tp=1", "parallelism.pp=1", "parallelism.virtual_stages=1",
-            "parallelism.sequence_parallel=false"]
-        return load_scenario(path, args.set, layout), {f"cluster.{k}": v for k, v in nodes.items()}
+            base = load_scenario(path, args.set, sets + layout)
+        except ScenarioError:
+            continue
+        return base, {f"cluster.{k}": v for k, v in nodes.items()}, None, str(first)
+    raise first
 
 
-def plan_lines(scenario: Scenario, result: Any, cluster_sets: dict[str, Any] | None = None) -> list[str]:
-    """The text report of a :class:`simddp.planner.PlanResult`: what was searched, then the ranked table
-    (``cluster_sets``: keys the best layout's settings need besides :func:`layout_settings`')."""
-    tr = scenario.training
+def _scenario_layout(own: Scenario | None) -> dict[str, Any] | None:
+    """The scenario's own layout, simulated, in the planner's row format (None where it is not valid, or cannot
+    be simulated, on the GPUs planned for)."""
+    if own is None:
+        return None
+    from simddp.memory import memory_breakdown
+    from simddp.sanity import check_range
+    from simddp.sim.step import simulate_step
+
+    try:
+        r = simulate_step(own, trace=False)
+        check_range(r.step_time_s, "its step")
+    except ScenarioError:
+        return None
+    mem = memory_breakdown(own)  # the planner's rows' memory: the most loaded GPU
+    par, tr = own.parallelism, own.training
+    return {"tp": par.tp, "pp": par.pp, "dp": own.dp, "virtual_stages": par.virtual_stages,
+            "zero_stage": par.zero_stage, "micro_batch_size": tr.micro_batch_size, "recompute": tr.recompute,
+            "sequence_parallel": par.sequence_parallel, "bucket_cap_mb": own.ddp.bucket_cap_mb or 25.0,
+            "step_time_s": r.step_time_s, "tokens_per_s": r.tokens_per_s, "mfu": r.mfu,
+            "memory_bytes": mem.total_bytes, "fits": mem.fits}
+
+
+def plan_lines(scenario: Scenario, result: Any, cluster_sets: dict[str, Any] | None = None,
+               yours: dict[str, Any] | None = None, why_not_yours: str | None = None) -> list[str]:
+    """The text report of a :class:`simddp.planner.PlanResult`: what was searched and what was kept, the
+    ranked table, and the scenario's own layout beside it (``cluster_sets``: keys the best layout's settings
+    need besides :func:`layout_settings`'; ``yours``: :func:`_scenario_layout`'s row, or ``why_not_yours``)."""
+    tr, par = scenario.training, scenario.parallelism
+    batch_origin = "" if tr.global_batch_size is not None else (
+        f" (training.global_batch_size is null: micro_batch_size {tr.micro_batch_size} x dp {scenario.dp} of "
+        "the scenario's layout, kept for every layout)")
+    schedule = par.pipeline_schedule if par.pipeline_schedule != "interleaved-1f1b" else "1f1b"
+    not_fit = result.evaluated - result.fitting
+    searched = (f"Searched   {result.evaluated:,} layouts (tp, pp, virtual stages, dp, ZeRO, micro-batch, recompute "
+                f"none/selective/full, SP, bucket cap): {result.fitting:,} fit in memory, {not_fit:,} do not")
+    if result.dominated:
+        searched += f" ({result.dominated:,} of them known from a smaller micro-batch or more recompute)"
     lines = [
         f"Plan       {scenario.model.preset or scenario.name} on {result.num_gpus} x {scenario.cluster.gpu.name} "
-        f"({scenario.cluster.preset or 'cluster'}), global batch {scenario.global_batch_size} x {tr.seq_len} tokens",
-        f"Searched   {result.evaluated} layouts: {result.fitting} fit in memory "
-        f"({result.dominated} ruled out by a smaller micro-batch or more recompute that did not), "
-        f"{result.simulated} simulated (the others' lower bound could not beat the top {len(result.layouts)})",
-        "",
+        f"({scenario.cluster.preset or 'cluster'}), global batch {scenario.global_batch_size} x {tr.seq_len} "
+        f"tokens{batch_origin}",
+        f"Kept       {tr.precision}, {tr.optimizer}, {scenario.ddp.implementation} data parallel, {tr.attention} "
+        f"attention, schedule {schedule} (interleaved-1f1b when v > 1), and the rest of the scenario",
+        searched,
     ]
+    if result.fitting:
+        timed = f"Simulated  {result.simulated:,} of those that fit, fastest lower bound first; the others' lower " \
+                "bound could not beat the listed ones"
+        if result.untimed:
+            timed += (f"; {result.untimed:,} could not be simulated and are not ranked "
+                      f"({safeio.one_line(result.untimed_reason or '', 160)})")
+        lines.append(timed)
+    lines.append("")
     if not result.layouts:
         lines.append("No layout fits in memory: try more GPUs, a larger GPU, or a smaller model or sequence.")
         return lines
     header = f"{'#':>3} {'tp':>3} {'pp':>3} {'v':>2} {'dp':>5} {'ZeRO':>4} {'mbs':>4} {'recompute':>9} {'SP':>3} " \
              f"{'cap':>6} {'step time':>10} {'tokens/s':>11} {'MFU':>6} {'memory/GPU':>11}"
     lines.append(header)
-    for k, lay in enumerate(result.layouts, start=1):
+    rows = [(f"{k:>3}", lay.model_dump()) for k, lay in enumerate(result.layouts, start=1)]
+    if yours is not None:
+        rows.append(("you", yours))
+    for label, lay in rows:
         lines.append(
-            f"{k:>3} {lay.tp:>3} {lay.pp:>3} {lay.virtual_stages:>2} {lay.dp:>5} {lay.zero_stage:>4} "
-            f"{lay.micro_batch_size:>4} {lay.recompute:>9} {'yes' if lay.sequence_parallel else 'no':>3} "
-            f"{lay.bucket_cap_mb:>4g}Mi {units.fmt_time(lay.step_time_s):>10} {lay.tokens_per_s:>11,.0f} "
-            f"{lay.mfu:>6.1%} {units.fmt_bytes(lay.memory_bytes):>11}")
+            f"{label:>3} {lay['tp']:>3} {lay['pp']:>3} {lay['virtual_stages']:>2} {lay['dp']:>5} "
+            f"{lay['zero_stage']:>4} {lay['micro_batch_size']:>4} {lay['recompute']:>9} "
+            f"{'yes' if lay['sequence_parallel'] else 'no':>3} {lay['bucket_cap_mb']:>4g}Mi "
+            f"{units.fmt_time(lay['step_time_s']):>10} {lay['tokens_per_s']:>11,.0f} {lay['mfu']:>6.1%} "
+            f"{units.fmt_bytes(lay['memory_bytes']):>11}" + ("" if lay["fits"] else "  does not fit"))
+    if yours is not None:
+        lines.append("you: the scenario's own layout on these GPUs, simulated the same way")
+    elif why_not_yours:
+        lines.append(f"The scenario's own layout is not compared: {safeio.one_line(why_not_yours, 200)}")
     best = result.layouts[0]
     sets = {**(cluster_sets or {}), **layout_settings(scenario, result.num_gpus, best)}
     lines += ["", "Use the best with: " + " ".join(f"--set {k}={_flag(v)}" for k, v in sets.items())]
@@ -178,15 +244,21 @@ def cmd_sweep(args: argparse.Namespace) -> int:
 MAX_SWEEP_POINTS = 100_000
 
 
+def _value_text(value: Any) -> str:
+    """A varied value in the table: floats short (2.5e+10, 25), the rest as they are."""
+    return f"{value:g}" if isinstance(value, float) else str(value)
+
+
 def sweep_lines(sweep: Any) -> list[str]:
     """One row per point: the varied values, step time, exposed communication, MFU, memory; or the reason."""
-    widths = [max(len(p), *(len(str(pt.values[p])) for pt in sweep.points)) for p in sweep.paths]
+    shown = [[_value_text(pt.values[p]) for p in sweep.paths] for pt in sweep.points]
+    widths = [max(len(p), *(len(row[k]) for row in shown)) for k, p in enumerate(sweep.paths)]
     head = "  ".join(f"{p:<{w}}" for p, w in zip(sweep.paths, widths, strict=True))
     lines = [f"Sweep      {sweep.scenario}: {len(sweep.points)} points "
              f"({sum(not p.ok for p in sweep.points)} invalid, kept with their reason)", "",
              f"{head}  {'step time':>10}  {'exposed':>8}  {'MFU':>6}  {'memory/GPU':>11}  fits"]
-    for pt in sweep.points:
-        keys = "  ".join(f"{pt.values[p]!s:<{w}}" for p, w in zip(sweep.paths, widths, strict=True))
+    for pt, row in zip(sweep.points, shown, strict=True):
+        keys = "  ".join(f"{v:<{w}}" for v, w in zip(row, widths, strict=True))
         if not pt.ok:
             lines.append(f"{keys}  invalid: {safeio.one_line(pt.error, 200)}")
             continue
@@ -201,13 +273,19 @@ def add_commands(sub: argparse._SubParsersAction, scenario_args: ScenarioArgs) -
     from simddp.planner import OBJECTIVES
 
     p = sub.add_parser("plan", help="the fastest parallel layouts that fit: tp, pp, virtual stages, dp, ZeRO, "
-                                    "micro-batch, recompute, sequence parallel, bucket cap")
+                                    "micro-batch, recompute, sequence parallel, bucket cap",
+                       description="Search the scenario's parallel layout (tp, pp, virtual stages, dp, ZeRO stage, "
+                                   "micro-batch size, recompute none/selective/full, sequence parallelism, bucket "
+                                   "cap) for the fastest that fit; the model, global batch, precision, optimizer, "
+                                   "implementation, schedule and cluster are the scenario's. The scenario's own "
+                                   "layout is listed beside the ranking ('you') when it is valid on those GPUs.")
     scenario_args(p)
     p.add_argument("--gpus", type=_positive_int, help="GPUs to plan for (default: the scenario's cluster)")
     p.add_argument("--top", type=_positive_int, default=10,
                    help=f"layouts to list (default 10, at most {MAX_PLAN_TOP})")
     p.add_argument("--objective", choices=OBJECTIVES, default="step_time",
-                   help="rank by step time (default) or tokens per second")
+                   help="rank by step time (default) or tokens per second (the same order: the batch and "
+                        "sequence are the scenario's for every layout)")
     p.add_argument("--jobs", type=_positive_int, default=1,
                    help="worker processes for the memory check of the candidates (default 1; same answer; at most "
                         "the CPUs)")
@@ -222,8 +300,9 @@ def add_commands(sub: argparse._SubParsersAction, scenario_args: ScenarioArgs) -
     p.add_argument("--jobs", type=_positive_int, default=1,
                    help="worker processes (default 1; at most the CPUs and the points)")
     p.add_argument("--batch", choices=("weak", "strong"), default="weak",
-                   help="when the cluster size varies: weak keeps the samples per data-parallel replica "
-                        "(default), strong keeps the global batch")
+                   help="when the cluster size varies: weak scales the global batch with the GPUs (the "
+                        "base's samples per data-parallel replica, at the base's layout; default), strong "
+                        "keeps the global batch")
     p.set_defaults(func=cmd_sweep)
 
 

@@ -41,7 +41,8 @@ class BucketEntry(_Row):
     index: int = Field(description="Reduction order: bucket 0 is reduced first.")
     size_bytes: int = Field(description="Bytes the bucket's collective moves.")
     dtype: str = Field(description="Dtype of the bucket (the gradients' reduction dtype).")
-    cap_bytes: int = Field(description="Size limit the bucket was built against, bytes.")
+    cap_bytes: int | None = Field(description="Size limit the bucket was built against, bytes (None: an FSDP "
+                                              "unit, cut by module rather than by size).")
     param_indices: list[int] = Field(description="Parameter indices, in the order torch lays them out.")
     params: list[ParamEntry] = Field(description="The parameters, in the same order.")
 
@@ -64,6 +65,9 @@ class BucketExport(_Row):
 
     scenario: str = Field(description="Scenario name.")
     stage: int = Field(description="Pipeline stage whose buckets these are.")
+    kind: str = Field(default="DDP buckets", description="What the entries are: 'DDP buckets' (torch's, or the "
+                      "implementation's own), or under FSDP / DeepSpeed ZeRO-3 without pipelining the units the step "
+                      "reduce-scatters ('FSDP units', 'ZeRO-3 reduce buckets').")
     buckets: list[BucketEntry]
 
     def rows(self) -> list[BucketParamRow]:
@@ -82,10 +86,15 @@ class BucketExport(_Row):
 
 
 def bucket_export(scenario: Scenario, stage: int = 0) -> BucketExport:
-    """DDP buckets of pipeline stage ``stage``, exactly as the simulator (and torch) builds them."""
+    """DDP buckets of pipeline stage ``stage``, exactly as the simulator (and torch) builds them; under FSDP or
+    DeepSpeed ZeRO-3 without pipelining, the units the simulated step reduce-scatters instead."""
     from simddp.sim.plan import rank_gradients
     from simddp.workload import build_workload
+    from simddp.zero import zero_rule
 
+    rule = zero_rule(scenario)
+    if rule.sharded_params and scenario.parallelism.pp == 1:
+        return _unit_export(scenario, rule)
     workload = build_workload(scenario)
     grads = rank_gradients(scenario, workload, stage)
     buckets = []
@@ -99,6 +108,31 @@ def bucket_export(scenario: Scenario, stage: int = 0) -> BucketExport:
         buckets.append(BucketEntry(index=b.index, size_bytes=b.size_bytes, dtype=b.dtype, cap_bytes=b.cap_bytes,
                                    param_indices=list(b.param_indices), params=params))
     return BucketExport(scenario=scenario.name, stage=stage, buckets=buckets)
+
+
+def _unit_export(scenario: Scenario, rule: Any) -> BucketExport:
+    """The FSDP units or DeepSpeed ZeRO-3 reduce buckets whose gradients the step reduce-scatters, in order,
+    with their parameters (global indices: ZeRO-3 without pipelining holds every parameter's shard)."""
+    from simddp.sim.plan import build_plan
+    from simddp.workload import grad_reduce_spec
+
+    plan = build_plan(scenario)
+    rank, params = plan.ranks[0], plan.workload.parameters
+    reduced = [u for u in [*rank.fsdp_units, *([rank.fsdp_root] if rank.fsdp_root else [])] if u.reduce is not None]
+    buckets = []
+    for k, u in enumerate(reduced):
+        entries = []
+        for g in u.reduce_ids:
+            spec, grad = params[g], grad_reduce_spec(params[g], rule.reduce_in_fp32)
+            entries.append(ParamEntry(index=g, name=spec.name, dtype=spec.dtype, numel=spec.numel,
+                                      size_bytes=grad.numel * dtype_bytes(grad.dtype)))
+        dtype = grad_reduce_spec(params[u.reduce_ids[0]], rule.reduce_in_fp32).dtype
+        cap = (rule.bucket_numel * rule.gradient_dtype_bytes  # DeepSpeed's reduce_bucket_size, in elements
+               if rule.unit_rule != "block" and rule.bucket_numel else None)
+        buckets.append(BucketEntry(index=k, size_bytes=u.grad_bytes, dtype=dtype, cap_bytes=cap,
+                                   param_indices=list(u.reduce_ids), params=entries))
+    kind = "FSDP units" if rule.unit_rule == "block" else "ZeRO-3 reduce buckets"
+    return BucketExport(scenario=scenario.name, stage=0, kind=kind, buckets=buckets)
 
 
 # ----------------------------------------------------------------------------- simulate --csv

@@ -123,8 +123,8 @@ def _dataparallel_row(data: dict[str, Any]) -> KnobRow:
     from simddp.sweeps import with_values
 
     knob, setting = "ddp.wrapper", "dataparallel (one node)"
-    one_node = with_values(data, {"cluster.num_nodes": 1})
     try:
+        one_node = with_values(data, {"cluster.num_nodes": 1})
         ddp = _variant(one_node, {"ddp": {"wrapper": "ddp"}})
         dpar = _variant(one_node, {"ddp": {"wrapper": "dataparallel"}})
     except ScenarioError as err:

@@ -36,6 +36,9 @@ from simddp.zero import zero_rule
 Objective = Literal["step_time", "tokens_per_s"]
 OBJECTIVES: tuple[str, ...] = ("step_time", "tokens_per_s")
 
+#: Activation recompute the search tries (torchtitan's op-level ``selective-op`` is not searched: it keeps more
+#: than Megatron's ``selective`` and recomputes less than ``full``, between the two on both counts).
+RECOMPUTE_MODES: tuple[str, ...] = ("none", "selective", "full")
 #: Bucket caps the search tries, MiB: torch's default 25 and a large one (fewer, larger all-reduces).
 BUCKET_CAPS_MB: tuple[float, ...] = (25.0, 100.0)
 #: Largest interleaving (virtual stages) tried: up to one layer per chunk of GPT-3 at pp 8 (Megatron accepts any
@@ -84,6 +87,9 @@ class PlanResult(_Frozen):
     fitting: int = Field(description="Evaluated layouts that fit the GPU's memory.")
     simulated: int = Field(description="Fitting layouts simulated (the rest could not beat the top: their lower "
                                        "bound was slower).")
+    untimed: int = Field(default=0, description="Fitting layouts that could not be simulated (over the simulation "
+                                                "size or step-time limits), left out of the ranking.")
+    untimed_reason: str | None = Field(default=None, description="Why the first of them could not be.")
     layouts: list[PlannedLayout] = Field(description="Fitting layouts, best first.")
     simulated_layouts: list[PlannedLayout] = Field(description="Every layout simulated, best first.")
     front: list[PlannedLayout] | None = Field(
@@ -93,9 +99,10 @@ class PlanResult(_Frozen):
                                                          "simulated.")
 
     def to_json_dict(self) -> dict[str, Any]:
-        """``{"evaluated": int, "layouts": [...]}``, fastest first (issue 10's format)."""
+        """``{"evaluated": int, "layouts": [...]}``, fastest first (issue 10's format), with the search's other
+        counts beside them."""
         return {"evaluated": self.evaluated, "dominated": self.dominated, "fitting": self.fitting,
-                "simulated": self.simulated, "objective": self.objective,
+                "simulated": self.simulated, "untimed": self.untimed, "objective": self.objective,
                 "num_gpus": self.num_gpus, "layouts": [layout.model_dump() for layout in self.layouts]}
 
     def to_dataframe(self) -> Any:
@@ -135,6 +142,7 @@ def candidate_layouts(scenario: Scenario, num_gpus: int) -> Iterator[dict[str, A
     heads = tf.num_heads if tf is not None else 1
     gbs = scenario.global_batch_size
     tps = [t for t in _divisors(per_node) if heads % t == 0] if tf is not None else [1]
+    recomputes = RECOMPUTE_MODES if tf is not None else ("none",)
     # DeepSpeed (every stage, ZeRO-3's reduce buckets too) and Megatron size their buckets from the cap
     torch_fsdp = scenario.ddp.implementation == "torch"
     # pp: the divisors of the layers (even stages, as Megatron requires), and those of the GPUs up to the layers,
@@ -151,9 +159,12 @@ def candidate_layouts(scenario: Scenario, num_gpus: int) -> Iterator[dict[str, A
                 continue
             per_replica = gbs // dp
             vs = [v for v in range(1, MAX_VIRTUAL_STAGES + 1) if pp > 1 and layers % (pp * v) == 0] or [1]
+            # Settings that change nothing are tried once: without data parallelism ZeRO shards over one rank
+            # and no bucket is reduced (stage 0, one cap); recompute applies to transformer blocks only.
+            zeros, caps = ((0, 1, 2, 3), BUCKET_CAPS_MB) if dp > 1 else ((0,), BUCKET_CAPS_MB[:1])
             for v, zero, mbs, recompute, sp, cap in itertools.product(
-                    vs, (0, 1, 2, 3), _divisors(per_replica, MAX_PLAN_MICRO_BATCH), ("none", "selective", "full"),
-                    (False, True) if tp > 1 else (False,), BUCKET_CAPS_MB):
+                    vs, zeros, _divisors(per_replica, MAX_PLAN_MICRO_BATCH), recomputes,
+                    (False, True) if tp > 1 else (False,), caps):
                 if pp > 1 and zero >= 2:
                     continue
                 micro = per_replica // mbs
@@ -185,6 +196,20 @@ def cluster_update(cluster: Cluster, num_gpus: int) -> dict[str, Any]:
         return {"num_nodes": 1, "gpus_per_node": num_gpus}
     raise ScenarioError(f"--gpus({num_gpus}) is not a whole number of {per_node}-GPU nodes "
                         f"({cluster.preset or 'cluster'}: gpus_per_node {per_node})")
+
+
+def layout_starts(data: dict[str, Any], gpus_per_node: int, num_gpus: int) -> Iterator[list[str]]:
+    """Layouts to validate a scenario dict with when its own does not validate (``key.path=value`` settings):
+    tp x pp = 1, 2, 3, ... (tp a divisor of a node's GPUs, pp of the GPUs), dp derived, no interleaving or
+    sequence parallelism, micro-batch 1; the planner replaces all of them."""
+    schedule = (data.get("parallelism") or {}).get("pipeline_schedule") if isinstance(data.get("parallelism"),
+                                                                                      dict) else None
+    pairs = sorted(((tp, pp) for tp in _divisors(gpus_per_node) for pp in _divisors(num_gpus, 4096)
+                    if num_gpus % (tp * pp) == 0), key=lambda p: (p[0] * p[1], p[0]))
+    for tp, pp in pairs:
+        yield [f"parallelism.tp={tp}", f"parallelism.pp={pp}", "parallelism.dp=null", "parallelism.virtual_stages=1",
+               "parallelism.sequence_parallel=false", "training.micro_batch_size=1",
+               *(["parallelism.pipeline_schedule=1f1b"] if schedule == "interleaved-1f1b" else [])]
 
 
 def _workload_key(update: dict[str, Any]) -> tuple[Any, ...]:
@@ -362,6 +387,7 @@ def plan_layouts(scenario: Scenario, num_gpus: int, top: int = 10, objective: Ob
     best: list[float] = []  # the top fastest simulated steps so far, ascending
     steps_total = total + len(fitting)
     skipped: str | None = None
+    untimed = 0
     for k, (bound, _, update, mem_bytes) in enumerate(fitting):
         if progress is not None:
             progress(total + k, steps_total)
@@ -382,7 +408,8 @@ def plan_layouts(scenario: Scenario, num_gpus: int, top: int = 10, objective: Ob
         except ScenarioError as err:
             # Beyond the simulation size limit (simddp.limits) or the longest step answered for: not a layout
             # to rank. If no layout is left, that is the answer, not "nothing fits".
-            skipped = skipped or f"the fastest layouts that fit cannot be timed: {err}"
+            skipped = skipped or str(err)
+            untimed += 1
             continue
         par, tr = s.parallelism, s.training
         rows.append(PlannedLayout(
@@ -394,11 +421,12 @@ def plan_layouts(scenario: Scenario, num_gpus: int, top: int = 10, objective: Ob
     if progress is not None:
         progress(steps_total, steps_total)
     if skipped is not None and not rows:
-        raise ScenarioError(skipped)
+        raise ScenarioError(f"the fastest layouts that fit cannot be timed: {skipped}")
     rows.sort(key=lambda r: (r.step_time_s if objective == "step_time" else -(r.tokens_per_s or 0.0),
                              r.memory_bytes))
     return PlanResult(num_gpus=num_gpus, objective=objective, evaluated=evaluated, dominated=dominated,
-                      fitting=len(fitting), simulated=len(rows), layouts=rows[:top],
+                      fitting=len(fitting), simulated=len(rows), untimed=untimed, untimed_reason=skipped,
+                      layouts=rows[:top],
                       simulated_layouts=rows, front=pareto_front(rows) if pareto or exact_front else None,
                       exact_front=exact_front)
 
@@ -413,6 +441,8 @@ def layout_settings(scenario: Scenario, num_gpus: int, layout: PlannedLayout) ->
              "parallelism.sequence_parallel": layout.sequence_parallel,
              "training.micro_batch_size": layout.micro_batch_size, "training.recompute": layout.recompute,
              "ddp.bucket_cap_mb": layout.bucket_cap_mb}
+    if scenario.training.global_batch_size is None:  # derived from the scenario's layout: the layout changes
+        sets["training.global_batch_size"] = scenario.global_batch_size
     if layout.virtual_stages > 1:
         sets["parallelism.pipeline_schedule"] = "interleaved-1f1b"
     elif scenario.parallelism.pipeline_schedule == "interleaved-1f1b":
@@ -452,5 +482,6 @@ def terminal_progress(label: str) -> Callable[[int, int], None] | None:
 
 
 
-__all__ = ["BUCKET_CAPS_MB", "OBJECTIVES", "PlanResult", "PlannedLayout", "candidate_layouts", "cluster_update",
-           "layout_settings", "pareto_front", "plan_layouts", "step_lower_bound", "terminal_progress"]
+__all__ = ["BUCKET_CAPS_MB", "OBJECTIVES", "RECOMPUTE_MODES", "PlanResult", "PlannedLayout", "candidate_layouts",
+           "cluster_update", "layout_settings", "layout_starts", "pareto_front", "plan_layouts", "step_lower_bound",
+           "terminal_progress"]

@@ -315,6 +315,18 @@ def _fit_batch(data: dict[str, Any]) -> str | None:
             f"micro_batch_size ({sized.dp:,} x {sized.training.micro_batch_size})")
 
 
+def _fit_seq_len(data: dict[str, Any]) -> None:
+    """Lower the base's sequence length to the model's learned position table where it is longer (GPT-2's 1,024
+    positions against the default's 4,096 tokens): a scenario refuses a sequence the model cannot embed."""
+    from simddp.config import ModelConfig
+
+    tf = ModelConfig.model_validate(data["model"]).transformer
+    training = data.get("training", {})
+    seq = training.get("seq_len")
+    if tf is not None and tf.position_embedding == "learned" and seq is not None and seq > tf.max_position_embeddings:
+        data["training"] = {**training, "seq_len": tf.max_position_embeddings}
+
+
 def starter_scenario(base: dict[str, Any], model: str | None, cluster: str | None,
                      num_nodes: int | None) -> str:
     """A starter scenario with every key, each with its description.
@@ -332,6 +344,7 @@ def starter_scenario(base: dict[str, Any], model: str | None, cluster: str | Non
         data["cluster"] = {**data.get("cluster", {}), "preset": cluster}
     if num_nodes is not None:
         data["cluster"] = {**data.get("cluster", {}), "num_nodes": num_nodes}
+    _fit_seq_len(data)
     note = _fit_batch(data)
     scenario = scenario_from_dict(data)
     if scenario.model.transformer is None and scenario.training.seq_len != 1:  # a CNN sample is one image

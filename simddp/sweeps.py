@@ -6,12 +6,12 @@ A sweep only builds variant scenarios, as dicts of scenario keys changed at dott
 a valid scenario becomes a point that carries its one-line error instead of numbers.
 
 Changing the cluster size keeps the parallel layout: dp follows the GPUs (dp = GPUs / (tp x pp)). The batch
-follows ``batch``: ``"weak"`` keeps the samples each data-parallel replica trains per step (the base's global
-batch over its dp), so the global batch grows with dp (the usual data-parallel scaling); ``"strong"`` keeps the
-global batch, and GPU counts it does not divide into are reported as invalid. Either way a point's batch depends
-only on its own values: a point whose cluster is the base's has the base's batch, whether or not the cluster
-size is among the keys varied (a micro-batch size varied beside it changes the micro-batches per step, not the
-batch).
+follows ``batch``: ``"weak"`` scales the global batch with the GPUs (the base's batch x GPUs / the base's GPUs),
+which under the base's layout keeps the samples each data-parallel replica trains per step (the usual
+data-parallel scaling); ``"strong"`` keeps the global batch, and GPU counts it does not divide into are reported
+as invalid. Either way a point's batch depends only on its own GPU count: a point whose cluster is the base's
+has the base's batch, whether or not the cluster size is among the keys varied, and whatever else varies beside
+it (a micro-batch size changes the micro-batches per step, a tp or pp the samples per replica, not the batch).
 """
 
 from __future__ import annotations
@@ -26,11 +26,9 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from simddp.config import (
     Cluster,
     ModelConfig,
-    Parallelism,
     Scenario,
     ScenarioError,
     Training,
-    data_parallel_size,
     put_value,
     set_value,
     validate_scenario,
@@ -227,7 +225,8 @@ def with_values(
     """``base`` with each dotted path of ``updates`` set; a new cluster size re-derives dp and the batch.
 
     When the cluster size changes, an explicit ``parallelism.dp`` is dropped (dp = GPUs / (tp x pp)), and
-    with ``batch="weak"`` the global batch keeps the base's samples per data-parallel replica. ``base_scenario`` is
+    with ``batch="weak"`` the global batch scales with the GPU count (a ScenarioError where that is not a whole
+    number of samples). ``base_scenario`` is
     ``base`` validated, when the caller has it (a sweep validates its base once, not once per point; a caller
     that simulates the variant should take :func:`_variant`'s validated scenario rather than validate again).
     """
@@ -240,10 +239,10 @@ def _variant(
 ) -> tuple[dict[str, Any], Scenario | None]:
     """:func:`with_values`, and the variant validated where that was done on the way (else None).
 
-    A weak-scaled variant's global batch needs its dp: the variant without its batch validated, then the
-    variant validated again with it. Its cluster, parallelism and training sections give that dp alone (they
-    validate independently of each other), so the variant with its batch is validated once; where that fails,
-    the two-step route runs, so the dict (and any error) is always the two-step route's.
+    A weak-scaled variant's global batch needs its GPU count: the variant without its batch validated, then
+    the variant validated again with it. Its cluster section gives that count alone (it validates independently
+    of the others), so the variant with its batch is validated once; where that fails, the two-step route runs,
+    so the dict (and any error) is always the two-step route's.
     """
     out = _copy_tree(base)
     for path, value in updates.items():
@@ -262,18 +261,29 @@ def _variant(
     # The variant without its batch (a shallow copy down to the one key it changes).
     training = out.get("training")
     unbatched = {**out, "training": {**(training if isinstance(training, dict) else {}), "global_batch_size": None}}
-    per_replica = base_scenario.global_batch_size // base_scenario.dp  # the base's batch divides over its dp
-    dp = None if out.get("calibration") else _sections_dp(unbatched)
-    if dp is not None:
-        batched = {**unbatched, "training": {**unbatched["training"], "global_batch_size": per_replica * dp}}
+    gpus = None if out.get("calibration") else _sections_gpus(unbatched)
+    if gpus is not None:
+        scaled = _weak_batch(base_scenario, gpus)
+        batched = {**unbatched, "training": {**unbatched["training"], "global_batch_size": scaled}}
         try:
             return batched, _reusing_sections(batched, base, base_scenario) or scenario_from_dict(batched)
         except ScenarioError:
             pass  # the two-step route below says why, in its own words
     resized = scenario_from_dict_or_none(unbatched)
     if resized is not None:
-        put_value(out, "training.global_batch_size", per_replica * resized.dp)
+        put_value(out, "training.global_batch_size", _weak_batch(base_scenario, resized.cluster.num_gpus))
     return out, None
+
+
+def _weak_batch(base: Scenario, gpus: int) -> int:
+    """The base's global batch scaled to ``gpus`` GPUs (weak scaling), or a ScenarioError naming the batch."""
+    batch, left = divmod(base.global_batch_size * gpus, base.cluster.num_gpus)
+    if left or not batch:
+        raise ScenarioError(
+            f"training.global_batch_size: weak scaling gives {base.global_batch_size:,} x {gpus:,} / "
+            f"{base.cluster.num_gpus:,} GPUs, not a whole number of samples (set the batch, or keep it: --batch "
+            "strong)")
+    return batch
 
 
 def _reusing_sections(data: dict[str, Any], base: dict[str, Any], base_scenario: Scenario | None) -> Scenario | None:
@@ -300,16 +310,15 @@ _SECTIONS = frozenset(name for name, f in Scenario.model_fields.items()
                       if isinstance(f.annotation, type) and issubclass(f.annotation, BaseModel))
 
 
-def _sections_dp(data: dict[str, Any]) -> int | None:
-    """A scenario dict's dp from its cluster and parallelism sections (``Scenario.dp``'s rule), or None where one
-    of them, or the training section, does not validate (the caller then validates the whole scenario)."""
+def _sections_gpus(data: dict[str, Any]) -> int | None:
+    """A scenario dict's GPU count from its cluster section, or None where it, or the training section, does not
+    validate (the caller then validates the whole scenario)."""
     try:
         cluster = Cluster.model_validate(data["cluster"])
-        par = Parallelism.model_validate(data.get("parallelism", {}))
         Training.model_validate(data["training"])
     except (ValidationError, KeyError, TypeError, ValueError, RecursionError):
         return None
-    return data_parallel_size(cluster, par)
+    return cluster.num_gpus
 
 
 def scenario_from_dict_or_none(data: dict[str, Any]) -> Scenario | None:
@@ -357,6 +366,15 @@ def _metrics(data: dict[str, Any], scenario: Scenario | None = None) -> dict[str
     return evaluate(data, scenario)[0].model_dump()
 
 
+def _variant_metrics(base: dict[str, Any], updates: dict[str, Any], batch: BatchScaling = "weak",
+                     base_scenario: Scenario | None = None) -> dict[str, Any]:
+    """:func:`evaluate`'s metrics of a variant of ``base`` (one whose batch cannot be scaled carries why)."""
+    try:
+        return _metrics(*_variant(base, updates, batch, base_scenario))
+    except ScenarioError as err:
+        return PointMetrics(error=str(err)).model_dump()
+
+
 _MEMORY_FIELDS = ("params_bytes", "grads_bytes", "optimizer_bytes", "activations_bytes", "buffers_bytes",
                   "overhead_bytes", "capacity_bytes")
 
@@ -397,7 +415,7 @@ def scaling_sweep(
             continue
         else:
             nodes, gpn = g // per_node, per_node
-        metrics = _metrics(*_variant(base, {"cluster.num_nodes": nodes, "cluster.gpus_per_node": gpn}, batch, ref))
+        metrics = _variant_metrics(base, {"cluster.num_nodes": nodes, "cluster.gpus_per_node": gpn}, batch, ref)
         metrics["num_gpus"] = metrics["num_gpus"] or g
         points.append(ScalingPoint(num_nodes=nodes, gpus_per_node=gpn, **metrics))
     return ScalingSweep(scenario=ref.name, batch=batch, reference_num_gpus=ref.cluster.num_gpus, points=points)
@@ -410,7 +428,7 @@ def bucket_cap_sweep(
     base = as_scenario_dict(scenario)
     ref = scenario_from_dict(base)
     points = [
-        BucketCapPoint(bucket_cap_mb=cap, **_metrics(*_variant(base, {"ddp.bucket_cap_mb": cap}, base_scenario=ref)))
+        BucketCapPoint(bucket_cap_mb=cap, **_variant_metrics(base, {"ddp.bucket_cap_mb": cap}, base_scenario=ref))
         for cap in caps_mb
     ]
     return BucketCapSweep(scenario=ref.name, reference_bucket_cap_mb=ref.ddp.bucket_cap_mb, points=points)
@@ -478,7 +496,7 @@ def grid_sweep(
     base = as_scenario_dict(scenario)
     ref = scenario_from_dict(base)
     points = [
-        GridPoint(x=x, y=y, **_metrics(*_variant(base, {x_path: x, y_path: y}, batch, ref)))
+        GridPoint(x=x, y=y, **_variant_metrics(base, {x_path: x, y_path: y}, batch, ref))
         for y in y_values
         for x in x_values
     ]
@@ -539,8 +557,27 @@ class VarySweep(_Sweep):
 
 
 def _vary_point(args: tuple[dict[str, Any], dict[str, Any], BatchScaling, Scenario]) -> VaryPoint:
+    """One point of :func:`vary_sweep`; its values as the scenario took them (``200Gbit/s`` as 2.5e10 bytes/s,
+    ``2.5e1`` as 25.0), or as typed where the point is invalid."""
     base, update, batch, base_scenario = args
-    return VaryPoint(values=update, **_metrics(*_variant(base, update, batch, base_scenario)))
+    try:
+        data, scenario = _variant(base, update, batch, base_scenario)
+    except ScenarioError as err:
+        return VaryPoint(values=update, **PointMetrics(error=str(err)).model_dump())
+    scenario = scenario or scenario_from_dict_or_none(data)
+    values = update if scenario is None else {path: _taken(scenario, path, v) for path, v in update.items()}
+    return VaryPoint(values=values, **_metrics(data, scenario))
+
+
+def _taken(scenario: Scenario, path: str, typed: Any) -> Any:
+    """The value of a validated scenario at a dotted path, where it is a plain value (else ``typed``)."""
+    value: Any = scenario
+    for key in path.split("."):
+        if isinstance(value, BaseModel) and key in type(value).model_fields:
+            value = getattr(value, key)
+        else:
+            return typed
+    return value if value is None or isinstance(value, bool | int | float | str) else typed
 
 
 _SHARED_BASE: tuple[dict[str, Any], BatchScaling, Scenario] | None = None

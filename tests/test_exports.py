@@ -59,6 +59,34 @@ def test_buckets_cli_json_and_csv_agree() -> None:
                        "dtype": "bfloat16", "numel": "768", "size_bytes": "1536"}
 
 
+@pytest.mark.parametrize("sets, kind", [(["parallelism.zero_stage=3"], "FSDP units"),
+                                        (["ddp.implementation=deepspeed", "parallelism.zero_stage=3"],
+                                         "ZeRO-3 reduce buckets")])
+def test_buckets_under_zero3_are_the_units_simulate_reduces(sets: list[str], kind: str) -> None:
+    """A probe found `buckets --json` listing 291 entries (one per parameter) under DeepSpeed ZeRO-3 where the text
+    and simulate reduce 129 buckets, and simulate's records saying 0 parameters and algorithm 'reduce-scatter',
+    protocol 'unit'. Now the export lists the units simulate reduce-scatters, each with its parameters (every
+    parameter once, sizes adding up to the unit's), and simulate's records name their parameters and NCCL's
+    algorithm and protocol."""
+    scenario = load_scenario(default_scenario_path(), sets)
+    export = bucket_export(scenario)
+    result = simddp.simulate(scenario)
+    assert export.kind == kind
+    assert [b.size_bytes for b in export.buckets] == [b.size_bytes for b in result.buckets]
+    assert [len(b.params) for b in export.buckets] == [b.num_params for b in result.buckets]
+    assert all(b.num_params > 0 and b.algorithm in ("ring", "tree", "nvls", "nvls-tree") and b.protocol in
+               ("LL", "LL128", "Simple") for b in result.buckets)
+    for b in export.buckets:
+        assert sum(p.size_bytes for p in b.params) == b.size_bytes
+        assert (b.cap_bytes is None) == (kind == "FSDP units")
+    listed = sorted(p.index for b in export.buckets for p in b.params)
+    assert listed == list(range(len(build_workload(scenario).parameters)))
+    text = run("buckets", *[a for s_ in sets for a in ("--set", s_)])
+    assert text.stdout.startswith(f"{len(export.buckets)} {kind}") and "list each one's parameters" in text.stdout
+    rows = _csv(run("buckets", "--csv", *[a for s_ in sets for a in ("--set", s_)]).stdout)
+    assert len({r["bucket"] for r in rows}) == len(export.buckets)
+
+
 @pytest.mark.parametrize("sets", [[], ["parallelism.tp=8", "training.recompute=full"], ["parallelism.pp=2"],
                                   ["parallelism.zero_stage=3"]])
 def test_layer_rows_cover_the_model_and_add_up_to_the_traced_compute(sets: list[str]) -> None:

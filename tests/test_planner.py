@@ -320,3 +320,78 @@ def test_a_batch_no_layout_can_time_is_one_error_not_nothing_fits(tmp_path) -> N
     with pytest.raises(ScenarioError, match=r"cannot be timed: .*(beyond the 1e\+09 s|over the limit)"):
         plan_layouts(as_scenario(data), 4, top=1)
     assert MAX_PLAN_MICRO_BATCH == 2**16
+
+
+def test_plan_starts_from_the_scenario_whatever_its_own_layout(capsys: pytest.CaptureFixture[str], tmp_path) -> None:
+    """A probe's findings: a batch smaller than the GPUs (dp = every GPU does not divide it) and a tp that does
+    not divide the heads made plan refuse, although the planner replaces the layout (Llama-3-405B's published
+    2,048-sample batch on 16,384 GPUs). It now plans from the first tp x pp that validates, and says why the
+    scenario's own layout is not listed beside the ranking; where it is valid, it is listed ('you')."""
+    path = tmp_path / "s.json"
+    path.write_text(json.dumps(_small()))
+    assert main(["plan", str(path), "--set", "training.global_batch_size=1", "--top", "2", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["scenario_layout"] is None and out["layouts"][0]["dp"] == 1
+    assert main(["plan", str(path), "--set", "training.global_batch_size=1", "--top", "2"]) == 0
+    assert "own layout is not compared: global_batch_size(1) is not a multiple" in capsys.readouterr().out
+    for bad in ("parallelism.tp=3", "parallelism.dp=3"):
+        assert main(["plan", str(path), "--set", bad, "--top", "1", "--json"]) == 0, bad
+        assert json.loads(capsys.readouterr().out)["layouts"]
+    assert main(["plan", str(path), "--set", "model.transformer.num_heads=0"]) == 2  # not the layout's: refused
+    assert "num_heads" in capsys.readouterr().err
+    # the scenario's own layout, simulated, beside the ranking
+    assert main(["plan", str(path), "--top", "1", "--json"]) == 0
+    yours = json.loads(capsys.readouterr().out)["scenario_layout"]
+    given = simulate(as_scenario(_small()), trace=False)
+    assert yours["step_time_s"] == given.step_time_s and yours["tp"] == 1 and yours["dp"] == 4
+    assert yours["memory_bytes"] == memory_breakdown(as_scenario(_small())).total_bytes
+    assert main(["plan", str(path), "--top", "1"]) == 0
+    assert any(line.startswith("you ") for line in capsys.readouterr().out.splitlines())
+
+
+def test_plan_flags_carry_a_derived_batch(capsys: pytest.CaptureFixture[str], tmp_path) -> None:
+    """With global_batch_size null the planner keeps micro_batch_size x dp of the scenario's layout (16 here) for
+    every layout; the printed flags used to leave it out, so they ran a different batch."""
+    data = _small()
+    data["training"]["global_batch_size"] = None
+    data["training"]["micro_batch_size"] = 4
+    path = tmp_path / "s.json"
+    path.write_text(json.dumps(data))
+    assert main(["plan", str(path), "--top", "1"]) == 0
+    text = capsys.readouterr().out
+    assert "global batch 16 x 512 tokens (training.global_batch_size is null" in text
+    sets = [f for f in text.split("Use the best with: ")[1].split() if f != "--set"]
+    assert "training.global_batch_size=16" in sets
+    from simddp.scenario_io import load_scenario
+
+    best = plan_layouts(as_scenario(data), 4, top=1).layouts[0]
+    assert simulate(load_scenario(path, sets), trace=False).step_time_s == best.step_time_s
+
+
+def test_settings_without_effect_are_tried_once() -> None:
+    """At dp 1 the ZeRO stage and the bucket cap change nothing (a probe found 6 of 8 rows one layout, the best
+    called ZeRO-2); recompute changes nothing for a model without transformer blocks."""
+    data = _small()
+    data["training"]["global_batch_size"] = 1
+    lays = list(candidate_layouts(as_scenario({**data, "parallelism": {"tp": 4}}), 4))
+    assert lays and all(u["parallelism"]["zero_stage"] == 0 and u["ddp"]["bucket_cap_mb"] == 25.0 for u in lays)
+    cnn = as_scenario({"cluster": {"preset": "dgx-a100-80gb", "num_nodes": 1}, "model": {"preset": "resnet50"},
+                       "training": {"global_batch_size": 256, "seq_len": 1, "micro_batch_size": 32}})
+    assert {u["training"]["recompute"] for u in candidate_layouts(cnn, 8)} == {"none"}
+
+
+def test_layouts_that_cannot_be_simulated_are_counted_not_hidden(tmp_path) -> None:
+    """A layout that fits but is over the simulation limits is left out of the ranking: the result counts it and
+    says why, rather than a probe's 'their lower bound could not beat the top'."""
+    from simddp.limits import MAX_LAYER_PASSES
+
+    data = _small()  # 64 layers of 16,384 tokens: without recompute only micro-batch 1 fits, 16,384 of them
+    data["training"].update(global_batch_size=2**16, seq_len=2**14)
+    data["model"]["transformer"].update(num_layers=64, position_embedding="rope")
+    result = plan_layouts(as_scenario(data), 4, top=3)
+    assert result.untimed == 2 and f"limit of {MAX_LAYER_PASSES:,}" in (result.untimed_reason or "")
+    assert result.to_json_dict()["untimed"] == 2 and len(result.layouts) == 3
+    from simddp.cli_search import plan_lines
+
+    text = "\n".join(plan_lines(as_scenario(data), result))
+    assert "2 could not be simulated and are not ranked (torch FSDP SHARD_GRAD_OP would simulate" in text

@@ -192,3 +192,20 @@ def test_init_on_any_node_count_raises_the_batch_to_a_multiple_of_dp() -> None:
 def test_schema_below_a_value_says_so() -> None:
     with pytest.raises(ScenarioError, match=r"schema: cluster\.gpu\.hbm_bytes is a value, with no keys under it \(x\)"):
         schema_keys("cluster.gpu.hbm_bytes.x")
+
+
+@pytest.mark.parametrize("model, positions", [("gpt2", 1024), ("bert-large", 512), ("gpt3-175b", 2048),
+                                              ("llama2-7b", None)])
+def test_init_keeps_the_sequence_within_the_models_positions(model: str, positions: int | None) -> None:
+    """`init --model gpt2` wrote the default's 4,096 tokens for a model with 1,024 learned positions (a probe);
+    it now writes the model's own length where the default's is longer (rope models keep it), and simulate
+    says so when a scenario asks for more."""
+    from simddp import simulate
+
+    data = yaml.safe_load(starter_scenario(read_mapping(default_scenario_path()), model, None, None))
+    scenario = Scenario.model_validate(data)
+    assert scenario.training.seq_len == (positions or 4096)
+    assert not any("learned positions" in n for n in simulate(scenario, trace=False).not_modelled)
+    longer = Scenario.model_validate({**data, "training": {**data["training"], "seq_len": 4096}})
+    notes = [n for n in simulate(longer, trace=False).not_modelled if "learned positions" in n]
+    assert bool(notes) == (positions is not None)

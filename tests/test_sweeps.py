@@ -180,7 +180,8 @@ def test_set_value_then_get_path(path: str, value: object) -> None:
 
 
 def _two_step_variant(base: dict[str, Any], updates: dict[str, Any]) -> dict[str, Any]:
-    """The weak-scaled variant the slow way: validate it without its batch for its dp, then set the batch."""
+    """The weak-scaled variant the slow way: validate it without its batch for its GPUs, then set the batch
+    (the base's x GPUs / the base's GPUs)."""
     from simddp.config import set_value
 
     out = copy.deepcopy(base)
@@ -191,7 +192,9 @@ def _two_step_variant(base: dict[str, Any], updates: dict[str, Any]) -> dict[str
     resized = sweeps.scenario_from_dict_or_none(set_value(out, "training.global_batch_size", None))
     if resized is not None:
         before = sweeps.scenario_from_dict(base)
-        out = set_value(out, "training.global_batch_size", before.global_batch_size // before.dp * resized.dp)
+        batch, left = divmod(before.global_batch_size * resized.cluster.num_gpus, before.cluster.num_gpus)
+        assert not left, "the cases below scale to whole batches"
+        out = set_value(out, "training.global_batch_size", batch)
     return out
 
 
@@ -219,9 +222,10 @@ def test_a_weak_scaled_variant_is_the_two_step_one(updates: dict[str, Any]) -> N
 
 
 def test_a_points_batch_does_not_depend_on_the_other_keys_varied() -> None:
-    """Weak scaling keeps the samples per data-parallel replica: a point at the base's cluster size has the
-    base's batch whether or not the cluster size is varied beside the micro-batch size (it had twice the batch at
-    micro-batch 2 when it was, from the base's micro-batch count x the new size), and the node axis scales it."""
+    """Weak scaling scales the batch with the GPUs: a point at the base's cluster size has the base's batch
+    whether or not the cluster size is varied beside the micro-batch size (it had twice the batch at
+    micro-batch 2 when it was, from the base's micro-batch count x the new size) or beside tp (half the batch
+    at tp 2 when the samples per replica were kept), and the node axis scales it."""
     base = base_scenario(training={"micro_batch_size": 2, "global_batch_size": 128, "seq_len": 1024})
     nodes = sweeps.scenario_from_dict(base).cluster.num_nodes
     alone = sweeps.with_values(base, {"training.micro_batch_size": 4})
@@ -231,6 +235,29 @@ def test_a_points_batch_does_not_depend_on_the_other_keys_varied() -> None:
     doubled = sweeps.scenario_from_dict(sweeps.with_values(base, {"training.micro_batch_size": 4,
                                                                   "cluster.num_nodes": 2 * nodes}))
     assert doubled.global_batch_size == 256 and doubled.num_micro_batches * 4 * doubled.dp == 256
+    for tp in (2, 4):  # a probe's case: the same point's batch with and without the cluster size varied
+        alone = sweeps.with_values(base, {"parallelism.tp": tp})
+        beside = sweeps.with_values(base, {"parallelism.tp": tp, "cluster.num_nodes": nodes})
+        assert sweeps.scenario_from_dict(beside).global_batch_size == 128 == \
+            sweeps.scenario_from_dict(alone).global_batch_size
+    twice = sweeps.scenario_from_dict(sweeps.with_values(base, {"parallelism.tp": 2, "cluster.num_nodes": 2 * nodes}))
+    assert twice.global_batch_size == 256 and twice.dp == sweeps.scenario_from_dict(base).dp
+
+
+def test_a_weak_batch_that_is_not_whole_is_an_invalid_point() -> None:
+    """6 samples on 8 GPUs (tp 4, dp 2) scaled to 4 GPUs is 3 (dp 1) and to 8 is 6, but to 6 GPUs it is 4.5: that
+    point is invalid, its reason naming the batch, in a sweep and in a scaling sweep alike."""
+    base = base_scenario(cluster={"preset": "dgx-a100-80gb", "num_nodes": 1}, parallelism={"tp": 4},
+                         training={"micro_batch_size": 1, "global_batch_size": 6, "seq_len": 1024})
+    assert sweeps.scenario_from_dict(sweeps.with_values(base, {"cluster.gpus_per_node": 4})).global_batch_size == 3
+    with pytest.raises(ScenarioError, match=r"training.global_batch_size: weak scaling gives 6 x 6 / 8 GPUs"):
+        sweeps.with_values(base, {"cluster.gpus_per_node": 6})
+    sweep = sweeps.vary_sweep(base, {"cluster.gpus_per_node": [4, 6, 8]})
+    assert [p.ok for p in sweep.points] == [True, False, True]
+    assert "not a whole number of samples" in (sweep.points[1].error or "")
+    scaling = sweeps.scaling_sweep(base, [4, 6, 8])
+    assert [p.ok for p in scaling.points] == [True, False, True]
+    assert [p.global_batch_size for p in scaling.points] == [3, None, 6]
 
 
 @pytest.mark.parametrize("updates", [
@@ -264,3 +291,18 @@ def test_a_variant_validated_with_the_bases_sections_is_the_whole_validation(upd
     changed = {path.split(".")[0] for path in updates}
     for section in ("cluster", "model", "training"):  # the base's own sections (the rest are defaults)
         assert (getattr(scenario, section) is getattr(ref, section)) == (section not in changed)
+
+
+def test_a_points_values_are_what_the_scenario_took() -> None:
+    """A probe found `sweep --json` rows holding what was typed ('200Gbit/s', '2.5e1') beside numbers in a column
+    named *_bytes_per_s; they hold the validated values now (an invalid point keeps what was typed)."""
+    base = base_scenario(training={"micro_batch_size": 2, "global_batch_size": 128, "seq_len": 1024})
+    sweep = sweeps.vary_sweep(base, {"cluster.inter_node.nic_bandwidth_bytes_per_s": ["200Gbit/s", "50GB/s", 5e10],
+                                     "ddp.bucket_cap_mb": ["2.5e1", -1]})
+    got = [(p.values["cluster.inter_node.nic_bandwidth_bytes_per_s"], p.values["ddp.bucket_cap_mb"], p.ok)
+           for p in sweep.points]
+    assert got == [(200 * GBIT, 25.0, True), ("200Gbit/s", -1, False), (50e9, 25.0, True), ("50GB/s", -1, False),
+                   (5e10, 25.0, True), (5e10, -1, False)]
+    from simddp.cli_search import sweep_lines
+
+    assert any(line.startswith("2.5e+10 ") for line in sweep_lines(sweep))

@@ -59,6 +59,9 @@ if scenario is not None:
         m[1].metric("Fit in memory", f"{result.fitting:,}", border=True)
         m[2].metric("Simulated", f"{result.simulated:,}", border=True,
                     help="The others' lower bound could not beat the list or reach the front")
+        if result.untimed:
+            st.warning(f"{result.untimed:,} layouts that fit could not be simulated and are not ranked: "
+                       f"{safeio.one_line(result.untimed_reason or '', 200)}", icon=":material/warning:")
         if result.layouts:
             m[3].metric("Best step time", units.fmt_time(result.layouts[0].step_time_s), border=True,
                         help=f"MFU {result.layouts[0].mfu:.1%}")

@@ -124,7 +124,8 @@ class FsdpUnitPlan:
     in that pass's order have their gather issued when this one starts computing (FSDP: 1; DeepSpeed: as many
     as its prefetch bucket covers). ``reduce``: the gradient reduce-scatter issued after its backward in every
     micro-batch (None: a DeepSpeed bucket still filling); ``reduce_blocks``: the compute stream waits for it
-    (reduction not overlapped). ``grad_bytes``: the reduce-scatter's size.
+    (reduction not overlapped). ``grad_bytes``: the reduce-scatter's size; ``reduce_ids``: the global indices of
+    the parameters whose gradients it reduces.
     """
 
     index: int
@@ -137,6 +138,7 @@ class FsdpUnitPlan:
     prefetch_fwd: int = 1
     prefetch_bwd: int = 1
     reduce_blocks: bool = False
+    reduce_ids: tuple[int, ...] = ()
 
 
 #: Most entries of one kind a gradients' memo keeps (:func:`memo_put`).
@@ -719,6 +721,7 @@ def _fsdp_plans(workload: Workload, rank: RankPlan, dp: CommGroup,
         reduce = collective_cost("reduce-scatter", grad_bytes, dp) if u.reduce_ids else None
         return FsdpUnitPlan(u.index, u.name, u.positions,
                             collective_cost("all-gather", param_bytes(workload.parameters, u.param_ids), dp),
-                            reduce, grad_bytes, u.gather_bwd, u.prefetch_fwd, u.prefetch_bwd, not rule.overlap)
+                            reduce, grad_bytes, u.gather_bwd, u.prefetch_fwd, u.prefetch_bwd, not rule.overlap,
+                            u.reduce_ids)
 
     return [plan(u) for u in units.units], (plan(units.root) if units.root else None)

@@ -66,6 +66,12 @@ def not_modelled(scenario: Scenario) -> list[str]:
             f"ddp.algorithm={scenario.ddp.algorithm} applies to all-reduce; {rule.name}'s reduce-scatter and "
             "all-gather use NCCL's own choice"
         )
+    tf, seq = scenario.model.transformer, scenario.training.seq_len
+    if tf is not None and tf.position_embedding == "learned" and seq > tf.max_position_embeddings:
+        notes.append(  # GPT-2's 1,024 positions against a 4,096-token sequence: a real model raises an index error
+            f"training.seq_len({seq}) exceeds the model's {tf.max_position_embeddings} learned positions "
+            f"(model.transformer.max_position_embeddings): the model as defined cannot embed this sequence; the "
+            f"step is timed as if its position table were long enough")
     if par.tp > 1 and scenario.model.transformer is None:
         notes.append(f"tp={par.tp}: tensor-parallel collectives are only timed for transformer models")
     if par.pp > 1 and scenario.model.transformer is None:
@@ -615,7 +621,8 @@ def _result(plan: StepPlan, states: list[Any], spans: list[Span] | None) -> Step
                 continue
             ready = st.ready_at.get((0, u.index), 0.0)
             start, end = st.reduced.get((0, u.index), (ready, ready))
-            buckets.append(BucketTiming(u.index, u.grad_bytes, 0, ready, start, end, "reduce-scatter", "unit"))
+            buckets.append(BucketTiming(u.index, u.grad_bytes, len(u.reduce_ids), ready, start, end,
+                                        u.reduce.algorithm, u.reduce.protocol))
     else:
         reduced, ready_at = st.reduced, st.ready_at
         for b in rp.buckets:

@@ -226,6 +226,14 @@ def test_cli_fit_validate_predict(calibration_files: dict[str, Path], tmp_path: 
     (tmp_path / "ddp_report.html").unlink()
     assert main(["calibrate", "validate", str(out), str(ddp_path), "--json"]) == 0  # stdout is the report
     assert json.loads(capsys.readouterr().out)["mape"] == 0.0 and not (tmp_path / "ddp_report.html").exists()
+    # --extrapolate under --json: its predictions listed beside the report (they used to be dropped silently),
+    # the same as calibrate predict's at the same cap
+    assert main(["calibrate", "validate", str(out), str(ddp_path), "--json", "--extrapolate", "2,8,128"]) == 0
+    extra = json.loads(capsys.readouterr().out)["extrapolated"]
+    assert [p["world_size"] for p in extra] == [2, 8, 128]
+    cap = _ddp(calibration_files, error=0.0).cases[-1].bucket_cap_mb
+    assert main(["calibrate", "predict", str(out), "--ranks", "2,8,128", "--bucket-cap-mb", str(cap), "--json"]) == 0
+    assert [p["step_time_s"] for p in json.loads(capsys.readouterr().out)] == [p["step_time_s"] for p in extra]
     assert main(["calibrate", "predict", str(out), "--ranks", "2,128", "--bucket-cap-mb", "5", "--json"]) == 0
     preds = json.loads(capsys.readouterr().out)
     assert [p["world_size"] for p in preds] == [2, 128]

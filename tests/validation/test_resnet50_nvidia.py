@@ -4,7 +4,7 @@ NVIDIA/DeepLearningExamples, PyTorch/Classification/ConvNets/resnet50v1.5/README
 performance: NVIDIA DGX A100 (8x A100 80GB)", mixed precision, batch 256 per GPU: 1 GPU 2,470 img/s,
 8 GPUs 16,621 img/s (6.72x). simddp times each convolution as the implicit GEMM cuDNN runs (its M, N, K
 from the layer shape) with the A100 constants fitted on cuBLASLt GEMMs (benchmarks/fit_compute.py), so no
-constant comes from these figures. One GPU: 2,457 img/s (-0.5%). Eight GPUs: 19,606 img/s (+18%): the DDP
+constant comes from these figures. One GPU: 2,453 img/s (-0.7%). Eight GPUs: 19,572 img/s (+18%): the DDP
 all-reduce hides behind backward, and what the published run loses (the DALI input pipeline and host work
 across 8 processes) is not modelled, so the tolerance is honest rather than tight (docs/validation.md).
 """
