@@ -403,7 +403,7 @@ def _print_reduction_units(scenario: Scenario) -> int:
     from simddp.sim.plan import build_plan
 
     rank = build_plan(scenario).ranks[0]
-    reduced = [u for u in [*rank.fsdp_units, *([rank.fsdp_root] if rank.fsdp_root else [])] if u.reduce is not None]
+    reduced = rank.reduced_units
     what = _reduction_units(scenario, 1)
     size = units.fmt_bytes(sum(u.grad_bytes for u in reduced))
     print(f"{len(reduced)} {what}, {size} of gradients, each reduce-scattered after its backward "

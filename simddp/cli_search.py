@@ -83,6 +83,7 @@ def _scenario_layout(own: Scenario | None) -> dict[str, Any] | None:
     if own is None:
         return None
     from simddp.memory import memory_breakdown
+    from simddp.planner import planned_layout
     from simddp.sanity import check_range
     from simddp.sim.step import simulate_step
 
@@ -92,12 +93,7 @@ def _scenario_layout(own: Scenario | None) -> dict[str, Any] | None:
     except ScenarioError:
         return None
     mem = memory_breakdown(own)  # the planner's rows' memory: the most loaded GPU
-    par, tr = own.parallelism, own.training
-    return {"tp": par.tp, "pp": par.pp, "dp": own.dp, "virtual_stages": par.virtual_stages,
-            "zero_stage": par.zero_stage, "micro_batch_size": tr.micro_batch_size, "recompute": tr.recompute,
-            "sequence_parallel": par.sequence_parallel, "bucket_cap_mb": own.ddp.bucket_cap_mb or 25.0,
-            "step_time_s": r.step_time_s, "tokens_per_s": r.tokens_per_s, "mfu": r.mfu,
-            "memory_bytes": mem.total_bytes, "fits": mem.fits}
+    return planned_layout(own, r, mem.total_bytes, mem.fits).model_dump()
 
 
 def plan_lines(scenario: Scenario, result: Any, cluster_sets: dict[str, Any] | None = None,

@@ -118,9 +118,8 @@ def _unit_export(scenario: Scenario, rule: Any) -> BucketExport:
 
     plan = build_plan(scenario)
     rank, params = plan.ranks[0], plan.workload.parameters
-    reduced = [u for u in [*rank.fsdp_units, *([rank.fsdp_root] if rank.fsdp_root else [])] if u.reduce is not None]
     buckets = []
-    for k, u in enumerate(reduced):
+    for k, u in enumerate(rank.reduced_units):
         entries = []
         for g in u.reduce_ids:
             spec, grad = params[g], grad_reduce_spec(params[g], rule.reduce_in_fp32)

@@ -25,6 +25,7 @@ from simddp.collectives import collective_cost
 from simddp.config import Cluster, Scenario, ScenarioError
 from simddp.limits import MAX_GPUS, MAX_PLAN_TOP, worker_processes
 from simddp.memory import memory_breakdown
+from simddp.results import StepResult
 from simddp.sanity import check_range
 from simddp.sim.layers import LayerPlan, pass_alone
 from simddp.sim.plan import boundary_group, layer_plans
@@ -411,12 +412,7 @@ def plan_layouts(scenario: Scenario, num_gpus: int, top: int = 10, objective: Ob
             skipped = skipped or str(err)
             untimed += 1
             continue
-        par, tr = s.parallelism, s.training
-        rows.append(PlannedLayout(
-            tp=par.tp, pp=par.pp, dp=s.dp, virtual_stages=par.virtual_stages, zero_stage=par.zero_stage,
-            micro_batch_size=tr.micro_batch_size, recompute=tr.recompute, sequence_parallel=par.sequence_parallel,
-            bucket_cap_mb=float(update["ddp"]["bucket_cap_mb"]), step_time_s=r.step_time_s,
-            tokens_per_s=r.tokens_per_s, mfu=r.mfu, memory_bytes=mem_bytes, fits=True))
+        rows.append(planned_layout(s, r, mem_bytes, True))
         best = sorted([*best, r.step_time_s])[:top]
     if progress is not None:
         progress(steps_total, steps_total)
@@ -429,6 +425,16 @@ def plan_layouts(scenario: Scenario, num_gpus: int, top: int = 10, objective: Ob
                       layouts=rows[:top],
                       simulated_layouts=rows, front=pareto_front(rows) if pareto or exact_front else None,
                       exact_front=exact_front)
+
+
+def planned_layout(scenario: Scenario, result: StepResult, memory_bytes: int, fits: bool) -> PlannedLayout:
+    """A simulated scenario's row: its layout, its step and ``memory_bytes`` (the most loaded GPU's)."""
+    par, tr = scenario.parallelism, scenario.training
+    return PlannedLayout(
+        tp=par.tp, pp=par.pp, dp=scenario.dp, virtual_stages=par.virtual_stages, zero_stage=par.zero_stage,
+        micro_batch_size=tr.micro_batch_size, recompute=tr.recompute, sequence_parallel=par.sequence_parallel,
+        bucket_cap_mb=float(scenario.ddp.bucket_cap_mb or BUCKET_CAPS_MB[0]), step_time_s=result.step_time_s,
+        tokens_per_s=result.tokens_per_s, mfu=result.mfu, memory_bytes=memory_bytes, fits=fits)
 
 
 def layout_settings(scenario: Scenario, num_gpus: int, layout: PlannedLayout) -> dict[str, Any]:
@@ -483,5 +489,5 @@ def terminal_progress(label: str) -> Callable[[int, int], None] | None:
 
 
 __all__ = ["BUCKET_CAPS_MB", "OBJECTIVES", "RECOMPUTE_MODES", "PlanResult", "PlannedLayout", "candidate_layouts",
-           "cluster_update", "layout_settings", "layout_starts", "pareto_front", "plan_layouts", "step_lower_bound",
-           "terminal_progress"]
+           "cluster_update", "layout_settings", "layout_starts", "pareto_front", "plan_layouts", "planned_layout",
+           "step_lower_bound", "terminal_progress"]

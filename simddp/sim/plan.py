@@ -261,6 +261,13 @@ class RankPlan:
         return self.plans.kernel_s
 
     @property
+    def reduced_units(self) -> list[FsdpUnitPlan]:
+        """The FSDP units (or DeepSpeed ZeRO-3 reduce buckets) whose gradients are reduce-scattered, in order,
+        the root last: what ``simddp buckets`` lists and the step's records time under ZeRO-3."""
+        units = self.fsdp_units + ([self.fsdp_root] if self.fsdp_root else [])
+        return [u for u in units if u.reduce is not None]
+
+    @property
     def recompute_s(self) -> float:
         return self.plans.recompute_s
 

@@ -616,9 +616,8 @@ def _result(plan: StepPlan, states: list[Any], spans: list[Span] | None) -> Step
     # Records made from the engine's numbers (BucketTiming is a plain dataclass: see its docstring).
     buckets: list[BucketTiming] = []
     if plan.mode == "fsdp":
-        for u in rp.fsdp_units + ([rp.fsdp_root] if rp.fsdp_root else []):
-            if u.reduce is None:
-                continue
+        for u in rp.reduced_units:
+            assert u.reduce is not None
             ready = st.ready_at.get((0, u.index), 0.0)
             start, end = st.reduced.get((0, u.index), (ready, ready))
             buckets.append(BucketTiming(u.index, u.grad_bytes, len(u.reduce_ids), ready, start, end,
