@@ -702,7 +702,7 @@ def cmd_calibrate_fit(args: argparse.Namespace) -> int:
     run = profile.comm_run
     print(f"Collectives measured on {run.world_size} ranks ({run.num_nodes} host(s), {run.backend}, "
           f"{run.device_names[0] if run.device_names else run.device})")
-    print(f"{'op':<15}{'group':<11}{'tier':<6}{'sizes':>23} {'alpha/step':>11} {'busbw':>11} {'R2':>7} "
+    print(f"{'op':<15}{'group':<11}{'tier':<6}{'used for sizes':>23} {'alpha/step':>11} {'busbw':>11} {'R2':>7} "
           f"{'rel.resid':>9}")
     for r in profile.fits:
         f = r.fit
