@@ -10,7 +10,7 @@ from typing import Any
 from simddp import safeio, units
 from simddp.config import Scenario, ScenarioError, list_item_problem
 from simddp.limits import MAX_PLAN_TOP
-from simddp.planner import layout_settings
+from simddp.planner import fsdp_caveat, layout_settings
 
 ScenarioArgs = Callable[[argparse.ArgumentParser], None]
 
@@ -148,6 +148,9 @@ def plan_lines(scenario: Scenario, result: Any, cluster_sets: dict[str, Any] | N
     elif why_not_yours:
         lines.append(f"The scenario's own layout is not compared: {safeio.one_line(why_not_yours, 200)}")
     best = result.layouts[0]
+    caveat = fsdp_caveat(scenario, best)
+    if caveat:
+        lines.append(f"note: {caveat}")
     sets = {**(cluster_sets or {}), **layout_settings(scenario, result.num_gpus, best)}
     lines += ["", "Use the best with: " + " ".join(f"--set {k}={_flag(v)}" for k, v in sets.items())]
     return lines

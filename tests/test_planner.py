@@ -395,3 +395,18 @@ def test_layouts_that_cannot_be_simulated_are_counted_not_hidden(tmp_path) -> No
 
     text = "\n".join(plan_lines(as_scenario(data), result))
     assert "2 could not be simulated and are not ranked (torch FSDP SHARD_GRAD_OP would simulate" in text
+
+
+def test_a_torch_fsdp_best_carries_the_published_runs_caveat() -> None:
+    """simddp's eager-PyTorch FSDP throughput is high on published runs (tests/validation/
+    test_published_throughput.py): the planner says so when its best layout is torch FSDP, and only then."""
+    from simddp.planner import fsdp_caveat
+
+    result = plan_layouts(as_scenario(_small()), 4, top=20)
+    kinds = {(lay.zero_stage >= 2) for lay in result.layouts}
+    assert kinds == {True, False}, "the small case ranks both kinds"
+    for lay in result.layouts:
+        note = fsdp_caveat(as_scenario(_small()), lay)
+        assert (note is not None) == (lay.zero_stage >= 2) and (note is None or "15% (A100) to 40% (H100)" in note)
+    deepspeed = as_scenario({**_small(), "ddp": {"implementation": "deepspeed"}})
+    assert all(fsdp_caveat(deepspeed, lay) is None for lay in result.layouts)

@@ -6,7 +6,7 @@ import streamlit as st
 
 from simddp import safeio, units
 from simddp.config import ScenarioError, set_value
-from simddp.planner import OBJECTIVES, layout_settings, plan_layouts
+from simddp.planner import OBJECTIVES, fsdp_caveat, layout_settings, plan_layouts
 from simddp_app import charts, state, widgets
 
 RESULT_KEY = "plan_result"
@@ -66,6 +66,9 @@ if scenario is not None:
             m[3].metric("Best step time", units.fmt_time(result.layouts[0].step_time_s), border=True,
                         help=f"MFU {result.layouts[0].mfu:.1%}")
             widgets.table(charts.plan_table(result))
+            caveat = fsdp_caveat(scenario, result.layouts[0])
+            if caveat:
+                st.caption(f"Note: {caveat}.")
             st.plotly_chart(charts.plan_front(result, scenario.cluster.gpu.hbm_bytes), key="plan_front")
             c1, c2 = st.columns([1, 3])
             rank = int(c1.selectbox("Layout", range(1, len(result.layouts) + 1), key="plan_pick",
