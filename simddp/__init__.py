@@ -53,18 +53,11 @@ from simddp.collectives import CollectiveCost, collective_cost
 from simddp.config import Scenario, ScenarioError
 from simddp.memory import MemoryBreakdown, max_micro_batch_that_fits, memory_breakdown, smallest_layout_that_fits
 from simddp.results import Bounds, BucketTiming, StepResult, Trace
-from simddp.scenario_io import load_scenario, scenario_from_dict
+from simddp.scenario_io import as_scenario, load_scenario, scenario_from_dict
 
 __version__ = "0.1.0"
 
 
-def as_scenario(scenario: Scenario | dict[str, Any] | str | Path) -> Scenario:
-    """A :class:`Scenario` from a scenario, a dict of scenario keys, or a YAML/JSON path."""
-    if isinstance(scenario, Scenario):
-        return scenario
-    if isinstance(scenario, dict):
-        return scenario_from_dict(scenario)
-    return load_scenario(scenario)
 
 
 def simulate(scenario: Scenario | dict[str, Any] | str | Path, trace: bool = True, exact: bool = False) -> StepResult:
@@ -72,15 +65,22 @@ def simulate(scenario: Scenario | dict[str, Any] | str | Path, trace: bool = Tru
 
     Without a trace the fast engine answers where it is exact; ``exact=True`` forces the simpy simulation.
     """
+    from simddp.sanity import check_range
     from simddp.sim import simulate_step
 
-    return simulate_step(as_scenario(scenario), trace=trace, exact=exact)
+    result = simulate_step(as_scenario(scenario), trace=trace, exact=exact)
+    check_range(result.step_time_s)  # the longest step answered for, as the CLI, tails and training_run keep to
+    return result
 
 
 def tails(scenario: Scenario | dict[str, Any] | str | Path, steps: int = 200, seed: int | None = None) -> Any:
     """Monte Carlo step times under the scenario's ``variability`` (a :class:`simddp.variability.VariabilityResult`)."""
+    from simddp.errors import whole_number
     from simddp.variability import simulate_tails
 
+    whole_number("steps", steps)
+    if seed is not None:
+        whole_number("seed", seed, 0)
     return simulate_tails(as_scenario(scenario), steps, seed)
 
 

@@ -50,6 +50,7 @@ from typing import Any, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from simddp.errors import ScenarioError
 from simddp.units import MiB, dtype_bytes, mib_to_bytes
 
 
@@ -132,7 +133,7 @@ def bucket_size_limits(bucket_cap_mb: float | None = None) -> tuple[int, int]:
     if bucket_cap_mb is None:
         return DEFAULT_FIRST_BUCKET_BYTES, mib_to_bytes(DEFAULT_BUCKET_CAP_MB)
     if not (math.isfinite(bucket_cap_mb) and bucket_cap_mb > 0):
-        raise ValueError(f"bucket_cap_mb must be a finite number > 0 (MiB), got {bucket_cap_mb!r}")
+        raise ScenarioError(f"bucket_cap_mb must be a finite number > 0 (MiB), got {bucket_cap_mb!r}")
     cap_bytes = mib_to_bytes(bucket_cap_mb)
     return cap_bytes, cap_bytes
 
@@ -175,7 +176,7 @@ def bucket_assignment(
     """
     num_params = len(params)
     if num_params == 0:
-        raise ValueError("ddp_buckets needs at least one parameter (DDP rejects a model without any)")
+        raise ScenarioError("ddp_buckets needs at least one parameter (DDP rejects a model without any)")
     order = list(range(num_params - 1, -1, -1)) if ready_order is None else _checked_order(ready_order, num_params)
     limits = bucket_size_limits(bucket_cap_mb)
 
@@ -238,17 +239,17 @@ def _checked_order(ready_order: Sequence[int], num_params: int) -> list[int]:
     try:
         order = list(map(operator.index, ready_order))
     except TypeError:
-        raise ValueError(f"ready_order entries must be integers, got {list(ready_order)!r}") from None
+        raise ScenarioError(f"ready_order entries must be integers, got {list(ready_order)!r}") from None
     if len(order) != num_params:
-        raise ValueError(f"ready_order must list each of the {num_params} parameters once, got {len(order)} entries")
+        raise ScenarioError(f"ready_order must list each of the {num_params} parameters once, got {len(order)} entries")
     if len(set(order)) == num_params and (not order or (min(order) >= 0 and max(order) < num_params)):
         return order  # each of 0..n-1 once (the usual case, checked without a loop in Python)
     seen: set[int] = set()
     for i in order:
         if not 0 <= i < num_params:
-            raise ValueError(f"ready_order entry {i} is out of range for {num_params} parameters")
+            raise ScenarioError(f"ready_order entry {i} is out of range for {num_params} parameters")
         if i in seen:
-            raise ValueError(f"ready_order lists parameter {i} more than once")
+            raise ScenarioError(f"ready_order lists parameter {i} more than once")
         seen.add(i)
     raise AssertionError("unreachable: a bad order fails one of the checks above")
 
@@ -258,7 +259,7 @@ def _bucket_key_hash(dtype: str, device_type: int = _CUDA_DEVICE_TYPE, device_in
     try:
         code = _SCALAR_TYPE_CODE[dtype]
     except KeyError:
-        raise ValueError(f"no c10::ScalarType code known for dtype {dtype!r}") from None
+        raise ScenarioError(f"no c10::ScalarType code known for dtype {dtype!r}") from None
     # std::hash<c10::Device>: uint32(uint8(type)) << 16 | uint32(uint8(index)); CPU's index is -1 -> 255.
     seed = (device_type & 0xFF) << 16 | (device_index & 0xFF)
     # c10::hash_combine(seed, value), with the device as seed (tuple elements combine last to first).
@@ -273,7 +274,7 @@ def _unordered_map_order(
     """Iteration order of libstdc++'s ``unordered_map<BucketKey, ...>`` after inserting these keys in turn."""
     if len(dtypes_by_first_use) > _LIBSTDCXX_INITIAL_SLOTS:
         # Cannot happen with the dtypes simddp knows; beyond 13 keys libstdc++ would rehash.
-        raise ValueError(f"{len(dtypes_by_first_use)} gradient dtypes; at most 13 are modelled")
+        raise ScenarioError(f"{len(dtypes_by_first_use)} gradient dtypes; at most 13 are modelled")
     slot_of = {
         d: _bucket_key_hash(d, device_type, device_index) % _LIBSTDCXX_INITIAL_SLOTS for d in dtypes_by_first_use
     }

@@ -22,15 +22,16 @@ def _positive_int(text: str) -> int:
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
-    from simddp.planner import plan_layouts, terminal_progress
+    from simddp.planner import plan_layouts, scenario_layout, terminal_progress
 
     scenario, cluster_sets, own, why = _plan_scenario(args)
     gpus = args.gpus or scenario.cluster.num_gpus
     result = plan_layouts(scenario, gpus, top=args.top, objective=args.objective, jobs=args.jobs,
                           progress=None if args.json else terminal_progress("plan"))
-    yours = _scenario_layout(own)
+    yours = None if own is None else scenario_layout(own, own.cluster.num_gpus)
     if args.json:
-        print(safeio.json_text({**result.to_json_dict(), "scenario_layout": yours}, indent=2))
+        print(safeio.json_text({**result.to_json_dict(),
+                                "scenario_layout": None if yours is None else yours.model_dump()}, indent=2))
         return 0
     if own is not None and yours is None:
         why = "it cannot be simulated"
@@ -77,30 +78,12 @@ def _plan_scenario(args: argparse.Namespace) -> tuple[Scenario, dict[str, Any], 
     raise first
 
 
-def _scenario_layout(own: Scenario | None) -> dict[str, Any] | None:
-    """The scenario's own layout, simulated, in the planner's row format (None where it is not valid, or cannot
-    be simulated, on the GPUs planned for)."""
-    if own is None:
-        return None
-    from simddp.memory import memory_breakdown
-    from simddp.planner import planned_layout
-    from simddp.sanity import check_range
-    from simddp.sim.step import simulate_step
-
-    try:
-        r = simulate_step(own, trace=False)
-        check_range(r.step_time_s, "its step")
-    except ScenarioError:
-        return None
-    mem = memory_breakdown(own)  # the planner's rows' memory: the most loaded GPU
-    return planned_layout(own, r, mem.total_bytes, mem.fits).model_dump()
-
-
 def plan_lines(scenario: Scenario, result: Any, cluster_sets: dict[str, Any] | None = None,
-               yours: dict[str, Any] | None = None, why_not_yours: str | None = None) -> list[str]:
+               yours: Any = None, why_not_yours: str | None = None) -> list[str]:
     """The text report of a :class:`simddp.planner.PlanResult`: what was searched and what was kept, the
     ranked table, and the scenario's own layout beside it (``cluster_sets``: keys the best layout's settings
-    need besides :func:`layout_settings`'; ``yours``: :func:`_scenario_layout`'s row, or ``why_not_yours``)."""
+    need besides :func:`layout_settings`'; ``yours``: :func:`simddp.planner.scenario_layout`'s row, or
+    ``why_not_yours``)."""
     tr, par = scenario.training, scenario.parallelism
     batch_origin = "" if tr.global_batch_size is not None else (
         f" (training.global_batch_size is null: micro_batch_size {tr.micro_batch_size} x dp {scenario.dp} of "
@@ -135,7 +118,7 @@ def plan_lines(scenario: Scenario, result: Any, cluster_sets: dict[str, Any] | N
     lines.append(header)
     rows = [(f"{k:>3}", lay.model_dump()) for k, lay in enumerate(result.layouts, start=1)]
     if yours is not None:
-        rows.append(("you", yours))
+        rows.append(("you", yours.model_dump()))
     for label, lay in rows:
         lines.append(
             f"{label:>3} {lay['tp']:>3} {lay['pp']:>3} {lay['virtual_stages']:>2} {lay['dp']:>5} "

@@ -46,6 +46,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from simddp.engine_caches import cached
+from simddp.errors import ScenarioError
 from simddp.sanity import check_range
 from simddp.topology import CommGroup
 from simddp.units import US
@@ -398,8 +399,13 @@ def collective_cost(
 
     A collective longer than the longest step answered for (:data:`simddp.sanity.MAX_STEP_TIME_S`, or not finite)
     comes from a link latency or bandwidth out of any physical range: a :class:`ScenarioError` (an infinite
-    collective once left the fluid engine's event loop without progress)."""
-    return checked_cost(_collective_cost(op, size_bytes, group, algorithm, protocol))
+    collective once left the fluid engine's event loop without progress). Arguments that are not what the types
+    say (a protocol not in ``PROTOCOLS``, a size that is not a number, no :class:`CommGroup`) are one too."""
+    try:
+        return checked_cost(_collective_cost(op, size_bytes, group, algorithm, protocol))
+    except (KeyError, TypeError, AttributeError) as err:  # only on bad arguments: no cost on the engine's path
+        raise ScenarioError(f"collective_cost({op!r}, {size_bytes!r}, {type(group).__name__}, {algorithm!r}, "
+                            f"{protocol!r}): {err!s}"[:300]) from None
 
 
 def chunked_cost(op: Op, size_bytes: int, chunk_bytes: int, group: CommGroup) -> CollectiveCost:
@@ -426,9 +432,9 @@ def checked_cost(cost: CollectiveCost) -> CollectiveCost:
 def _collective_cost(op: Op, size_bytes: int, group: CommGroup, algorithm: AlgorithmName,
                      protocol: Protocol | Literal["auto"]) -> CollectiveCost:
     if size_bytes < 0:
-        raise ValueError(f"size_bytes({size_bytes}) must be >= 0")
+        raise ScenarioError(f"size_bytes({size_bytes}) must be >= 0")
     if op not in BUSBW_FACTOR:
-        raise ValueError(f"unknown collective {op!r}; valid: {', '.join(OPS)}")
+        raise ScenarioError(f"unknown collective {op!r}; valid: {', '.join(OPS)}")
     if op == "all-to-all":
         return _cost(op, size_bytes, group, "direct", "Simple", _all_to_all(size_bytes, group))
     if op == "send-recv":

@@ -247,6 +247,8 @@ class CollectiveFit(_Frozen):
 
     @model_validator(mode="after")
     def _share_at_most_one(self) -> CollectiveFit:
+        if self.min_bytes > self.max_bytes:
+            raise ValueError(f"min_bytes({self.min_bytes}) must be <= max_bytes({self.max_bytes})")
         if self.ranks_per_node > self.gpus_per_node:
             raise ValueError(
                 f"ranks_per_node({self.ranks_per_node}) must be <= gpus_per_node({self.gpus_per_node})"
@@ -361,7 +363,7 @@ class LayerSpec(_Frozen):
         ge=0,
         description="Activation elements saved for backward per sample (bytes follow the precision); null = 0.",
     )
-    gemm_shape: list[int] | None = Field(
+    gemm_shape: list[Annotated[int, Field(gt=0)]] | None = Field(
         default=None, min_length=3, max_length=3,
         description="The forward as one GEMM: [rows per sample, columns, depth] (a convolution as an implicit "
         "GEMM: output pixels, output channels, input channels x kernel area); its input- and weight-gradient "
@@ -448,6 +450,9 @@ class ModelConfig(_Frozen):
     def _expand_preset(cls, data: Any) -> Any:
         if isinstance(data, dict):
             given = [k for k in ("preset", "transformer", "parameters") if data.get(k) is not None]
+            if len(given) == 2 and given[0] == "preset" and _is_preset_dump(data):
+                # A validated preset model dumped (model_dump, JSON) holds its expanded shape too: the same model.
+                data, given = {"preset": data["preset"]}, ["preset"]
             if len(given) != 1:
                 raise ValueError(
                     "give exactly one of preset, transformer or parameters"
@@ -488,7 +493,14 @@ class ModelConfig(_Frozen):
                     raise ValueError(f"layer {layer.name!r} names parameter indices {bad} outside 0..{n - 1}")
                 if (layer.fwd_time_s is None) != (layer.bwd_time_s is None):
                     raise ValueError(f"layer {layer.name!r}: give both fwd_time_s and bwd_time_s, or neither")
-            owned = {i for layer in self.layers for i in layer.param_indices}
+            seen: dict[int, str] = {}
+            for layer in self.layers:  # a parameter's gradient completes in one layer, once
+                for i in layer.param_indices:
+                    if i in seen:
+                        raise ValueError(f"parameter {i} ({self.parameters[i].name}) is listed twice: in layer "
+                                         f"{seen[i]!r} and in layer {layer.name!r}")
+                    seen[i] = layer.name
+            owned = set(seen)
             orphans = sorted(set(range(n)) - owned)
             if orphans:
                 names = ", ".join(self.parameters[i].name for i in orphans[:3])
@@ -1023,6 +1035,20 @@ def derived_name(scenario: Scenario) -> str:
 
 
 # ----------------------------------------------------------------------------------- loading
+def _is_preset_dump(data: dict[str, Any]) -> bool:
+    """Whether a model dict naming a preset beside its shape is a validated preset model's dump: its keys
+    without the name validate to the preset's own model (a shape of its own is refused beside a name, as ever)."""
+    name = data.get("preset")
+    if not isinstance(name, str) or name not in MODEL_PRESETS:
+        return False
+    try:
+        mine = ModelConfig.model_validate({k: v for k, v in data.items() if k != "preset"})
+        own = ModelConfig.model_validate({"preset": name})
+    except ValidationError:
+        return False
+    return mine.model_dump(exclude={"preset"}) == own.model_dump(exclude={"preset"})
+
+
 def _expand(data: Any, key: str, presets: dict[str, Any], field: str) -> Any:
     """Fill a dict from the named preset, the user's own keys overriding the preset's (deep merge)."""
     if not isinstance(data, dict) or data.get(key) is None:

@@ -21,4 +21,14 @@ class InternalError(RuntimeError):
 #: Exit status of a failed internal check (BSD sysexits EX_SOFTWARE).
 INTERNAL_ERROR_EXIT = 70
 
-__all__ = ["INTERNAL_ERROR_EXIT", "InternalError", "ScenarioError"]
+
+def whole_number(name: str, value: object, low: int = 1) -> int:
+    """``value`` where it is a whole number >= ``low`` (not a bool), else a :class:`ScenarioError` naming the
+    argument: the Python API's counts (steps, limits, GPUs, a stage) fail in one line, not in a loop or deep in
+    numpy."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < low:
+        raise ScenarioError(f"{name}({value!r}) must be a whole number >= {low}")
+    return value
+
+
+__all__ = ["INTERNAL_ERROR_EXIT", "InternalError", "ScenarioError", "whole_number"]

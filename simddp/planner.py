@@ -341,11 +341,7 @@ def plan_layouts(scenario: Scenario, num_gpus: int, top: int = 10, objective: Ob
     """
     if not 1 <= top <= MAX_PLAN_TOP:
         raise ScenarioError(f"--top({top}) must be in 1..{MAX_PLAN_TOP}")
-    data = scenario.model_dump()
-    if scenario.model.preset is not None:
-        data["model"] = {"preset": scenario.model.preset}
-    data["name"] = None
-    data["cluster"] = {**data["cluster"], **cluster_update(scenario.cluster, num_gpus)}
+    data = _planning_data(scenario, num_gpus)
     candidates = list(candidate_layouts(scenario, num_gpus))
     if not candidates:
         raise ScenarioError(f"no layout splits global_batch_size({scenario.global_batch_size}) over {num_gpus} GPUs "
@@ -427,6 +423,36 @@ def plan_layouts(scenario: Scenario, num_gpus: int, top: int = 10, objective: Ob
                       exact_front=exact_front)
 
 
+def _planning_data(scenario: Scenario, num_gpus: int) -> dict[str, Any]:
+    """``scenario`` as a dict on ``num_gpus`` GPUs, for its layout to be replaced (a preset model by name, the
+    name derived again)."""
+    data = scenario.model_dump()
+    if scenario.model.preset is not None:
+        data["model"] = {"preset": scenario.model.preset}
+    data["name"] = None
+    data["cluster"] = {**data["cluster"], **cluster_update(scenario.cluster, num_gpus)}
+    return data
+
+
+def scenario_layout(scenario: Scenario, num_gpus: int) -> PlannedLayout | None:
+    """The scenario's own layout on ``num_gpus`` GPUs (dp following them), simulated as the planner's rows are;
+    None where it is not valid there or cannot be simulated (beside the ranking, ``you``)."""
+    if num_gpus != scenario.cluster.num_gpus:
+        data = _planning_data(scenario, num_gpus)
+        data["parallelism"] = {**data["parallelism"], "dp": None}
+        try:
+            scenario = Scenario.model_validate(data)
+        except (ValidationError, ScenarioError, ValueError):
+            return None
+    try:
+        r = simulate_step(scenario, trace=False)
+        check_range(r.step_time_s, "its step")
+    except ScenarioError:
+        return None
+    mem = memory_breakdown(scenario)  # the rows' memory: the most loaded GPU
+    return planned_layout(scenario, r, mem.total_bytes, mem.fits)
+
+
 def fsdp_caveat(scenario: Scenario, layout: PlannedLayout) -> str | None:
     """What to keep in mind when ``layout`` (the best) is torch FSDP: on 21 published eager-PyTorch FSDP runs
     simddp's throughput is high (tests/validation/test_published_throughput.py), while Megatron-style layouts
@@ -501,4 +527,4 @@ def terminal_progress(label: str) -> Callable[[int, int], None] | None:
 
 __all__ = ["BUCKET_CAPS_MB", "OBJECTIVES", "RECOMPUTE_MODES", "PlanResult", "PlannedLayout", "candidate_layouts",
            "cluster_update", "fsdp_caveat", "layout_settings", "layout_starts", "pareto_front", "plan_layouts",
-           "planned_layout", "step_lower_bound", "terminal_progress"]
+           "planned_layout", "scenario_layout", "step_lower_bound", "terminal_progress"]

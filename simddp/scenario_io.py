@@ -39,11 +39,29 @@ def scenario_from_dict(data: dict[str, Any]) -> Scenario:
     return validate_scenario(apply_calibration(data))
 
 
+def as_scenario(scenario: Scenario | dict[str, Any] | str | Path) -> Scenario:
+    """A :class:`Scenario` from a scenario, a dict of scenario keys, or a YAML/JSON path."""
+    if isinstance(scenario, Scenario):
+        return scenario
+    if isinstance(scenario, dict):
+        return scenario_from_dict(scenario)
+    if isinstance(scenario, str | Path):
+        return load_scenario(scenario)
+    raise ScenarioError(f"a scenario is a Scenario, a dict of scenario keys or a YAML/JSON path, not a "
+                        f"{type(scenario).__name__}")
+
+
 def load_scenario(path: str | Path, overrides: list[str] | None = None, layout: list[str] | None = None) -> Scenario:
     """Load and validate a scenario file, applying ``key.path=value`` overrides first (and then ``layout``'s,
     which the scenario's name does not mention: a planner's choice of GPUs and layout, not the user's)."""
+    for what, items in (("overrides", overrides), ("layout", layout)):
+        if items is not None and (isinstance(items, str) or not all(isinstance(i, str) for i in items)):
+            raise ScenarioError(f"{what}: a list of 'key.path=value' strings, not {type(items).__name__} "
+                                f"{str(items)[:60]!r}")
     data = scenario_data(path, overrides)
     for item in layout or []:
+        if "=" not in item:
+            raise ScenarioError(f"layout {item!r}: expected key.path=value")
         key, value = item.split("=", 1)
         data = set_path(data, key, value)
     return scenario_from_dict(_mark_modified(data, overrides or []))

@@ -346,6 +346,9 @@ def param_units(rule: ZeroRule, layers: Sequence[Layer], params: Sequence[ParamL
     if rule.unit_rule == "module":
         return _module_units(rule, layers, params)
     units_pos, root_pos = fsdp_unit_layers(tuple(layers))
+    # No more units can be in flight than there are: the engines' loops over those ahead stay bounded whatever
+    # memory.fsdp_prefetch_layers says (a probe's 10**18 never returned), with the same answer.
+    ahead = min(rule.prefetch_units, len(units_pos))
     owner: set[int] = set()
     units: list[ParamUnit] = []
     for positions in units_pos:
@@ -354,7 +357,7 @@ def param_units(rule: ZeroRule, layers: Sequence[Layer], params: Sequence[ParamL
         first = layers[positions[0]]
         name = f"block {first.block}" if first.block is not None else first.name
         units.append(ParamUnit(len(units), name, tuple(positions), ids, rule.reshard_after_forward,
-                               rule.prefetch_units, rule.prefetch_units, ids))
+                               ahead, ahead, ids))
     root = None
     if root_pos:
         ids = tuple(dict.fromkeys(g for i in root_pos for g in layers[i].param_indices if g not in owner))

@@ -543,7 +543,7 @@ def test_smallest_zero_stage_on_fewer_gpus():
         (lambda: in_flight_micro_batches("zb", 4, 0, 8), "unknown pipeline schedule 'zb'"),
         (lambda: memory_breakdown(make(), stage=1), "stage(1) must be in 0..0 for pp(1)"),
         (lambda: smallest_layout_that_fits(make(), num_gpus=12), "num_gpus(12) is neither a multiple nor a divisor"),
-        (lambda: smallest_layout_that_fits(make(), num_gpus=0), "num_gpus(0) must be > 0"),
+        (lambda: smallest_layout_that_fits(make(), num_gpus=0), "num_gpus(0) must be a whole number >= 1"),
     ],
 )
 def test_bad_input_gives_one_line_errors(call, message):

@@ -6,7 +6,7 @@ import streamlit as st
 
 from simddp import safeio, units
 from simddp.config import ScenarioError, set_value
-from simddp.planner import OBJECTIVES, fsdp_caveat, layout_settings, plan_layouts
+from simddp.planner import OBJECTIVES, fsdp_caveat, layout_settings, plan_layouts, scenario_layout
 from simddp_app import charts, state, widgets
 
 RESULT_KEY = "plan_result"
@@ -41,7 +41,7 @@ if scenario is not None:
         try:
             result = plan_layouts(scenario, gpus, top=top, objective=objective or "step_time", progress=progress,
                                   pareto=True, exact_front=exact_front)
-            st.session_state[RESULT_KEY] = (request, result)
+            st.session_state[RESULT_KEY] = (request, result, scenario_layout(scenario, gpus))
         except ScenarioError as err:
             st.session_state.pop(RESULT_KEY, None)
             st.error(f"Cannot plan: {safeio.one_line(err).replace('--gpus', 'GPUs')}", icon=":material/error:")
@@ -66,6 +66,11 @@ if scenario is not None:
             m[3].metric("Best step time", units.fmt_time(result.layouts[0].step_time_s), border=True,
                         help=f"MFU {result.layouts[0].mfu:.1%}")
             widgets.table(charts.plan_table(result))
+            yours = held[2]
+            st.caption(f"Your layout ({yours.label()}): {units.fmt_time(yours.step_time_s)}, MFU {yours.mfu:.1%}, "
+                       f"{units.fmt_bytes(yours.memory_bytes)} per GPU{'' if yours.fits else ', does not fit'}."
+                       if yours is not None else
+                       f"Your layout is not valid on {result.num_gpus:,} GPUs, or cannot be simulated there.")
             caveat = fsdp_caveat(scenario, result.layouts[0])
             if caveat:
                 st.caption(f"Note: {caveat}.")

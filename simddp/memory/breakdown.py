@@ -9,12 +9,14 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from operator import attrgetter
+from pathlib import Path
 from typing import Any
 
 from pydantic import TypeAdapter
 
 from simddp.bucketing import PARAM_SIZE
-from simddp.config import Scenario
+from simddp.config import Scenario, ScenarioError
+from simddp.errors import whole_number
 from simddp.memory.activations import (
     in_flight_micro_batches,
     recompute_working_set_bytes,
@@ -25,6 +27,7 @@ from simddp.memory.activations import (
 from simddp.memory.buffers import buffer_items
 from simddp.memory.items import Item, MemoryBreakdown, MemoryItem
 from simddp.memory.states import OPTIMIZER_STATE_BYTES_PER_PARAM, model_states_bytes
+from simddp.scenario_io import as_scenario
 from simddp.units import fmt_bytes
 from simddp.workload import PRECISION_ACT_BYTES, Layer, Workload, build_workload, uses_dropout
 from simddp.zero import ZeroRule, describe, zero_rule
@@ -33,11 +36,15 @@ _ITEM_LIST = TypeAdapter(list[MemoryItem])
 _NUMEL = attrgetter("numel")
 
 
-def memory_breakdown(scenario: Scenario, workload: Workload | None = None, stage: int | None = None) -> MemoryBreakdown:
-    """Peak per-GPU memory of ``scenario``: the most loaded pipeline stage, or ``stage`` when given."""
+def memory_breakdown(scenario: Scenario | dict[str, Any] | str | Path, workload: Workload | None = None,
+                     stage: int | None = None) -> MemoryBreakdown:
+    """Peak per-GPU memory of ``scenario`` (a scenario, a dict of its keys or a path): the most loaded pipeline
+    stage, or ``stage`` when given."""
+    if not isinstance(scenario, Scenario):
+        scenario = as_scenario(scenario)
     par = scenario.parallelism
-    if stage is not None and not 0 <= stage < par.pp:
-        raise ValueError(f"stage({stage}) must be in 0..{par.pp - 1} for pp({par.pp})")
+    if stage is not None and (whole_number("stage", stage, 0) >= par.pp):
+        raise ScenarioError(f"stage({stage}) must be in 0..{par.pp - 1} for pp({par.pp})")
     workload = workload or build_workload(scenario)
     rule = zero_rule(scenario)
     same: dict[tuple[object, ...], Any] = {}  # what every stage computes alike, computed once

@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from simddp.config import Scenario, ScenarioError, format_validation_error
+from simddp.errors import whole_number
 from simddp.limits import MAX_GPUS
 from simddp.memory.breakdown import memory_breakdown
+from simddp.scenario_io import as_scenario
 
 
 class _Frozen(BaseModel):
@@ -87,15 +90,15 @@ def _variant(scenario: Scenario, **sections: dict[str, Any]) -> Scenario:
         raise ScenarioError(format_validation_error(err)) from None
 
 
-def max_micro_batch_that_fits(scenario: Scenario, limit: int = 1 << 16) -> int:
+def max_micro_batch_that_fits(scenario: Scenario | dict[str, Any] | str | Path, limit: int = 1 << 16) -> int:
     """The largest micro-batch size that fits (0 if none does).
 
     With a global batch size set, only micro-batches that divide it over dp are tried (the number of
     micro-batches, and with it the pipeline's in-flight activations, follows); without one, a larger
     micro-batch only adds activations, so a binary search up to ``limit`` finds it.
     """
-    if limit < 1:
-        raise ValueError(f"limit({limit}) must be >= 1")
+    whole_number("limit", limit)
+    scenario = as_scenario(scenario)
 
     def fits(b: int) -> bool:
         try:
@@ -145,7 +148,8 @@ def _divisors(n: int) -> list[int]:
     return sorted(divisors)
 
 
-def smallest_layout_that_fits(scenario: Scenario, num_gpus: int | None = None) -> LayoutSearch:
+def smallest_layout_that_fits(scenario: Scenario | dict[str, Any] | str | Path,
+                              num_gpus: int | None = None) -> LayoutSearch:
     """Search ZeRO stage x tp x pp x sequence parallelism x recompute on ``num_gpus`` GPUs (default: the
     scenario's) for layouts that fit.
 
@@ -153,6 +157,9 @@ def smallest_layout_that_fits(scenario: Scenario, num_gpus: int | None = None) -
     recompute none, selective and full for transformers (parameter-list models are not recomputed); the
     schedule is kept; a layout the scenario rules forbid (heads, layers, global batch) is skipped.
     """
+    scenario = as_scenario(scenario)
+    if num_gpus is not None:
+        whole_number("num_gpus", num_gpus)
     cluster = scenario.cluster
     n = num_gpus if num_gpus is not None else cluster.num_gpus
     per_node = cluster.gpus_per_node

@@ -63,6 +63,8 @@ def _optimizer_state_numel(optimizer: str, numel: int) -> int:
     per_param = OPTIMIZER_STATE_BYTES_PER_PARAM[optimizer]
     if per_param is not None:
         return per_param * numel // _FP32_BYTES
+    if numel <= 0:  # an empty tensor-parallel slice (a vocabulary smaller than tp) holds no state
+        return 0
     return min(numel, 2 * math.isqrt(numel - 1) + 2)  # r + c of a square matrix, ceil(sqrt(n)) each
 
 

@@ -485,8 +485,11 @@ def build_plan(scenario: Scenario, workload: Workload | None = None) -> StepPlan
         stage_values = rank_passes.get(r)
         if stage_values is None:
             positions = workload.rank_stage_positions(r, par.pp)
-            for vs in sorted(positions):
-                stage_plans = rank.plans if len(positions) == 1 else [rank.plans[i] for i in positions[vs]]
+            # Every virtual stage of the rank, one without layers too (a parameter-list model split by size can
+            # leave a stage empty: its passes take no time, and the engines still look them up).
+            for vs in range(r, max(workload.num_stages, par.pp), par.pp):
+                where = positions.get(vs, ())
+                stage_plans = rank.plans if len(positions) == 1 and where else [rank.plans[i] for i in where]
                 _stage_passes(rank, vs, stage_plans, par.tp_comm_overlap, cluster.comm_compute_interference,
                               passes, par.tp > 1)
             stage_values = rank_passes[r] = {name: dict(getattr(rank, name)) for name in _PASS_FIELDS}
