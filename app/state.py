@@ -105,6 +105,28 @@ def validate(data: dict[str, Any], where: Any = None, show: bool = True) -> simd
     return scenario
 
 
+def validation_error(data: dict[str, Any]) -> str | None:
+    """Why ``data`` is not a valid scenario (None when it is)."""
+    try:
+        refuse_server_paths(data)
+        simddp.scenario_from_dict(data)
+    except (simddp.ScenarioError, OSError) as err:
+        return str(err)
+    return None
+
+
+def valid_cluster(data: dict[str, Any], where: Any = None) -> Any:
+    """The scenario's cluster validated alone (a :class:`simddp.config.Cluster`), or None after showing the
+    scenario's one-line error inline."""
+    from simddp.config import Cluster
+
+    try:
+        return Cluster.model_validate(data.get("cluster") or {})
+    except ValueError:
+        validate(data, where)
+        return None
+
+
 def current_scenario(where: Any = None) -> simddp.Scenario | None:
     """The planner's scenario validated; the last valid one is kept to seed widgets while it is invalid."""
     scenario = validate(scenario_dict(), where)

@@ -40,42 +40,15 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
 
 def _plan_scenario(args: argparse.Namespace) -> tuple[Scenario, dict[str, Any], Scenario | None, str | None]:
-    """The scenario to plan from, the cluster keys it has that the user's has not, the user's scenario on the
-    GPUs planned for (None where its own layout is not valid there) and, then, why not.
-
-    The planner replaces the layout (and, with ``--gpus``, the GPU count), so a layout that does not validate
-    (a tp that does not divide the heads, a dp that does not divide a batch smaller than the GPUs) does not stop
-    it: the scenario is then validated with the first of tp x pp = 1, 2, ... (dp derived, no interleaving or
-    sequence parallelism, micro-batch 1) that is valid, the planner's own starting point. Where none is, the
-    scenario's own error is the answer (it is not about the layout)."""
+    """:func:`simddp.planner.plan_start` of the scenario file with its ``--set`` flags: the scenario to plan from,
+    the cluster keys it has that the user's has not, the user's scenario on those GPUs (or None) and why not."""
     from simddp.cli import default_scenario_path
-    from simddp.config import Cluster
-    from simddp.planner import cluster_update, layout_starts
-    from simddp.scenario_io import load_scenario, scenario_data
+    from simddp.planner import plan_start
+    from simddp.scenario_io import mark_modified, scenario_data
 
     path = args.scenario or default_scenario_path()
-    data = scenario_data(path, args.set)
-    try:
-        cluster = Cluster.model_validate(data.get("cluster") or {})
-    except ValueError:  # ScenarioError and pydantic's ValidationError: the cluster itself is wrong
-        load_scenario(path, args.set)  # raises the scenario's own one-line error
-        raise
-    nodes = cluster_update(cluster, args.gpus) if args.gpus else {}
-    sets = [f"cluster.{k}={v}" for k, v in nodes.items()]
-    try:
-        own = load_scenario(path, args.set, sets)
-    except ScenarioError as err:
-        first = err
-    else:
-        return own, {f"cluster.{k}": v for k, v in nodes.items()}, own, None
-    for layout in layout_starts(data, cluster.gpus_per_node, nodes.get("gpus_per_node", cluster.gpus_per_node)
-                                * nodes.get("num_nodes", cluster.num_nodes)):
-        try:
-            base = load_scenario(path, args.set, sets + layout)
-        except ScenarioError:
-            continue
-        return base, {f"cluster.{k}": v for k, v in nodes.items()}, None, str(first)
-    raise first
+    start = plan_start(mark_modified(scenario_data(path, args.set), args.set), args.gpus)
+    return start.base, start.cluster_sets, start.own, start.why_not
 
 
 def plan_lines(scenario: Scenario, result: Any, cluster_sets: dict[str, Any] | None = None,

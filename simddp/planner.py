@@ -199,6 +199,60 @@ def cluster_update(cluster: Cluster, num_gpus: int) -> dict[str, Any]:
                         f"({cluster.preset or 'cluster'}: gpus_per_node {per_node})")
 
 
+@dataclass
+class PlanStart:
+    """Where a search starts (:func:`plan_start`)."""
+
+    base: Scenario  # the scenario on the GPUs planned for, its layout valid there (the planner replaces it)
+    own: Scenario | None  # the user's scenario on those GPUs with its own layout (None: not valid there)
+    why_not: str | None  # then, why not
+    cluster_sets: dict[str, Any]  # the cluster keys that make the user's cluster those GPUs
+
+
+def plan_start(data: dict[str, Any], num_gpus: int | None = None) -> PlanStart:
+    """The scenario a search over ``num_gpus`` GPUs (default: the scenario's) starts from, for ``simddp plan`` and
+    the dashboard's Plan page alike.
+
+    The planner replaces the layout, so a layout that does not validate (a tp that does not divide the heads, a
+    dp that does not divide a batch smaller than the GPUs) does not stop it: the scenario is then validated
+    with the first of :func:`layout_starts` that is valid. Where none is, the scenario's own error is the answer
+    (it is not about the layout). A null global batch is derived on the GPUs planned for, as simulate would."""
+    from simddp.config import set_path, set_value
+    from simddp.scenario_io import scenario_from_dict
+
+    try:
+        cluster = Cluster.model_validate(data.get("cluster") or {})
+    except ValueError:  # ScenarioError and pydantic's ValidationError: the cluster itself is wrong
+        scenario_from_dict(data)  # raises the scenario's own one-line error
+        raise
+    nodes = cluster_update(cluster, num_gpus) if num_gpus else {}
+    cluster_sets = {f"cluster.{k}": v for k, v in nodes.items()}
+
+    def variant(layout: list[str]) -> Scenario:
+        out = data
+        for key, value in cluster_sets.items():
+            out = set_value(out, key, value)
+        for item in layout:  # key.path=value, as --set gives them
+            key, text = item.split("=", 1)
+            out = set_path(out, key, text)
+        return scenario_from_dict(out)
+
+    try:
+        own = variant([])
+    except ScenarioError as err:
+        first = err
+    else:
+        return PlanStart(own, own, None, cluster_sets)
+    total = nodes.get("gpus_per_node", cluster.gpus_per_node) * nodes.get("num_nodes", cluster.num_nodes)
+    for layout in layout_starts(data, cluster.gpus_per_node, total):
+        try:
+            base = variant(layout)
+        except ScenarioError:
+            continue
+        return PlanStart(base, None, str(first), cluster_sets)
+    raise first
+
+
 def layout_starts(data: dict[str, Any], gpus_per_node: int, num_gpus: int) -> Iterator[list[str]]:
     """Layouts to validate a scenario dict with when its own does not validate (``key.path=value`` settings):
     tp x pp = 1, 2, 3, ... (tp a divisor of a node's GPUs, pp of the GPUs), dp derived, no interleaving or
@@ -525,6 +579,23 @@ def terminal_progress(label: str) -> Callable[[int, int], None] | None:
 
 
 
-__all__ = ["BUCKET_CAPS_MB", "OBJECTIVES", "RECOMPUTE_MODES", "PlanResult", "PlannedLayout", "candidate_layouts",
-           "cluster_update", "fsdp_caveat", "layout_settings", "layout_starts", "pareto_front", "plan_layouts",
-           "planned_layout", "scenario_layout", "step_lower_bound", "terminal_progress"]
+__all__ = [
+    "BUCKET_CAPS_MB",
+    "OBJECTIVES",
+    "RECOMPUTE_MODES",
+    "PlanResult",
+    "PlanStart",
+    "PlannedLayout",
+    "candidate_layouts",
+    "cluster_update",
+    "fsdp_caveat",
+    "layout_settings",
+    "layout_starts",
+    "pareto_front",
+    "plan_layouts",
+    "plan_start",
+    "planned_layout",
+    "scenario_layout",
+    "step_lower_bound",
+    "terminal_progress",
+]

@@ -64,7 +64,7 @@ def load_scenario(path: str | Path, overrides: list[str] | None = None, layout: 
             raise ScenarioError(f"layout {item!r}: expected key.path=value")
         key, value = item.split("=", 1)
         data = set_path(data, key, value)
-    return scenario_from_dict(_mark_modified(data, overrides or []))
+    return scenario_from_dict(mark_modified(data, overrides or []))
 
 
 def scenario_data(path: str | Path, overrides: list[str] | None = None) -> dict[str, Any]:
@@ -82,7 +82,7 @@ def scenario_data(path: str | Path, overrides: list[str] | None = None) -> dict[
     return data
 
 
-def _mark_modified(data: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
+def mark_modified(data: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
     """A named scenario changed by ``--set`` says so in its name (an unnamed one derives its name anyway)."""
     keys = [item.split("=", 1)[0].strip() for item in overrides]
     if not data.get("name") or not keys or "name" in keys:
@@ -90,4 +90,4 @@ def _mark_modified(data: dict[str, Any], overrides: list[str]) -> dict[str, Any]
     return {**data, "name": f"{data['name']} (modified: {', '.join(o.strip() for o in overrides)})"}
 
 
-__all__ = ["apply_calibration", "load_scenario", "scenario_data", "scenario_from_dict"]
+__all__ = ["apply_calibration", "as_scenario", "load_scenario", "mark_modified", "scenario_data", "scenario_from_dict"]

@@ -125,8 +125,9 @@ class ScalingSweep(_Sweep):
     """Step time, communication and efficiency of one scenario from 1 GPU to thousands."""
 
     scenario: str = Field(description="Name of the swept scenario.")
-    batch: BatchScaling = Field(description="weak: samples per data-parallel replica kept; strong: global batch "
-                                            "kept.")
+    batch: BatchScaling = Field(description="weak: global batch scaled with the GPUs (the samples per "
+                                            "data-parallel replica kept, at the scenario's layout); strong: global "
+                                            "batch kept.")
     reference_num_gpus: int = Field(description="GPUs of the scenario itself (marked on plots).")
     points: list[ScalingPoint]
 
@@ -263,7 +264,12 @@ def _variant(
     unbatched = {**out, "training": {**(training if isinstance(training, dict) else {}), "global_batch_size": None}}
     gpus = None if out.get("calibration") else _sections_gpus(unbatched)
     if gpus is not None:
-        scaled = _weak_batch(base_scenario, gpus)
+        try:
+            scaled = _weak_batch(base_scenario, gpus)
+        except ScenarioError:
+            if scenario_from_dict_or_none(unbatched) is None:  # the layout itself does not fit these GPUs: its
+                return unbatched, None                        # own error says so (validated by the caller)
+            raise
         batched = {**unbatched, "training": {**unbatched["training"], "global_batch_size": scaled}}
         try:
             return batched, _reusing_sections(batched, base, base_scenario) or scenario_from_dict(batched)
@@ -281,8 +287,8 @@ def _weak_batch(base: Scenario, gpus: int) -> int:
     if left or not batch:
         raise ScenarioError(
             f"training.global_batch_size: weak scaling gives {base.global_batch_size:,} x {gpus:,} / "
-            f"{base.cluster.num_gpus:,} GPUs, not a whole number of samples (set the batch, or keep it: --batch "
-            "strong)")
+            f"{base.cluster.num_gpus:,} GPUs, not a whole number of samples (set the batch, or keep it: strong "
+            "scaling)")
     return batch
 
 

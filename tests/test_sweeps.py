@@ -245,19 +245,25 @@ def test_a_points_batch_does_not_depend_on_the_other_keys_varied() -> None:
 
 
 def test_a_weak_batch_that_is_not_whole_is_an_invalid_point() -> None:
-    """6 samples on 8 GPUs (tp 4, dp 2) scaled to 4 GPUs is 3 (dp 1) and to 8 is 6, but to 6 GPUs it is 4.5: that
-    point is invalid, its reason naming the batch, in a sweep and in a scaling sweep alike."""
+    """6 samples on 8 GPUs (tp 4, dp 2) scaled to 4 GPUs is 3 (dp 1) and to 8 is 6, but to 6 GPUs it is 4.5: with a
+    layout valid there (tp 2) the point is invalid, its reason naming the batch; where tp 4 does not fit 6 GPUs the
+    reason is the layout's own (a probe found the batch blamed for it), in a sweep and a scaling sweep alike."""
     base = base_scenario(cluster={"preset": "dgx-a100-80gb", "num_nodes": 1}, parallelism={"tp": 4},
                          training={"micro_batch_size": 1, "global_batch_size": 6, "seq_len": 1024})
     assert sweeps.scenario_from_dict(sweeps.with_values(base, {"cluster.gpus_per_node": 4})).global_batch_size == 3
     with pytest.raises(ScenarioError, match=r"training.global_batch_size: weak scaling gives 6 x 6 / 8 GPUs"):
-        sweeps.with_values(base, {"cluster.gpus_per_node": 6})
-    sweep = sweeps.vary_sweep(base, {"cluster.gpus_per_node": [4, 6, 8]})
-    assert [p.ok for p in sweep.points] == [True, False, True]
-    assert "not a whole number of samples" in (sweep.points[1].error or "")
+        sweeps.with_values(base, {"cluster.gpus_per_node": 6, "parallelism.tp": 2})
+    with pytest.raises(ScenarioError, match=r"tp\(4\) \* pp\(1\) = 4 does not divide 6 GPUs"):
+        sweeps.scenario_from_dict(sweeps.with_values(base, {"cluster.gpus_per_node": 6}))
+    sweep = sweeps.vary_sweep(base, {"cluster.gpus_per_node": [4, 6, 8], "parallelism.tp": [2, 4]})
+    errors = {tuple(p.values.values()): p.error for p in sweep.points}
+    assert "not a whole number of samples" in (errors[(6, 2)] or "")
+    assert "does not divide 6 GPUs" in (errors[(6, 4)] or "")
+    assert errors[(4, 4)] is None and errors[(8, 4)] is None
     scaling = sweeps.scaling_sweep(base, [4, 6, 8])
     assert [p.ok for p in scaling.points] == [True, False, True]
     assert [p.global_batch_size for p in scaling.points] == [3, None, 6]
+    assert "does not divide 6 GPUs" in (scaling.points[1].error or "")
 
 
 @pytest.mark.parametrize("updates", [

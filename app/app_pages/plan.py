@@ -6,7 +6,7 @@ import streamlit as st
 
 from simddp import safeio, units
 from simddp.config import ScenarioError, set_value
-from simddp.planner import OBJECTIVES, fsdp_caveat, layout_settings, plan_layouts, scenario_layout
+from simddp.planner import OBJECTIVES, fsdp_caveat, layout_settings, plan_layouts, plan_start, scenario_layout
 from simddp_app import charts, state, widgets
 
 RESULT_KEY = "plan_result"
@@ -18,11 +18,17 @@ st.caption("Every layout of tp (within a node), pp, virtual stages, dp, ZeRO sta
            "when a lower bound on its step shows it cannot make the list or the front).")
 
 data = state.scenario_dict()
-scenario = state.current_scenario()
-if scenario is not None:
-    per_node = scenario.cluster.gpus_per_node
+# The search replaces the layout: a Planner scenario whose own layout is not valid (a batch smaller than its GPUs)
+# is still planned, as `simddp plan` does (simddp.planner.plan_start); only its cluster must be valid.
+cluster = state.valid_cluster(data)
+if cluster is not None:
+    problem = state.validation_error(data)
+    if problem is not None:
+        st.info(f"The Planner's layout is not valid as it is; the search replaces it: {safeio.one_line(problem, 200)}",
+                icon=":material/info:")
+    per_node = cluster.gpus_per_node
     c1, c2, c3 = st.columns(3)
-    gpus = int(c1.number_input("GPUs", min_value=1, max_value=65_536, value=scenario.cluster.num_gpus,
+    gpus = int(c1.number_input("GPUs", min_value=1, max_value=65_536, value=cluster.num_gpus,
                                step=per_node, key="plan_gpus",
                                help=f"A whole number of {per_node}-GPU nodes (or part of one node)."))
     top = int(c2.number_input("Layouts to list", min_value=1, max_value=100, value=10, key="plan_top"))
@@ -39,9 +45,11 @@ if scenario is not None:
             bar.progress(min(done / max(total, 1), 1.0), text=f"{done:,} / {total:,} (memory, then simulations)")
 
         try:
-            result = plan_layouts(scenario, gpus, top=top, objective=objective or "step_time", progress=progress,
+            start = plan_start(data, gpus)
+            result = plan_layouts(start.base, gpus, top=top, objective=objective or "step_time", progress=progress,
                                   pareto=True, exact_front=exact_front)
-            st.session_state[RESULT_KEY] = (request, result, scenario_layout(scenario, gpus))
+            yours = None if start.own is None else scenario_layout(start.own, gpus)
+            st.session_state[RESULT_KEY] = (request, result, yours, start)
         except ScenarioError as err:
             st.session_state.pop(RESULT_KEY, None)
             st.error(f"Cannot plan: {safeio.one_line(err).replace('--gpus', 'GPUs')}", icon=":material/error:")
@@ -51,7 +59,8 @@ if scenario is not None:
         st.info("The scenario or the search settings changed since the last search: search again.",
                 icon=":material/refresh:")
     elif held is not None:
-        result = held[1]
+        result, yours, start = held[1], held[2], held[3]
+        scenario = start.base
         m = st.columns(4)
         m[0].metric("Layouts evaluated", f"{result.evaluated:,}", border=True,
                     help=f"{result.dominated:,} of them ruled out by a smaller micro-batch or heavier recompute of "
@@ -66,11 +75,10 @@ if scenario is not None:
             m[3].metric("Best step time", units.fmt_time(result.layouts[0].step_time_s), border=True,
                         help=f"MFU {result.layouts[0].mfu:.1%}")
             widgets.table(charts.plan_table(result))
-            yours = held[2]
             st.caption(f"Your layout ({yours.label()}): {units.fmt_time(yours.step_time_s)}, MFU {yours.mfu:.1%}, "
                        f"{units.fmt_bytes(yours.memory_bytes)} per GPU{'' if yours.fits else ', does not fit'}."
                        if yours is not None else
-                       f"Your layout is not valid on {result.num_gpus:,} GPUs, or cannot be simulated there.")
+                       f"Your layout is not compared: {safeio.one_line(start.why_not or 'it cannot be simulated')}")
             caveat = fsdp_caveat(scenario, result.layouts[0])
             if caveat:
                 st.caption(f"Note: {caveat}.")
@@ -80,7 +88,7 @@ if scenario is not None:
                                     format_func=lambda k: f"#{k}"))
             if c2.button("Open in Planner", key="plan_open", icon=":material/open_in_new:"):
                 chosen = result.layouts[rank - 1]
-                for path, value in layout_settings(scenario, result.num_gpus, chosen).items():
+                for path, value in {**start.cluster_sets, **layout_settings(scenario, result.num_gpus, chosen)}.items():
                     data = set_value(data, path, value)
                 state.replace_scenario(data)
                 st.session_state.pop(RESULT_KEY, None)

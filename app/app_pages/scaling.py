@@ -15,7 +15,7 @@ data = state.scenario_dict()
 c1, c2 = st.columns([2, 1])
 batch = c1.segmented_control(
     "Batch as GPUs grow", ["weak", "strong"], default="weak", key="scaling_batch", required=True,
-    format_func=lambda b: {"weak": "weak: samples per data-parallel replica kept",
+    format_func=lambda b: {"weak": "weak: batch grows with the GPUs (samples per replica kept)",
                            "strong": "strong: global batch kept"}[b],
     help="Weak scaling grows the global batch with dp (the usual data-parallel scaling); strong scaling keeps "
          "it, so GPU counts it does not divide into are reported as invalid.",

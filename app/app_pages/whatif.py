@@ -110,8 +110,9 @@ if base_s is not None and base is not None:
                                  key=_seed("intra_gb", round(cl.intra_node.bandwidth_bytes_per_s / units.GB, 3)),
                                  help=field_help(Link, "bandwidth_bytes_per_s"), format_func=lambda v: f"{v:g}")
         keep_batch = st.toggle("Keep the global batch when nodes change", key=_seed("keep_batch", False),
-                               help="Off: the samples per data-parallel replica are kept and the global batch "
-                                    "follows dp (weak scaling). On: the global batch is kept (strong scaling).")
+                               help="Off: the global batch grows with the GPUs, keeping the samples per "
+                                    "data-parallel replica (weak scaling). On: the global batch is kept (strong "
+                                    "scaling).")
     updates: dict[str, Any] = {}
     if cap != (ddp.bucket_cap_mb or 25.0):
         updates["ddp.bucket_cap_mb"] = float(cap)

@@ -66,3 +66,41 @@ def test_a_gpu_count_no_layout_splits_is_one_error_line() -> None:
     assert not at.exception
     assert [e.value for e in at.error] and "GPUs(12)" in at.error[0].value
     assert not at.main.dataframe
+
+
+def _search(scenario: dict, gpus: int):  # type: ignore[no-untyped-def,type-arg]
+    at = start()
+    at.session_state["scenario"] = scenario
+    at = open_page(at, "plan")
+    at.number_input(key="plan_gpus").set_value(gpus).run()
+    at.number_input(key="plan_top").set_value(3).run()
+    at.button(key="plan_run").click().run()
+    assert_clean(at)
+    return at
+
+
+def test_the_page_plans_what_the_cli_plans() -> None:
+    """A probe found the page planning a null batch derived on the scenario's own GPUs (the CLI derives it on the
+    planned ones) and refusing a scenario whose own layout is invalid (a batch smaller than its GPUs), which the
+    CLI plans. Both go through simddp.planner.plan_start now: the same counts, rows and 'your layout'."""
+    from simddp.planner import plan_start, scenario_layout
+
+    null_batch = {**SMALL, "cluster": {"preset": "dgx-a100-80gb", "num_nodes": 1, "gpus_per_node": 4},
+                  "training": {**SMALL["training"], "global_batch_size": None, "micro_batch_size": 2}}
+    small_batch = {**SMALL, "training": {**SMALL["training"], "global_batch_size": 4}}  # 4 samples, 8 GPUs
+    for scenario, gpus in ((null_batch, 8), (small_batch, 8)):
+        at = _search(scenario, gpus)
+        begin = plan_start(scenario, gpus)
+        ref = plan_layouts(begin.base, gpus, top=3, pareto=True)
+        table = at.main.dataframe[0].value
+        assert list(table["step time (ms)"]) == pytest.approx([lay.step_time_s / units.MS for lay in ref.layouts],
+                                                              rel=1e-12)
+        assert [m.value for m in at.main.metric if m.label == "Layouts evaluated"] == [f"{ref.evaluated:,}"]
+        captions = " ".join(c.value for c in at.main.caption)
+        if begin.own is not None:
+            yours = scenario_layout(begin.own, gpus)
+            assert yours is not None and units.fmt_time(yours.step_time_s) in captions
+        else:
+            assert "Your layout is not compared: global_batch_size(4) is not a multiple" in captions
+    # the null batch is derived on the planned GPUs: micro-batch 2 x dp 8 (on the scenario's own 4 GPUs, 8)
+    assert plan_start(null_batch, 8).base.global_batch_size == 16 and as_scenario(null_batch).global_batch_size == 8
