@@ -392,13 +392,27 @@ def check_output(path: str | Path, inputs: Iterable[str | Path] = (), flag: str 
                     raise ScenarioError(f"{p}: is also an input of this command ({source}); write the {flag} "
                                         "to another file")
     try:
+        missing = [d for d in (p.parent, *p.parent.parents) if not d.exists()]
         p.parent.mkdir(parents=True, exist_ok=True)
+        CREATED_DIRS.extend(missing)  # deepest first: what remove_created_dirs undoes when the command fails
         fd, probe = tempfile.mkstemp(dir=p.parent, prefix=f".{p.name}.", suffix=".tmp")
         os.close(fd)
         os.unlink(probe)
     except OSError as err:
         raise ScenarioError(f"{p}: cannot write here ({err.strerror or err})") from None
     return p
+
+
+#: Directories :func:`check_output` created for outputs, deepest first.
+CREATED_DIRS: list[Path] = []
+
+
+def remove_created_dirs() -> None:
+    """Remove the directories :func:`check_output` created that are still empty (the CLI calls it when a command
+    fails after its outputs were checked, so that a refused command leaves nothing behind)."""
+    while CREATED_DIRS:
+        with contextlib.suppress(OSError):  # not empty (something was written), or already gone
+            CREATED_DIRS.pop(0).rmdir()
 
 
 def check_output_dir(path: str | Path, names: Sequence[str], inputs: Iterable[str | Path] = (),
@@ -468,6 +482,7 @@ def partial_path(path: str | Path) -> Path:
 
 
 __all__ = [
+    "CREATED_DIRS",
     "MAX_DEPTH",
     "MAX_ERRORS_SHOWN",
     "MAX_INPUT_BYTES",
@@ -491,6 +506,7 @@ __all__ = [
     "partial_path",
     "read_bytes",
     "read_mapping",
+    "remove_created_dirs",
     "short_repr",
     "strip_control",
     "too_deep",

@@ -211,3 +211,17 @@ def test_an_algorithm_the_group_cannot_run_names_ddp_algorithm(capsys: pytest.Ca
     path.write_text(json.dumps(data))
     code, out, err = run(capsys, "simulate", str(path))
     assert code == 2 and out == "" and err.count("\n") == 1 and "ddp.algorithm: nvls" in err
+
+
+def test_a_refused_command_leaves_no_output_directory(tmp_path, capsys) -> None:
+    """`simulate --csv c5 --trace c5/summary.csv` was refused (two outputs, one file) after the output check had
+    created c5: the empty directory stayed. A command that fails now removes the directories it created while
+    they are empty; one that wrote into them keeps them."""
+    from simddp.cli import main
+
+    out = tmp_path / "c5" / "deeper"
+    assert main(["simulate", "--csv", str(out), "--trace", str(out / "summary.csv")]) == 2
+    assert "the same file as" in capsys.readouterr().err
+    assert not (tmp_path / "c5").exists()
+    assert main(["simulate", "--csv", str(out)]) == 0
+    assert (out / "summary.csv").exists()
