@@ -78,9 +78,8 @@ def tails(scenario: Scenario | dict[str, Any] | str | Path, steps: int = 200, se
     from simddp.errors import whole_number
     from simddp.variability import simulate_tails
 
-    whole_number("steps", steps)
-    if seed is not None:
-        whole_number("seed", seed, 0)
+    steps = whole_number("steps", steps)
+    seed = None if seed is None else whole_number("seed", seed, 0)
     return simulate_tails(as_scenario(scenario), steps, seed)
 
 

@@ -1063,13 +1063,12 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    safeio.CREATED_DIRS.clear()
     try:
-        return int(args.func(args) or 0)
+        with safeio.undo_created_dirs_on_error():  # a refused command leaves no empty output directory behind
+            return int(args.func(args) or 0)
     except BrokenPipeError:  # output piped into `head` and closed early
         return 0
     except (ScenarioError, UsageError, ValueError, OSError) as err:
-        safeio.remove_created_dirs()  # a refused command leaves no empty output directory behind
         print(f"simddp: error: {safeio.one_line(err)}", file=sys.stderr)
         return 2
     except RecursionError:

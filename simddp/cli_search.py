@@ -30,8 +30,11 @@ def cmd_plan(args: argparse.Namespace) -> int:
                           progress=None if args.json else terminal_progress("plan"))
     yours = None if own is None else scenario_layout(own, own.cluster.num_gpus)
     if args.json:
-        print(safeio.json_text({**result.to_json_dict(),
-                                "scenario_layout": None if yours is None else yours.model_dump()}, indent=2))
+        if own is not None and yours is None:
+            why = "it cannot be simulated"
+        print(safeio.json_text({**result.to_json_dict(), "untimed_reason": result.untimed_reason,
+                                "scenario_layout": None if yours is None else yours.model_dump(),
+                                "scenario_layout_reason": why}, indent=2))
         return 0
     if own is not None and yours is None:
         why = "it cannot be simulated"
@@ -59,8 +62,8 @@ def plan_lines(scenario: Scenario, result: Any, cluster_sets: dict[str, Any] | N
     ``why_not_yours``)."""
     tr, par = scenario.training, scenario.parallelism
     batch_origin = "" if tr.global_batch_size is not None else (
-        f" (training.global_batch_size is null: micro_batch_size {tr.micro_batch_size} x dp {scenario.dp} of "
-        "the scenario's layout, kept for every layout)")
+        f" (training.global_batch_size is null: micro_batch_size {tr.micro_batch_size} x dp {scenario.dp}, kept "
+        "for every layout)")
     schedule = par.pipeline_schedule if par.pipeline_schedule != "interleaved-1f1b" else "1f1b"
     not_fit = result.evaluated - result.fitting
     searched = (f"Searched   {result.evaluated:,} layouts (tp, pp, virtual stages, dp, ZeRO, micro-batch, recompute "
@@ -96,7 +99,7 @@ def plan_lines(scenario: Scenario, result: Any, cluster_sets: dict[str, Any] | N
         lines.append(
             f"{label:>3} {lay['tp']:>3} {lay['pp']:>3} {lay['virtual_stages']:>2} {lay['dp']:>5} "
             f"{lay['zero_stage']:>4} {lay['micro_batch_size']:>4} {lay['recompute']:>9} "
-            f"{'yes' if lay['sequence_parallel'] else 'no':>3} {lay['bucket_cap_mb']:>4g}Mi "
+            f"{'yes' if lay['sequence_parallel'] else 'no':>3} {_cap(lay['bucket_cap_mb']):>6} "
             f"{units.fmt_time(lay['step_time_s']):>10} {lay['tokens_per_s']:>11,.0f} {lay['mfu']:>6.1%} "
             f"{units.fmt_bytes(lay['memory_bytes']):>11}" + ("" if lay["fits"] else "  does not fit"))
     if yours is not None:
@@ -197,6 +200,11 @@ def cmd_sweep(args: argparse.Namespace) -> int:
 
 #: Most combinations one ``simddp sweep`` evaluates (each is a full simulation).
 MAX_SWEEP_POINTS = 100_000
+
+
+def _cap(cap_mb: float | None) -> str:
+    """A row's bucket cap: MiB, or the implementation's default (the scenario's own layout with a null cap)."""
+    return "dflt" if cap_mb is None else f"{cap_mb:g}Mi"
 
 
 def _value_text(value: Any) -> str:

@@ -43,7 +43,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, get_args
 
 from simddp.engine_caches import cached
 from simddp.errors import ScenarioError
@@ -401,11 +401,22 @@ def collective_cost(
     comes from a link latency or bandwidth out of any physical range: a :class:`ScenarioError` (an infinite
     collective once left the fluid engine's event loop without progress). Arguments that are not what the types
     say (a protocol not in ``PROTOCOLS``, a size that is not a number, no :class:`CommGroup`) are one too."""
-    try:
-        return checked_cost(_collective_cost(op, size_bytes, group, algorithm, protocol))
-    except (KeyError, TypeError, AttributeError) as err:  # only on bad arguments: no cost on the engine's path
-        raise ScenarioError(f"collective_cost({op!r}, {size_bytes!r}, {type(group).__name__}, {algorithm!r}, "
-                            f"{protocol!r}): {err!s}"[:300]) from None
+    # Checked here, on a cache miss only (the cache answers repeats): arguments the types do not allow are a
+    # ScenarioError naming them, and an error inside the cost model stays a bug.
+    if not isinstance(group, CommGroup):
+        raise ScenarioError(f"collective_cost: group must be a CommGroup (simddp.topology.group), not "
+                            f"{type(group).__name__}")
+    if algorithm not in _ALGORITHMS:
+        raise ScenarioError(f"collective_cost: unknown algorithm {algorithm!r}; valid: {', '.join(_ALGORITHMS)}")
+    if protocol not in _PROTOCOLS:
+        raise ScenarioError(f"collective_cost: unknown protocol {protocol!r}; valid: {', '.join(_PROTOCOLS)}")
+    if isinstance(size_bytes, bool) or not isinstance(size_bytes, int | float):
+        raise ScenarioError(f"collective_cost: size_bytes must be a number of bytes, not {type(size_bytes).__name__}")
+    return checked_cost(_collective_cost(op, size_bytes, group, algorithm, protocol))
+
+
+_ALGORITHMS: tuple[str, ...] = get_args(AlgorithmName)
+_PROTOCOLS: tuple[str, ...] = (*get_args(Protocol), "auto")
 
 
 def chunked_cost(op: Op, size_bytes: int, chunk_bytes: int, group: CommGroup) -> CollectiveCost:

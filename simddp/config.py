@@ -450,9 +450,12 @@ class ModelConfig(_Frozen):
     def _expand_preset(cls, data: Any) -> Any:
         if isinstance(data, dict):
             given = [k for k in ("preset", "transformer", "parameters") if data.get(k) is not None]
-            if len(given) == 2 and given[0] == "preset" and _is_preset_dump(data):
-                # A validated preset model dumped (model_dump, JSON) holds its expanded shape too: the same model.
-                data, given = {"preset": data["preset"]}, ["preset"]
+            shape = _preset_dump_keys(data) if len(given) == 2 and given[0] == "preset" else None
+            if shape:
+                # A validated preset model dumped (model_dump, JSON) holds its expanded shape too: the same model
+                # (keys of its own beside the name, num_autograd_nodes say, are kept).
+                data = {k: v for k, v in data.items() if k not in shape}
+                given = ["preset"]
             if len(given) != 1:
                 raise ValueError(
                     "give exactly one of preset, transformer or parameters"
@@ -1035,18 +1038,20 @@ def derived_name(scenario: Scenario) -> str:
 
 
 # ----------------------------------------------------------------------------------- loading
-def _is_preset_dump(data: dict[str, Any]) -> bool:
-    """Whether a model dict naming a preset beside its shape is a validated preset model's dump: its keys
-    without the name validate to the preset's own model (a shape of its own is refused beside a name, as ever)."""
+def _preset_dump_keys(data: dict[str, Any]) -> set[str] | None:
+    """The keys a preset model fills in, where a model dict naming a preset beside its shape holds exactly the
+    preset's values for them (a validated preset model's dump); None otherwise (a shape of its own is refused
+    beside a name, as ever)."""
     name = data.get("preset")
     if not isinstance(name, str) or name not in MODEL_PRESETS:
-        return False
+        return None
+    keys = set(MODEL_PRESETS[name].build())
     try:
-        mine = ModelConfig.model_validate({k: v for k, v in data.items() if k != "preset"})
+        mine = ModelConfig.model_validate({k: v for k, v in data.items() if k in keys})
         own = ModelConfig.model_validate({"preset": name})
     except ValidationError:
-        return False
-    return mine.model_dump(exclude={"preset"}) == own.model_dump(exclude={"preset"})
+        return None
+    return keys if mine.model_dump(include=keys) == own.model_dump(include=keys) else None
 
 
 def _expand(data: Any, key: str, presets: dict[str, Any], field: str) -> Any:

@@ -6,6 +6,8 @@ included) can raise them.
 
 from __future__ import annotations
 
+import operator
+
 
 class ScenarioError(ValueError):
     """A scenario, preset, flag or file the user gave is invalid. The message is one line, naming the field."""
@@ -23,12 +25,16 @@ INTERNAL_ERROR_EXIT = 70
 
 
 def whole_number(name: str, value: object, low: int = 1) -> int:
-    """``value`` where it is a whole number >= ``low`` (not a bool), else a :class:`ScenarioError` naming the
-    argument: the Python API's counts (steps, limits, GPUs, a stage) fail in one line, not in a loop or deep in
-    numpy."""
-    if isinstance(value, bool) or not isinstance(value, int) or value < low:
+    """``value`` as an int where it is a whole number >= ``low`` (an int or anything ``operator.index`` takes, a
+    numpy integer; not a bool), else a :class:`ScenarioError` naming the argument: the Python API's counts
+    (steps, limits, GPUs, a stage) fail in one line, not in a loop or deep in numpy."""
+    try:
+        number = operator.index(value)  # type: ignore[arg-type]
+    except TypeError:
+        number = None
+    if isinstance(value, bool) or number is None or number < low:
         raise ScenarioError(f"{name}({value!r}) must be a whole number >= {low}")
-    return value
+    return number
 
 
 __all__ = ["INTERNAL_ERROR_EXIT", "InternalError", "ScenarioError", "whole_number"]

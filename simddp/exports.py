@@ -16,7 +16,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from simddp import safeio
-from simddp.config import Scenario
+from simddp.config import Scenario, ScenarioError
 from simddp.results import StepResult
 from simddp.units import dtype_bytes
 
@@ -88,12 +88,16 @@ class BucketExport(_Row):
 def bucket_export(scenario: Scenario, stage: int = 0) -> BucketExport:
     """DDP buckets of pipeline stage ``stage``, exactly as the simulator (and torch) builds them; under FSDP or
     DeepSpeed ZeRO-3 without pipelining, the units the simulated step reduce-scatters instead."""
+    from simddp.errors import whole_number
     from simddp.sim.plan import rank_gradients
     from simddp.workload import build_workload
     from simddp.zero import zero_rule
 
+    pp = scenario.parallelism.pp
+    if whole_number("stage", stage, 0) >= pp:
+        raise ScenarioError(f"stage({stage}) must be in 0..{pp - 1} for pp({pp})")
     rule = zero_rule(scenario)
-    if rule.sharded_params and scenario.parallelism.pp == 1:
+    if rule.sharded_params and pp == 1:
         return _unit_export(scenario, rule)
     workload = build_workload(scenario)
     grads = rank_gradients(scenario, workload, stage)

@@ -28,13 +28,14 @@ Messages: :func:`one_line` strips terminal control sequences, joins lines and ca
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import json
 import math
 import os
 import re
 import stat
 import tempfile
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -394,7 +395,9 @@ def check_output(path: str | Path, inputs: Iterable[str | Path] = (), flag: str 
     try:
         missing = [d for d in (p.parent, *p.parent.parents) if not d.exists()]
         p.parent.mkdir(parents=True, exist_ok=True)
-        CREATED_DIRS.extend(missing)  # deepest first: what remove_created_dirs undoes when the command fails
+        created = _CREATED_DIRS.get()
+        if created is not None:  # inside a CLI command: what it undoes when the command fails
+            created.extend(missing)
         fd, probe = tempfile.mkstemp(dir=p.parent, prefix=f".{p.name}.", suffix=".tmp")
         os.close(fd)
         os.unlink(probe)
@@ -403,16 +406,25 @@ def check_output(path: str | Path, inputs: Iterable[str | Path] = (), flag: str 
     return p
 
 
-#: Directories :func:`check_output` created for outputs, deepest first.
-CREATED_DIRS: list[Path] = []
+#: Directories :func:`check_output` created for outputs while :func:`undo_created_dirs_on_error` watches (per
+#: thread and task, as a context variable; None outside it, so API calls keep no record).
+_CREATED_DIRS: contextvars.ContextVar[list[Path] | None] = contextvars.ContextVar("created_dirs", default=None)
 
 
-def remove_created_dirs() -> None:
-    """Remove the directories :func:`check_output` created that are still empty (the CLI calls it when a command
-    fails after its outputs were checked, so that a refused command leaves nothing behind)."""
-    while CREATED_DIRS:
-        with contextlib.suppress(OSError):  # not empty (something was written), or already gone
-            CREATED_DIRS.pop(0).rmdir()
+@contextlib.contextmanager
+def undo_created_dirs_on_error() -> Iterator[None]:
+    """Within it, a command that raises removes the output directories :func:`check_output` created for it that
+    are still empty, deepest first (a refused command leaves nothing behind; one that wrote keeps them)."""
+    token = _CREATED_DIRS.set([])
+    try:
+        yield
+    except BaseException:
+        for d in sorted(_CREATED_DIRS.get() or [], key=lambda d: len(d.parts), reverse=True):
+            with contextlib.suppress(OSError):  # not empty (something was written), or already gone
+                d.rmdir()
+        raise
+    finally:
+        _CREATED_DIRS.reset(token)
 
 
 def check_output_dir(path: str | Path, names: Sequence[str], inputs: Iterable[str | Path] = (),
@@ -482,7 +494,6 @@ def partial_path(path: str | Path) -> Path:
 
 
 __all__ = [
-    "CREATED_DIRS",
     "MAX_DEPTH",
     "MAX_ERRORS_SHOWN",
     "MAX_INPUT_BYTES",
@@ -506,10 +517,10 @@ __all__ = [
     "partial_path",
     "read_bytes",
     "read_mapping",
-    "remove_created_dirs",
     "short_repr",
     "strip_control",
     "too_deep",
+    "undo_created_dirs_on_error",
     "write_bytes",
     "write_text",
 ]

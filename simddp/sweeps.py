@@ -12,6 +12,7 @@ data-parallel scaling); ``"strong"`` keeps the global batch, and GPU counts it d
 as invalid. Either way a point's batch depends only on its own GPU count: a point whose cluster is the base's
 has the base's batch, whether or not the cluster size is among the keys varied, and whatever else varies beside
 it (a micro-batch size changes the micro-batches per step, a tp or pp the samples per replica, not the batch).
+A point that sets ``training.global_batch_size`` itself keeps it.
 """
 
 from __future__ import annotations
@@ -252,7 +253,8 @@ def _variant(
         return out, _reusing_sections(out, base, base_scenario)
     if get_path(out, "parallelism.dp") is not None:
         put_value(out, "parallelism.dp", None)
-    if batch != "weak":
+    if batch != "weak" or _sets_batch(updates):
+        # strong scaling, or a batch the point sets itself (varied beside the cluster size): kept as given
         return out, _reusing_sections(out, base, base_scenario)
     if base_scenario is None:
         try:
@@ -290,6 +292,13 @@ def _weak_batch(base: Scenario, gpus: int) -> int:
             f"{base.cluster.num_gpus:,} GPUs, not a whole number of samples (set the batch, or keep it: strong "
             "scaling)")
     return batch
+
+
+def _sets_batch(updates: dict[str, Any]) -> bool:
+    """Whether ``updates`` set the global batch (its dotted path, or a training section holding it)."""
+    training = updates.get("training")
+    return "training.global_batch_size" in updates or (isinstance(training, dict) and
+                                                       "global_batch_size" in training)
 
 
 def _reusing_sections(data: dict[str, Any], base: dict[str, Any], base_scenario: Scenario | None) -> Scenario | None:

@@ -96,3 +96,25 @@ def test_memory_searches_take_what_simulate_takes() -> None:
     assert simddp.memory_breakdown(SMALL).total_bytes == simddp.memory_breakdown(sc).total_bytes
     assert simddp.max_micro_batch_that_fits(SMALL) == simddp.max_micro_batch_that_fits(sc)
     assert simddp.smallest_layout_that_fits(SMALL).num_gpus == 8
+
+
+def test_review_findings_on_the_api(tmp_path) -> None:
+    """A review of these changes: numpy integers are counts too; a preset with a key of its own beside the name
+    (num_autograd_nodes) loads back from its dump; bucket_export's stage is checked; a refused command removes
+    nested output directories it created, deepest first, across its outputs."""
+    import numpy as np
+
+    from simddp.cli import main
+    from simddp.exports import bucket_export
+
+    assert simddp.max_micro_batch_that_fits(SMALL, limit=np.int64(64)) == simddp.max_micro_batch_that_fits(
+        SMALL, limit=64)
+    assert simddp.memory_breakdown(SMALL, stage=np.int64(0)).total_bytes == simddp.memory_breakdown(SMALL).total_bytes
+    sc = as_scenario({**SMALL, "model": {"preset": "gpt2", "num_autograd_nodes": 500}})
+    assert as_scenario(sc.model_dump()) == sc
+    with pytest.raises(ScenarioError, match=r"stage\(1\) must be in 0..0"):
+        bucket_export(as_scenario(SMALL), stage=1)
+    d2 = tmp_path / "d2"
+    big = "training.global_batch_size=1000000000000000"
+    assert main(["simulate", "--trace", str(d2 / "t.json"), "--csv", str(d2 / "b" / "c"), "--set", big]) == 2
+    assert not d2.exists()

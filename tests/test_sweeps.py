@@ -312,3 +312,12 @@ def test_a_points_values_are_what_the_scenario_took() -> None:
     from simddp.cli_search import sweep_lines
 
     assert any(line.startswith("2.5e+10 ") for line in sweep_lines(sweep))
+
+
+def test_a_batch_varied_beside_the_cluster_size_is_kept() -> None:
+    """Weak scaling replaced a global batch the sweep varied itself (rows read 64, 64, 128, 128 for 64 and 128
+    on 1 and 2 nodes, a review found): a point that sets the batch keeps it."""
+    base = base_scenario(training={"micro_batch_size": 4, "global_batch_size": 64, "seq_len": 1024})
+    sweep = sweeps.vary_sweep(base, {"cluster.num_nodes": [1, 2], "training.global_batch_size": [64, 128]})
+    assert [(p.values["training.global_batch_size"], p.global_batch_size) for p in sweep.points] == [
+        (64, 64), (128, 128), (64, 64), (128, 128)]

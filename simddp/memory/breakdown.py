@@ -43,8 +43,10 @@ def memory_breakdown(scenario: Scenario | dict[str, Any] | str | Path, workload:
     if not isinstance(scenario, Scenario):
         scenario = as_scenario(scenario)
     par = scenario.parallelism
-    if stage is not None and (whole_number("stage", stage, 0) >= par.pp):
-        raise ScenarioError(f"stage({stage}) must be in 0..{par.pp - 1} for pp({par.pp})")
+    if stage is not None:
+        stage = whole_number("stage", stage, 0)
+        if stage >= par.pp:
+            raise ScenarioError(f"stage({stage}) must be in 0..{par.pp - 1} for pp({par.pp})")
     workload = workload or build_workload(scenario)
     rule = zero_rule(scenario)
     same: dict[tuple[object, ...], Any] = {}  # what every stage computes alike, computed once

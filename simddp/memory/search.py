@@ -97,7 +97,7 @@ def max_micro_batch_that_fits(scenario: Scenario | dict[str, Any] | str | Path, 
     micro-batches, and with it the pipeline's in-flight activations, follows); without one, a larger
     micro-batch only adds activations, so a binary search up to ``limit`` finds it.
     """
-    whole_number("limit", limit)
+    limit = whole_number("limit", limit)
     scenario = as_scenario(scenario)
 
     def fits(b: int) -> bool:
@@ -159,7 +159,7 @@ def smallest_layout_that_fits(scenario: Scenario | dict[str, Any] | str | Path,
     """
     scenario = as_scenario(scenario)
     if num_gpus is not None:
-        whole_number("num_gpus", num_gpus)
+        num_gpus = whole_number("num_gpus", num_gpus)
     cluster = scenario.cluster
     n = num_gpus if num_gpus is not None else cluster.num_gpus
     per_node = cluster.gpus_per_node

@@ -50,6 +50,13 @@ def errors() -> dict[str, float]:
     return {row["name"]: _error(row) for row in ROWS}
 
 
+def test_the_planner_states_these_figures() -> None:
+    """``simddp plan``'s note on torch FSDP quotes the FSDP means measured here."""
+    from simddp.planner import PUBLISHED_FSDP_ERROR
+
+    assert PUBLISHED_FSDP_ERROR == {"A100": TODAY["fsdp-a100"][1], "H100": TODAY["fsdp-h100"][1]}
+
+
 @pytest.mark.parametrize("name", sorted(TODAY))
 def test_each_set_within_twice_todays_error(name: str, errors: dict[str, float]) -> None:
     rows, mean, worst = TODAY[name]
