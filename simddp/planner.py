@@ -37,8 +37,8 @@ from simddp.zero import zero_rule
 Objective = Literal["step_time", "tokens_per_s"]
 OBJECTIVES: tuple[str, ...] = ("step_time", "tokens_per_s")
 
-#: Activation recompute the search tries (torchtitan's op-level ``selective-op`` is not searched: it keeps more
-#: than Megatron's ``selective`` and recomputes less than ``full``, between the two on both counts).
+#: Activation recompute the search tries (torchtitan's op-level ``selective-op`` is not searched: it lies between
+#: Megatron's ``selective`` and ``full`` in both the memory it keeps and the time it recomputes).
 RECOMPUTE_MODES: tuple[str, ...] = ("none", "selective", "full")
 #: Bucket caps the search tries, MiB: torch's default 25 and a large one (fewer, larger all-reduces).
 BUCKET_CAPS_MB: tuple[float, ...] = (25.0, 100.0)
