@@ -29,7 +29,7 @@ from simddp.results import StepResult
 from simddp.sanity import check_range
 from simddp.sim.layers import LayerPlan, pass_alone
 from simddp.sim.plan import boundary_group, layer_plans
-from simddp.sim.step import simulate_step
+from simddp.sim.step import PUBLISHED_FSDP_ERROR, simulate_step
 from simddp.topology import tp_group
 from simddp.workload import Workload, build_workload
 from simddp.zero import zero_rule
@@ -513,11 +513,6 @@ def scenario_layout(scenario: Scenario, num_gpus: int) -> PlannedLayout | None:
         return None
     mem = memory_breakdown(scenario)  # the rows' memory: the most loaded GPU
     return planned_layout(scenario, r, mem.total_bytes, mem.fits)
-
-
-#: Mean over-prediction of simddp's throughput on published eager-PyTorch FSDP runs of transformers, by GPU: the
-#: figures tests/validation/test_published_throughput.py measures and asserts (14 A100 runs, 7 H100 runs).
-PUBLISHED_FSDP_ERROR = {"A100": 0.150, "H100": 0.405}
 
 
 def fsdp_caveat(scenario: Scenario, layout: PlannedLayout) -> str | None:

@@ -276,3 +276,15 @@ def test_deepspeed_zero2_reduces_every_micro_batch_zero1_only_the_last() -> None
     assert gather(z1) == pytest.approx(gather(z2)) and gather(z1) > 0
     assert z2.comm_time_s == pytest.approx(4 * sum(b.end_s - b.start_s for b in z2.buckets) + gather(z2))
     assert z1.comm_time_s == pytest.approx(sum(b.end_s - b.start_s for b in z1.buckets) + gather(z1))
+
+
+def test_a_torch_fsdp_step_says_what_published_runs_found() -> None:
+    """simddp's eager-PyTorch FSDP throughput is high on 21 published runs (tests/validation/
+    test_published_throughput.py): simulate says so for torch ZeRO-2/3 on a transformer, and only there."""
+    def said(**sections: dict) -> bool:  # type: ignore[type-arg]
+        return any("published FSDP runs" in n for n in simulate(deep_merge(base_scenario(), sections),
+                                                                 trace=False).not_modelled)
+
+    assert said(parallelism={"zero_stage": 3}) and said(parallelism={"zero_stage": 2})
+    assert not said(parallelism={"zero_stage": 1})
+    assert not said(parallelism={"zero_stage": 3}, ddp={"implementation": "deepspeed"})
