@@ -29,15 +29,13 @@ def cmd_plan(args: argparse.Namespace) -> int:
     result = plan_layouts(scenario, gpus, top=args.top, objective=args.objective, jobs=args.jobs,
                           progress=None if args.json else terminal_progress("plan"))
     yours = None if own is None else scenario_layout(own, own.cluster.num_gpus)
+    if own is not None and yours is None:
+        why = "it cannot be simulated"
     if args.json:
-        if own is not None and yours is None:
-            why = "it cannot be simulated"
         print(safeio.json_text({**result.to_json_dict(), "untimed_reason": result.untimed_reason,
                                 "scenario_layout": None if yours is None else yours.model_dump(),
                                 "scenario_layout_reason": why}, indent=2))
         return 0
-    if own is not None and yours is None:
-        why = "it cannot be simulated"
     print("\n".join(plan_lines(scenario, result, cluster_sets, yours, why)))
     return 0
 

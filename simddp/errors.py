@@ -37,4 +37,12 @@ def whole_number(name: str, value: object, low: int = 1) -> int:
     return number
 
 
-__all__ = ["INTERNAL_ERROR_EXIT", "InternalError", "ScenarioError", "whole_number"]
+def pipeline_stage(stage: object, pp: int) -> int:
+    """``stage`` as an int where it is a pipeline stage of ``pp`` (0 .. pp - 1), else a :class:`ScenarioError`."""
+    number = whole_number("stage", stage, 0)
+    if number >= pp:
+        raise ScenarioError(f"stage({stage}) must be in 0..{pp - 1} for pp({pp})")
+    return number
+
+
+__all__ = ["INTERNAL_ERROR_EXIT", "InternalError", "ScenarioError", "pipeline_stage", "whole_number"]

@@ -16,7 +16,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from simddp import safeio
-from simddp.config import Scenario, ScenarioError
+from simddp.config import Scenario
 from simddp.results import StepResult
 from simddp.units import dtype_bytes
 
@@ -88,14 +88,13 @@ class BucketExport(_Row):
 def bucket_export(scenario: Scenario, stage: int = 0) -> BucketExport:
     """DDP buckets of pipeline stage ``stage``, exactly as the simulator (and torch) builds them; under FSDP or
     DeepSpeed ZeRO-3 without pipelining, the units the simulated step reduce-scatters instead."""
-    from simddp.errors import whole_number
+    from simddp.errors import pipeline_stage
     from simddp.sim.plan import rank_gradients
     from simddp.workload import build_workload
     from simddp.zero import zero_rule
 
     pp = scenario.parallelism.pp
-    if whole_number("stage", stage, 0) >= pp:
-        raise ScenarioError(f"stage({stage}) must be in 0..{pp - 1} for pp({pp})")
+    stage = pipeline_stage(stage, pp)
     rule = zero_rule(scenario)
     if rule.sharded_params and pp == 1:
         return _unit_export(scenario, rule)
@@ -122,17 +121,15 @@ def _unit_export(scenario: Scenario, rule: Any) -> BucketExport:
 
     plan = build_plan(scenario)
     rank, params = plan.ranks[0], plan.workload.parameters
+    cap = (rule.bucket_numel * rule.gradient_dtype_bytes  # DeepSpeed's reduce_bucket_size, in elements
+           if rule.unit_rule != "block" and rule.bucket_numel else None)
     buckets = []
     for k, u in enumerate(rank.reduced_units):
-        entries = []
-        for g in u.reduce_ids:
-            spec, grad = params[g], grad_reduce_spec(params[g], rule.reduce_in_fp32)
-            entries.append(ParamEntry(index=g, name=spec.name, dtype=spec.dtype, numel=spec.numel,
-                                      size_bytes=grad.numel * dtype_bytes(grad.dtype)))
-        dtype = grad_reduce_spec(params[u.reduce_ids[0]], rule.reduce_in_fp32).dtype
-        cap = (rule.bucket_numel * rule.gradient_dtype_bytes  # DeepSpeed's reduce_bucket_size, in elements
-               if rule.unit_rule != "block" and rule.bucket_numel else None)
-        buckets.append(BucketEntry(index=k, size_bytes=u.grad_bytes, dtype=dtype, cap_bytes=cap,
+        grads = [grad_reduce_spec(params[g], rule.reduce_in_fp32) for g in u.reduce_ids]
+        entries = [ParamEntry(index=g, name=params[g].name, dtype=params[g].dtype, numel=params[g].numel,
+                              size_bytes=grad.numel * dtype_bytes(grad.dtype))
+                   for g, grad in zip(u.reduce_ids, grads, strict=True)]
+        buckets.append(BucketEntry(index=k, size_bytes=u.grad_bytes, dtype=grads[0].dtype, cap_bytes=cap,
                                    param_indices=list(u.reduce_ids), params=entries))
     kind = "FSDP units" if rule.unit_rule == "block" else "ZeRO-3 reduce buckets"
     return BucketExport(scenario=scenario.name, stage=0, kind=kind, buckets=buckets)

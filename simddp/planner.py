@@ -29,7 +29,7 @@ from simddp.results import StepResult
 from simddp.sanity import check_range
 from simddp.sim.layers import LayerPlan, pass_alone
 from simddp.sim.plan import boundary_group, layer_plans
-from simddp.sim.step import PUBLISHED_FSDP_ERROR, simulate_step
+from simddp.sim.step import PUBLISHED_FSDP_ERROR, published_fsdp_gap, simulate_step
 from simddp.topology import tp_group
 from simddp.workload import Workload, build_workload
 from simddp.zero import zero_rule
@@ -521,10 +521,8 @@ def fsdp_caveat(scenario: Scenario, layout: PlannedLayout) -> str | None:
     5-10% (docs/validation.md)."""
     if scenario.ddp.implementation != "torch" or layout.zero_stage < 2 or scenario.model.transformer is None:
         return None
-    a100, h100 = (round(100 * PUBLISHED_FSDP_ERROR[g]) for g in ("A100", "H100"))
-    return (f"the best layout is torch FSDP: on 21 published eager-PyTorch FSDP runs simddp's throughput is high "
-            f"by {a100}% (A100) to {h100}% (H100) on average, while Megatron-style tp/pp layouts match within "
-            "5-10% (docs/validation.md); weigh FSDP rows against the others with that in mind")
+    return (f"the best layout is torch FSDP: {published_fsdp_gap()}, while Megatron-style tp/pp layouts match "
+            "within 5-10%; weigh FSDP rows against the others with that in mind")
 
 
 def planned_layout(scenario: Scenario, result: StepResult, memory_bytes: int, fits: bool) -> PlannedLayout:

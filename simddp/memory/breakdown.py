@@ -15,8 +15,8 @@ from typing import Any
 from pydantic import TypeAdapter
 
 from simddp.bucketing import PARAM_SIZE
-from simddp.config import Scenario, ScenarioError
-from simddp.errors import whole_number
+from simddp.config import Scenario
+from simddp.errors import pipeline_stage
 from simddp.memory.activations import (
     in_flight_micro_batches,
     recompute_working_set_bytes,
@@ -44,9 +44,7 @@ def memory_breakdown(scenario: Scenario | dict[str, Any] | str | Path, workload:
         scenario = as_scenario(scenario)
     par = scenario.parallelism
     if stage is not None:
-        stage = whole_number("stage", stage, 0)
-        if stage >= par.pp:
-            raise ScenarioError(f"stage({stage}) must be in 0..{par.pp - 1} for pp({par.pp})")
+        stage = pipeline_stage(stage, par.pp)
     workload = workload or build_workload(scenario)
     rule = zero_rule(scenario)
     same: dict[tuple[object, ...], Any] = {}  # what every stage computes alike, computed once

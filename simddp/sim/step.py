@@ -57,6 +57,13 @@ ProcessGen = Generator[simpy.Event, Any, Any]
 PUBLISHED_FSDP_ERROR = {"A100": 0.150, "H100": 0.405}
 
 
+def published_fsdp_gap() -> str:
+    """:data:`PUBLISHED_FSDP_ERROR` in words (simulate's not-modelled note and the planner's note say it alike)."""
+    a100, h100 = (round(100 * PUBLISHED_FSDP_ERROR[g]) for g in ("A100", "H100"))
+    return (f"on 21 published FSDP runs of transformers in eager PyTorch simddp's throughput is high by {a100}% "
+            f"(A100) to {h100}% (H100) on average (docs/validation.md)")
+
+
 def not_modelled(scenario: Scenario) -> list[str]:
     """What this scenario asks for that the step time does not include, said plainly."""
     par, notes = scenario.parallelism, []
@@ -73,10 +80,8 @@ def not_modelled(scenario: Scenario) -> list[str]:
         )
     tf, seq = scenario.model.transformer, scenario.training.seq_len
     if tf is not None and rule.implementation == "torch" and rule.stage >= 2:
-        a100, h100 = (round(100 * PUBLISHED_FSDP_ERROR[g]) for g in ("A100", "H100"))
-        notes.append(f"eager PyTorch's costs beside the kernels: on 21 published FSDP runs of transformers simddp's "
-                     f"throughput is high by {a100}% (A100) to {h100}% (H100) on average (docs/validation.md); "
-                     "read this step as a lower bound")
+        notes.append(f"eager PyTorch's costs beside the kernels: {published_fsdp_gap()}; read this step as a "
+                     "lower bound")
     if tf is not None and tf.position_embedding == "learned" and seq > tf.max_position_embeddings:
         notes.append(  # GPT-2's 1,024 positions against a 4,096-token sequence: a real model raises an index error
             f"training.seq_len({seq}) exceeds the model's {tf.max_position_embeddings} learned positions "
