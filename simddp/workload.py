@@ -735,8 +735,11 @@ def _transformer_workload(scenario: Scenario, spec: TransformerSpec,
 
     # Blocks are identical but for their names, parameters, index and pipeline stage: build the first, rename
     # it for the rest. Block i's parameters are block 0's shifted by i blocks (_transformer_params lays them
-    # out so); blocks go to stages evenly (Megatron), the embedding to the first stage, the rest to the last.
+    # out so); blocks go to stages as evenly as they divide (block_stage_starts), the embedding to the first
+    # stage, the rest to the last.
     num_stages = par.pp * par.virtual_stages
+    starts = block_stage_starts(spec.num_layers, par.pp, par.virtual_stages)
+    stage_of = [s for s in range(num_stages) for _ in range(starts[s], starts[s + 1])]
     first = block_layers(0) if spec.num_layers else []
     prefix = names.block.format(i=0)
     per_block = sum(len(ids) for module, ids in groups.items() if module.startswith(prefix + "."))
@@ -754,7 +757,7 @@ def _transformer_workload(scenario: Scenario, spec: TransformerSpec,
     make, set_fields = object.__new__, object.__setattr__
     append = layers.append
     for i in range(spec.num_layers):
-        stage = i * num_stages // spec.num_layers
+        stage = stage_of[i]
         if i == 0:
             layers += first if stage == 0 else [copy_with(la, stage=stage) for la in first]
             continue
@@ -839,19 +842,41 @@ def _transformer_workload(scenario: Scenario, spec: TransformerSpec,
     )
 
 
+def block_stage_starts(num_layers: int, pp: int, v: int) -> list[int]:
+    """The first transformer block of each of the ``pp v`` virtual stages, then ``num_layers``.
+
+    Where ``L / (pp v)`` blocks divide evenly, Megatron's split. Where they do not, torchtitan's default split
+    (``generate_split_points`` in torchtitan's pipelining utilities, the runs of its published 405B tables): the
+    first stage holds the floor of ``L / (pp v)``, the stages after it one more each while extra blocks last, and
+    the last stage what remains (the floor, or one more). The first and the last stage, which hold the embedding
+    and the output layer, hold the fewer (as Llama 3 405B's 126 layers on 16 stages, Dubey et al. 2024, sec.
+    3.3.2), and no rank holds more than one block above another. (Block ``i`` on stage ``i pp v // L`` put every
+    longer chunk of an interleaved split on the same ranks: 126 layers on pp 16 with 7 chunks gave ranks 0 and 8
+    14 layers and the others 7.) With fewer blocks than stages, block ``i`` is on stage ``i pp v // L`` and some
+    stages hold none.
+    """
+    stages = pp * v
+    per_stage, extra = divmod(num_layers, stages)
+    if not per_stage or not extra:
+        return [-(-s * num_layers // stages) for s in range(stages + 1)]
+    middle = min(extra, stages - 2)
+    counts = [per_stage] + [per_stage + 1] * middle + [per_stage] * (stages - 1 - middle)
+    counts[-1] += extra - middle
+    return list(itertools.accumulate(counts, initial=0))
+
+
 def _block_twins(num_layers: int, pp: int, v: int, per_block: int) -> list[tuple[int, int]] | None:
     """:meth:`Workload.rank_twins` of a transformer workload, from how :func:`_transformer_workload` lays it
     out rather than from a walk over every rank's layers and parameters (a 1T pipeline's 62 middle ranks).
 
     A middle rank holds blocks only: in its chunk ``c``, those of virtual stage ``c pp + r`` (block ``i`` goes
-    to stage ``i S // L``), each a copy of block 0 with its parameters shifted by ``i`` blocks. Two middle
-    ranks therefore have one shape exactly when their chunks hold as many blocks each and their first blocks
-    are the same distance apart in every chunk; the later one's parameters are then the earlier one's shifted
-    by that many blocks, with their sizes and ready order. As the walk does, a rank takes the first earlier
-    rank of its shape. ``None`` (the walk answers) when a stage holds no block. ``tests/test_workload.py``
-    checks the answer against the walk's."""
-    stages = pp * v
-    first = [-(-s * num_layers // stages) for s in range(stages + 1)]  # first block of each stage (and the end)
+    to the stage :func:`block_stage_starts` says), each a copy of block 0 with its parameters shifted by ``i``
+    blocks. Two middle ranks therefore have one shape exactly when their chunks hold as many blocks each and
+    their first blocks are the same distance apart in every chunk; the later one's parameters are then the
+    earlier one's shifted by that many blocks, with their sizes and ready order. As the walk does, a rank takes
+    the first earlier rank of its shape. ``None`` (the walk answers) when a stage holds no block.
+    ``tests/test_workload.py`` checks the answer against the walk's."""
+    first = block_stage_starts(num_layers, pp, v)  # first block of each stage (and the end)
     if pp < 2 or any(b >= e for b, e in itertools.pairwise(first)):
         return None
     kinds: list[tuple[int, tuple[int, ...], tuple[int, ...]]] = []  # (rank, blocks per chunk, first blocks)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 from scenarios import base_scenario
 
@@ -82,6 +84,50 @@ def test_pipeline_stages_split_blocks_evenly() -> None:
     stages = [{la.stage for la in w.layers if la.block == i} for i in range(12)]
     assert [s.pop() for s in stages] == [0, 0, 0, 1, 1, 1, 2, 2, 2, 3, 3, 3]
     assert w.layers[0].stage == 0 and w.layers[-1].stage == 3
+
+
+def test_uneven_stages_keep_every_rank_within_one_block() -> None:
+    """Where the blocks do not divide by pp x v, torchtitan's split: the first chunk holds the floor of L / (pp v),
+    the next ones one more while extra blocks last, the last one what remains; so each chunk holds the floor or the
+    ceiling and no rank more than one block above another. Llama 3 405B's 126 layers on 16 stages: 7 on the first
+    and last, 8 on the others (Dubey et al. 2024, sec. 3.3.2). Block i on stage i pp v // L gave, interleaved 7
+    ways, ranks 0 and 8 14 blocks each and the others 7 (a probe of the planner)."""
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+
+    from simddp.workload import block_stage_starts
+
+    def sizes(layers: int, pp: int, v: int) -> tuple[list[int], list[int]]:
+        starts = block_stage_starts(layers, pp, v)
+        chunks = [b - a for a, b in itertools.pairwise(starts)]
+        return chunks, [sum(chunks[k * pp + r] for k in range(v)) for r in range(pp)]
+
+    assert sizes(126, 16, 1)[1] == [7] + [8] * 14 + [7]
+    chunks, ranks = sizes(126, 16, 7)
+    assert set(chunks) == {1, 2} and ranks == [7] + [8] * 14 + [7]
+    assert sizes(32, 3, 1)[1] == [10, 11, 11]
+    assert sizes(126, 8, 1)[1] == [15, 16, 16, 16, 16, 16, 16, 15]  # torchtitan's 405B on pp 8
+    assert sizes(126, 8, 2)[0] == [7] + [8] * 14 + [7]  # ... interleaved, 2 chunks a rank
+    assert block_stage_starts(96, 8, 3) == [4 * s for s in range(25)]  # even: Megatron's split
+
+    @settings(max_examples=300, deadline=None)
+    @given(st.integers(1, 200), st.integers(1, 16), st.integers(1, 8))
+    def check(layers: int, pp: int, v: int) -> None:
+        starts = block_stage_starts(layers, pp, v)
+        assert starts[0] == 0 and starts[-1] == layers and len(starts) == pp * v + 1
+        assert all(a <= b for a, b in itertools.pairwise(starts))
+        if layers >= pp * v:
+            chunks, ranks = sizes(layers, pp, v)
+            assert max(chunks) - min(chunks) <= 1 and max(ranks) - min(ranks) <= 1
+        else:  # fewer blocks than stages: block i on stage i pp v // L
+            assert all(starts[s] == -(-s * layers // (pp * v)) for s in range(pp * v + 1))
+
+    check()
+    w = build_workload(_small_pipeline(13, 4, 2))  # the workload puts its blocks where the starts say
+    starts = block_stage_starts(13, 4, 2)
+    for la in w.layers:
+        if la.block is not None:
+            assert starts[la.stage] <= la.block < starts[la.stage + 1]
 
 
 @pytest.mark.parametrize("overrides", [
