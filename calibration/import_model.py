@@ -66,7 +66,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     text = json.dumps(scenario, indent=1) if args.out.suffix == ".json" else (
         header + yaml.safe_dump(scenario, sort_keys=False, width=120))
     safeio.write_text(args.out, text, model_file(args.model), "--out")
-    print(f"wrote {args.out}: {len(block['parameters'])} parameters, "
+    print(f"wrote {safeio.shown_path(args.out)}: {len(block['parameters'])} parameters, "
           f"{sum(q['numel'] for q in block['parameters']):,} elements", file=sys.stderr)
     return 0
 

@@ -8,6 +8,7 @@ with no traceback. A result that fails its sanity checks (:mod:`simddp.sanity`) 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import math
 import os
 import re
@@ -234,9 +235,9 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         shown = set(result.not_modelled)
         lines += [f"  memory note: {note}" for note in result.memory.notes if note not in shown]
     if args.trace is not None:
-        lines.append(f"  trace written to {args.trace} (open in https://ui.perfetto.dev)")
+        lines.append(f"  trace written to {safeio.shown_path(args.trace)} (open in https://ui.perfetto.dev)")
     if args.csv is not None:
-        lines.append(f"  tables written: {', '.join(str(p) for p in written)}")
+        lines.append(f"  tables written: {', '.join(safeio.shown_path(p) for p in written)}")
     print("\n".join(lines))
     return 0
 
@@ -723,7 +724,8 @@ def cmd_calibrate_fit(args: argparse.Namespace) -> int:
     for note in profile.notes:
         if note.startswith(("fitted from partial", "parameter dtypes", "overlap", "mixed")):
             print(f"note: {note}")
-    print(f"wrote {args.out}" + (f" with {len(placeholders)} placeholder(s) (--allow-partial)" if placeholders else ""))
+    print(f"wrote {safeio.shown_path(args.out)}"
+          + (f" with {len(placeholders)} placeholder(s) (--allow-partial)" if placeholders else ""))
     return 0
 
 
@@ -733,7 +735,7 @@ def cmd_calibrate_merge(args: argparse.Namespace) -> int:
     safeio.check_output(args.out, args.files, "--out")
     merged = merge_measurements([read_measurements(f) for f in args.files])  # type: ignore[type-var]
     write_json(merged, args.out, args.files)
-    print(f"merged {len(args.files)} {merged.kind} files into {args.out}")
+    print(f"merged {len(args.files)} {merged.kind} files into {safeio.shown_path(args.out)}")
     return 0
 
 
@@ -769,7 +771,7 @@ def cmd_calibrate_validate(args: argparse.Namespace) -> int:
             print(f"simddp: warning: {warning}", file=sys.stderr)
     print(text)
     if not args.json:
-        print(f"report written to {html}")
+        print(f"report written to {safeio.shown_path(html)}")
     return 0
 
 
@@ -1065,10 +1067,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         with safeio.undo_created_dirs_on_error():  # a refused command leaves no empty output directory behind
-            return int(args.func(args) or 0)
+            code = int(args.func(args) or 0)
+            sys.stdout.flush()  # a full disk behind standard output fails here, not after the error handling
+            return code
     except BrokenPipeError:  # output piped into `head` and closed early
         return 0
     except (ScenarioError, UsageError, ValueError, OSError) as err:
+        if isinstance(err, OSError) and err.filename is None and err.strerror:
+            # Every file simddp writes goes through its name; a nameless write error is standard output's
+            # (`> /dev/full`). What it could not write is dropped, so the exit does not fail on it again.
+            err = OSError(err.errno, err.strerror, "standard output")
+            with contextlib.suppress(OSError, ValueError):
+                sys.stdout = open(os.devnull, "w")  # the process is ending
         print(f"simddp: error: {safeio.one_line(err)}", file=sys.stderr)
         return 2
     except RecursionError:

@@ -192,7 +192,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         return 0
     print("\n".join(sweep_lines(sweep)))
     for path in written:
-        print(f"written: {path}")
+        print(f"written: {safeio.shown_path(path)}")
     return 0
 
 

@@ -1088,15 +1088,37 @@ def _whole_list(where: str, verb: str = "set") -> str:
     return f"{where} is a list, {verb} whole ({where}=[...]); its items cannot be {verb} one by one"
 
 
+def _holds_list(keys: list[str]) -> bool:
+    """Whether the scenario key at ``keys`` is a list (model.parameters, model.layers), by the schema."""
+    model: Any = Scenario
+    for i, k in enumerate(keys):
+        fields = getattr(model, "model_fields", None)
+        if not isinstance(fields, dict) or k not in fields:
+            return False
+        kinds = [fields[k].annotation]
+        while kinds and typing.get_origin(kinds[0]) in (typing.Union, types.UnionType, Annotated):
+            kinds = [a for a in typing.get_args(kinds[0]) if a is not type(None)][:1]
+        kind = kinds[0] if kinds else None
+        if i == len(keys) - 1:
+            return typing.get_origin(kind) in (list, tuple)
+        model = kind
+    return False
+
+
 def list_item_problem(dotted: str, verb: str = "set", last: bool = True) -> str | None:
-    """What is wrong with a dotted path that indexes into a list (``model.parameters.0.numel``), or None: a list
-    (model.parameters, model.layers) is set whole, its items have no dotted paths. ``last``: whether a
-    number as the path's last key counts too."""
+    """What is wrong with a dotted path that has a number for a key (``model.parameters.0.numel``), or None: a list
+    (model.parameters, model.layers) is set whole, its items have no dotted paths; elsewhere a number is no
+    scenario key. ``last``: whether a number as the path's last key counts too."""
     keys = dotted.split(".")
     at = next((i for i, k in enumerate(keys if last else keys[:-1]) if k.isdigit()), None)
     if at is None:
         return None
-    return _whole_list(".".join(keys[:at]) or safeio.short_repr(dotted), verb)
+    where = ".".join(keys[:at])
+    if not at:
+        return f"{keys[0]} is not a scenario key (scenario keys are names; `simddp schema` lists them)"
+    if not _holds_list(keys[:at]):  # a probe: "model.transformer is a list" said of a mapping
+        return f"{keys[at]} is not a key of {where} (scenario keys are names; `simddp schema {where}` lists them)"
+    return _whole_list(where, verb)
 
 
 def put_value(data: dict[str, Any], dotted: str, value: Any) -> None:

@@ -27,7 +27,7 @@ from simddp.config import Cluster, Scenario, ScenarioError, default_overlap
 from simddp.limits import MAX_GPUS, MAX_PLAN_TOP, worker_processes
 from simddp.memory import memory_breakdown
 from simddp.results import StepResult
-from simddp.sanity import check_range
+from simddp.sanity import MAX_STEP_TIME_S, check_range
 from simddp.sim.layers import LayerPlan, pass_alone
 from simddp.sim.plan import boundary_group, layer_plans
 from simddp.sim.step import PUBLISHED_FSDP_ERROR, published_fsdp_gap, simulate_step
@@ -466,6 +466,15 @@ def plan_layouts(scenario: Scenario, num_gpus: int, top: int = 10, objective: Ob
                 break
             if any(r.memory_bytes <= mem_bytes and _time(r) <= bound for r in rows):
                 continue
+        if not bound <= MAX_STEP_TIME_S:
+            # Sorted by the bound: this layout's step and every later one's is over the longest step answered for
+            # (a peak of 1 FLOP/s, a batch of 1e15): none can be timed, and simulating each would only say so.
+            try:
+                check_range(bound, "even the fastest layout's step")
+            except ScenarioError as err:
+                skipped = skipped or str(err)
+            untimed += len(fitting) - k
+            break
         s = _layout_scenario(data, update)
         key = _workload_key(update)
         if key not in workloads:  # checked in a worker process

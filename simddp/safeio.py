@@ -73,6 +73,12 @@ def strip_control(text: str) -> str:
     return _CONTROLS.sub("", _ESCAPES.sub("", text))
 
 
+def shown_path(path: object) -> str:
+    """A file name as a message shows it: control characters (an escape sequence, a newline) written as ``\\xNN``,
+    so the name reads as it is and the terminal does not act on it."""
+    return re.sub(r"[\x00-\x1f\x7f-\x9f]", lambda m: f"\\x{ord(m.group()):02x}", str(path))
+
+
 def one_line(text: object, limit: int = MAX_MESSAGE_CHARS) -> str:
     """A message safe to print as one terminal line: no control characters, no newlines, capped length."""
     flat = " ".join(strip_control(str(text)).split())
@@ -203,6 +209,31 @@ class StrictLoader(_SafeLoader):  # type: ignore[misc,valid-type]
             if duplicate:
                 raise _DuplicateKey(key, key_node.start_mark)
         return super().construct_mapping(node, deep)
+
+
+# Numbers as YAML 1.2 reads them, not YAML 1.1 (PyYAML's): "0100" is 100, not octal 64, and "1:30" is text, not
+# the base-60 number 90 (a hostile-input probe's `--vary training.seq_len=1:10` ran one point at seq_len 70).
+_INT, _FLOAT = "tag:yaml.org,2002:int", "tag:yaml.org,2002:float"
+StrictLoader.yaml_implicit_resolvers = {
+    first: [(tag, rx) for tag, rx in resolvers if tag not in (_INT, _FLOAT)]
+    for first, resolvers in _SafeLoader.yaml_implicit_resolvers.items()}  # type: ignore[attr-defined]
+StrictLoader.add_implicit_resolver(
+    _INT, re.compile(r"^(?:[-+]?[0-9][0-9_]*|0b[01_]+|0o[0-7_]+|0x[0-9a-fA-F_]+)$"), list("-+0123456789"))
+StrictLoader.add_implicit_resolver(
+    _FLOAT, re.compile(r"""^(?:[-+]?(?:[0-9][0-9_]*)\.[0-9_]*(?:[eE][-+][0-9]+)?
+                       |\.[0-9][0-9_]*(?:[eE][-+][0-9]+)?
+                       |[-+]?\.(?:inf|Inf|INF)
+                       |\.(?:nan|NaN|NAN))$""", re.X), list("-+0123456789."))
+
+
+def _construct_int(loader: Any, node: Any) -> int:
+    """An integer in base 10 (leading zeros allowed), or with a 0b, 0o or 0x prefix."""
+    text = str(loader.construct_scalar(node)).replace("_", "")
+    digits = text.lstrip("+-")
+    return int(text, 0) if digits[:2].lower() in ("0b", "0o", "0x") else int(text, 10)
+
+
+StrictLoader.add_constructor(_INT, _construct_int)
 
 
 def _where(mark: Any) -> str:

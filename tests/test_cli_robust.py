@@ -225,3 +225,65 @@ def test_a_refused_command_leaves_no_output_directory(tmp_path, capsys) -> None:
     assert not (tmp_path / "c5").exists()
     assert main(["simulate", "--csv", str(out)]) == 0
     assert (out / "summary.csv").exists()
+
+
+SMALL_YAML = """name: small
+cluster: {preset: dgx-a100-80gb, num_nodes: 1}
+model:
+  transformer: {num_layers: 4, hidden_size: 1024, num_heads: 16, ffn_hidden_size: 4096, vocab_size: 32000}
+training: {global_batch_size: 32, seq_len: 512, micro_batch_size: 1}
+"""
+
+
+def test_hostile_plan_and_sweep_inputs_of_the_twentieth_pass(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """A hostile-input probe of plan and sweep: each of these hung, misread a number, echoed a terminal escape or
+    named nothing."""
+    import time
+
+    from simddp import safeio
+
+    small = tmp_path / "s.yaml"
+    small.write_text(SMALL_YAML)
+    # A peak of 1e-300 FLOP/s made every kernel infinite; FSDP with tp 2 then looped forever in the fluid engine
+    # (its clock at NaN), and plan with it. Refused now before any engine runs, as the default layout was.
+    start = time.perf_counter()
+    rc, _, err = run(capsys, "simulate", str(small), "--set", "cluster.gpu.peak_bf16_flop_per_s=1e-300",
+                     "--set", "parallelism.tp=2", "--set", "parallelism.zero_stage=2")
+    assert rc == 2 and "the step would take inf s, beyond the 1e+09 s" in err
+    rc, _, err = run(capsys, "plan", str(small), "--gpus", "8", "--set", "cluster.gpu.peak_bf16_flop_per_s=1e-300")
+    assert rc == 2 and "cannot be timed" in err and time.perf_counter() - start < 60
+    # When no layout can be timed, the planner stops at the first whose lower bound is over the range (it simulated
+    # every fitting layout: 36 s for a peak of 1 FLOP/s).
+    rc, _, err = run(capsys, "plan", str(small), "--gpus", "8", "--set", "cluster.gpu.peak_bf16_flop_per_s=1")
+    assert rc == 2 and "even the fastest layout's step would take" in err
+    # Numbers as YAML 1.2 reads them: 0100 is 100 (not octal 64), 1:10 is not the base-60 number 70.
+    assert safeio.parse_yaml("0100", "x") == 100 and safeio.parse_yaml("1:10", "x") == "1:10"
+    assert safeio.parse_yaml("0x10", "x") == 16 and safeio.parse_yaml("1_000", "x") == 1000
+    assert safeio.parse_yaml(".inf", "x") == math.inf and safeio.parse_yaml("1.5e+3", "x") == 1500.0
+    rc, out, _ = run(capsys, "sweep", str(small), "--vary", "training.seq_len=1:10", "--json")
+    assert rc == 0 and "valid integer" in _strict(out)["points"][0]["error"]
+    rc, out, _ = run(capsys, "simulate", str(small), "--set", "training.seq_len=0100", "--json")
+    assert rc == 0 and _strict(out)["tokens_per_s"] == pytest.approx(100 * _strict(out)["samples_per_s"])
+    # An output's name is shown with its control characters escaped.
+    monkeypatch.chdir(tmp_path)
+    rc, out, _ = run(capsys, "sweep", str(small), "--vary", "training.seq_len=128", "--csv", "\x1b[31mred.csv")
+    assert rc == 0 and "written: \\x1b[31mred.csv" in out and "\x1b" not in out
+    # A number for a key under a mapping is not "a list".
+    rc, _, err = run(capsys, "sweep", str(small), "--vary", "model.transformer.0=1,2")
+    assert rc == 2 and "0 is not a key of model.transformer" in err
+
+
+def test_a_full_standard_output_is_named() -> None:
+    """`> /dev/full`: 'No space left on device' named nothing; it names standard output now."""
+    import subprocess
+    import sys
+
+    if not os.path.exists("/dev/full"):
+        pytest.skip("no /dev/full")
+    with open("/dev/full", "w") as full:
+        done = subprocess.run([sys.executable, "-m", "simddp.cli", "presets"], stdout=full,
+                              stderr=subprocess.PIPE, text=True, timeout=120)
+    assert done.returncode == 2
+    assert done.stderr.strip().splitlines() == [
+        "simddp: error: [Errno 28] No space left on device: 'standard output'"]

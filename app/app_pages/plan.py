@@ -5,7 +5,7 @@ from __future__ import annotations
 import streamlit as st
 
 from simddp import safeio, units
-from simddp.config import ScenarioError, set_value
+from simddp.config import MAX_GPUS, ScenarioError, set_value
 from simddp.planner import OBJECTIVES, fsdp_caveat, layout_settings, plan_layouts, plan_start, scenario_layout
 from simddp_app import charts, state, widgets
 
@@ -28,7 +28,8 @@ if cluster is not None:
                 icon=":material/info:")
     per_node = cluster.gpus_per_node
     c1, c2, c3 = st.columns(3)
-    gpus = int(c1.number_input("GPUs", min_value=1, max_value=65_536, value=cluster.num_gpus,
+    # Up to the GPUs any scenario may have (the Planner's cluster can be that large: 4,096 nodes of 64 GPUs).
+    gpus = int(c1.number_input("GPUs", min_value=1, max_value=MAX_GPUS, value=min(cluster.num_gpus, MAX_GPUS),
                                step=per_node, key="plan_gpus",
                                help=f"A whole number of {per_node}-GPU nodes (or part of one node)."))
     top = int(c2.number_input("Layouts to list", min_value=1, max_value=100, value=10, key="plan_top"))

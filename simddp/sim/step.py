@@ -40,6 +40,7 @@ from simddp.config import Scenario
 from simddp.engine_caches import collector_paused
 from simddp.memory import memory_breakdown
 from simddp.results import BREAKDOWN_PARTS, Bounds, BucketTiming, Span, StepPart, StepResult, Trace
+from simddp.sanity import check_range
 from simddp.sim.layers import LayerPlan, Recorder, backward, forward, pass_alone_s
 from simddp.sim.periodic import Linear, ScheduleRun, steady
 from simddp.sim.pipeline import PipeOp, dependency, last_backward, op_codes
@@ -534,6 +535,10 @@ def simulate_step(scenario: Scenario, trace: bool = True, exact: bool = False,
         return simulate_dataparallel(scenario, trace)
     with collector_paused():  # the plan and the fast engine make no reference cycles (engine_caches)
         plan = build_plan(scenario, workload)
+        # Every rank runs at least its kernels, one micro-batch after another: a step whose kernels alone are over
+        # the range the model answers for (or not finite: a peak of 1e-300 FLOP/s) is refused before any engine
+        # runs (the fluid engine's clock does not advance past an infinite time).
+        check_range(plan.num_micro_batches * max(rp.kernel_s for rp in plan.ranks))
         if plan.mode == "fsdp" or plan.ranks[0].rounds > 1:
             check_simulation_size(scenario)  # ZeRO-3, or reductions every micro-batch: layer by layer either way
         if not (exact or trace) and fast.supported(plan):

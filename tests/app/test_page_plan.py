@@ -104,3 +104,15 @@ def test_the_page_plans_what_the_cli_plans() -> None:
             assert "Your layout is not compared: global_batch_size(4) is not a multiple" in captions
     # the null batch is derived on the planned GPUs: micro-batch 2 x dp 8 (on the scenario's own 4 GPUs, 8)
     assert plan_start(null_batch, 8).base.global_batch_size == 16 and as_scenario(null_batch).global_batch_size == 8
+
+
+def test_a_cluster_beyond_65536_gpus_opens_the_page() -> None:
+    """A hostile-input probe: the Planner's cluster at its widgets' limits (4,096 nodes of 64 GPUs, 262,144 GPUs)
+    crashed the Plan page (the GPU count's widget stopped at 65,536); it now goes up to the GPUs any scenario may
+    have."""
+    at = start()
+    at.session_state["scenario"] = {**SMALL, "cluster": {"preset": "dgx-a100-80gb", "num_nodes": 4096,
+                                                         "gpus_per_node": 64}}
+    at = open_page(at, "plan")
+    assert_clean(at)
+    assert at.number_input(key="plan_gpus").value == 4096 * 64
