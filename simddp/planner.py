@@ -24,7 +24,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from simddp.collectives import collective_cost
 from simddp.config import Cluster, Scenario, ScenarioError, default_overlap
-from simddp.limits import MAX_GPUS, MAX_PLAN_TOP, worker_processes
+from simddp.limits import MAX_GPUS, MAX_PLAN_TOP, worker_pool, worker_processes
 from simddp.memory import memory_breakdown
 from simddp.results import StepResult
 from simddp.sanity import MAX_STEP_TIME_S, check_range
@@ -435,9 +435,7 @@ def plan_layouts(scenario: Scenario, num_gpus: int, top: int = 10, objective: Ob
         results: Iterator[_GroupCheck] = map(_check_group, tasks)
         jobs = worker_processes(jobs, len(tasks))
         if jobs > 1:
-            from concurrent.futures import ProcessPoolExecutor
-
-            results = stack.enter_context(ProcessPoolExecutor(max_workers=jobs)).map(_check_group_remote, tasks)
+            results = stack.enter_context(worker_pool(jobs)).map(_check_group_remote, tasks)
         for result in results:
             checked.append(result)
             done += result.candidates

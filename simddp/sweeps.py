@@ -34,7 +34,7 @@ from simddp.config import (
     set_value,
     validate_scenario,
 )
-from simddp.limits import worker_processes
+from simddp.limits import worker_pool, worker_processes
 from simddp.results import StepResult
 from simddp.scenario_io import scenario_from_dict
 
@@ -633,10 +633,8 @@ def vary_sweep(
     points: list[VaryPoint] = []
     jobs = worker_processes(jobs, len(combos))
     if jobs > 1:
-        from concurrent.futures import ProcessPoolExecutor
-
         # The base goes to each worker once, not with each point (pickling it is 0.1 ms a point).
-        with ProcessPoolExecutor(max_workers=jobs, initializer=_share_base, initargs=(base, batch, ref)) as pool:
+        with worker_pool(jobs, _share_base, (base, batch, ref)) as pool:
             chunk = max(1, len(combos) // (8 * jobs))
             for k, point in enumerate(pool.map(_shared_vary_point, combos, chunksize=chunk)):
                 points.append(point)

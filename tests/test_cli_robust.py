@@ -287,3 +287,27 @@ def test_a_full_standard_output_is_named() -> None:
     assert done.returncode == 2
     assert done.stderr.strip().splitlines() == [
         "simddp: error: [Errno 28] No space left on device: 'standard output'"]
+
+
+def test_ctrl_c_stops_a_parallel_plan_at_once(tmp_path: Path) -> None:
+    """`plan --jobs 2` interrupted hung for good in 2 of 5 runs (a worker waiting on a lock, the parent on the
+    worker); the workers now ignore Ctrl-C and the parent stops them (simddp.limits.worker_pool)."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    small = tmp_path / "s.yaml"
+    small.write_text(SMALL_YAML)
+    for _ in range(2):
+        proc = subprocess.Popen([sys.executable, "-m", "simddp.cli", "plan", str(small), "--gpus", "8", "--jobs", "2",
+                                 "--set", "model.transformer.num_layers=2000"],
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        time.sleep(3)
+        sent = time.perf_counter()
+        proc.send_signal(signal.SIGINT)
+        try:
+            rc = proc.wait(timeout=30)
+        finally:
+            proc.kill()
+        assert rc == 130 and time.perf_counter() - sent < 30
