@@ -34,6 +34,12 @@ MAX_LAYER_PASSES = 2**17
 MAX_MESSAGE_BYTES = 2**60
 #: Most layouts `simddp plan --top` lists (each beyond the first few costs simulations of its own).
 MAX_PLAN_TOP = 100
+#: Most (layers x layout groups) `simddp plan` searches: each (tp, pp, virtual stages, SP) group builds its workload
+#: and checks its candidates' memory at a cost that grows with the layers, about 0.35 ms per layer and group on the
+#: 2-core machine (a 2,000-layer model on 8 GPUs, 115 groups: 84 s). 500,000 is a few minutes at most; GPT-3 on
+#: 1,024 GPUs is 27,648, the 1T model on 3,072 84,224. A hostile-input probe's 16,384 layers on 1,024 GPUs ran
+#: past 10 minutes with no end in sight.
+MAX_PLAN_LAYER_GROUPS = 500_000
 #: Most Monte Carlo steps of `simddp tails`.
 MAX_TAIL_STEPS = 100_000
 #: Most random draws of one array of `simddp tails` (steps x ranks, or steps x replicas x samples): 64 MiB of
@@ -179,6 +185,7 @@ __all__ = [
     "MAX_MESSAGE_BYTES",
     "MAX_NPROC_PER_NODE",
     "MAX_PARAMETERS",
+    "MAX_PLAN_LAYER_GROUPS",
     "MAX_PLAN_TOP",
     "MAX_TAIL_DRAWS",
     "MAX_TAIL_STEPS",
@@ -189,5 +196,6 @@ __all__ = [
     "check_tails_size",
     "num_model_layers",
     "too_many_gpus",
+    "worker_pool",
     "worker_processes",
 ]

@@ -24,7 +24,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from simddp.collectives import collective_cost
 from simddp.config import Cluster, Scenario, ScenarioError, default_overlap
-from simddp.limits import MAX_GPUS, MAX_PLAN_TOP, worker_pool, worker_processes
+from simddp.limits import MAX_GPUS, MAX_PLAN_LAYER_GROUPS, MAX_PLAN_TOP, num_model_layers, worker_pool, worker_processes
 from simddp.memory import memory_breakdown
 from simddp.results import StepResult
 from simddp.sanity import MAX_STEP_TIME_S, check_range
@@ -428,6 +428,12 @@ def plan_layouts(scenario: Scenario, num_gpus: int, top: int = 10, objective: Ob
         par = update["parallelism"]
         groups.setdefault((par["tp"], par["pp"], par["virtual_stages"], par["sequence_parallel"]), []).append(
             (index, update))
+    layers = num_model_layers(scenario)
+    if layers * len(groups) > MAX_PLAN_LAYER_GROUPS:
+        raise ScenarioError(
+            f"{layers:,} layers in {len(groups):,} (tp, pp, virtual stages, SP) groups on {num_gpus:,} GPUs is more "
+            f"than the planner searches ({MAX_PLAN_LAYER_GROUPS:,} layers x groups, a few minutes): plan fewer GPUs "
+            "or a model of fewer layers, or try layouts with `simddp memory --fit-layout` and `simulate`")
     tasks = [(data, members) for members in groups.values()]
     checked: list[_GroupCheck] = []
     done = 0

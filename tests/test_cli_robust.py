@@ -311,3 +311,18 @@ def test_ctrl_c_stops_a_parallel_plan_at_once(tmp_path: Path) -> None:
         finally:
             proc.kill()
         assert rc == 130 and time.perf_counter() - sent < 30
+
+
+def test_a_plan_beyond_what_the_planner_searches_is_refused_at_once(tmp_path: Path,
+                                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    """16,384 layers on 1,024 GPUs ran past 10 minutes (a probe); the planner's search is bounded by layers x
+    layout groups (simddp.limits.MAX_PLAN_LAYER_GROUPS) and says so in one line."""
+    import time
+
+    small = tmp_path / "s.yaml"
+    small.write_text(SMALL_YAML)
+    start = time.perf_counter()
+    rc, _, err = run(capsys, "plan", str(small), "--gpus", "1024", "--set", "model.transformer.num_layers=16384",
+                     "--set", "training.global_batch_size=1024")
+    assert rc == 2 and "more than the planner searches (500,000 layers x groups" in err
+    assert len(err.strip().splitlines()) == 1 and time.perf_counter() - start < 30
