@@ -17,7 +17,6 @@ import json
 from typing import Any
 
 import streamlit as st
-import yaml
 
 import simddp
 from simddp import safeio, sweeps
@@ -70,7 +69,7 @@ def to_json(data: dict[str, Any]) -> str:
 
 
 def to_yaml(data: dict[str, Any]) -> str:
-    return yaml.safe_dump(data, sort_keys=False)
+    return safeio.dump_yaml(data, sort_keys=False)
 
 
 def refuse_server_paths(data: dict[str, Any]) -> None:

@@ -20,7 +20,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import yaml
 
 from simddp import safeio
 from simddp.errors import ScenarioError
@@ -64,7 +63,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     header = (f"# simddp scenario from {args.model} (python -m simddp_calibration.import_model): parameters in "
               "named_parameters() order and their gradient-ready order; no timing.\n")
     text = json.dumps(scenario, indent=1) if args.out.suffix == ".json" else (
-        header + yaml.safe_dump(scenario, sort_keys=False, width=120))
+        header + safeio.dump_yaml(scenario, sort_keys=False, width=120))
     safeio.write_text(args.out, text, model_file(args.model), "--out")
     print(f"wrote {safeio.shown_path(args.out)}: {len(block['parameters'])} parameters, "
           f"{sum(q['numel'] for q in block['parameters']):,} elements", file=sys.stderr)

@@ -8,7 +8,6 @@ with no traceback. A result that fails its sanity checks (:mod:`simddp.sanity`) 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import math
 import os
 import re
@@ -1065,6 +1064,8 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    stdout = sys.stdout
+    sys.stdout = _NamedStdout(stdout)  # type: ignore[assignment]  # a write error on it names it
     try:
         with safeio.undo_created_dirs_on_error():  # a refused command leaves no empty output directory behind
             code = int(args.func(args) or 0)
@@ -1073,12 +1074,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except BrokenPipeError:  # output piped into `head` and closed early
         return 0
     except (ScenarioError, UsageError, ValueError, OSError) as err:
-        if isinstance(err, OSError) and err.filename is None and err.strerror:
-            # Every file simddp writes goes through its name; a nameless write error is standard output's
-            # (`> /dev/full`). What it could not write is dropped, so the exit does not fail on it again.
-            err = OSError(err.errno, err.strerror, "standard output")
-            with contextlib.suppress(OSError, ValueError):
-                sys.stdout = open(os.devnull, "w")  # the process is ending
+        if isinstance(err, OSError) and err.filename == _STDOUT and stdout is sys.__stdout__:
+            # `> /dev/full`: what could not be written is dropped, so the process's exit does not fail on it again
+            # (only for the process's own standard output: a caller's stream is the caller's).
+            stdout = open(os.devnull, "w")
         print(f"simddp: error: {safeio.one_line(err)}", file=sys.stderr)
         return 2
     except RecursionError:
@@ -1093,6 +1092,38 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"simddp: internal error: {what}{safeio.one_line(err, 1000)} (a bug in simddp; please report it "
               "with the command line; SIMDDP_DEBUG=1 shows the traceback)", file=sys.stderr)
         return INTERNAL_ERROR_EXIT
+    finally:
+        sys.stdout = stdout
+
+
+_STDOUT = "standard output"
+
+
+class _NamedStdout:
+    """Standard output for the length of a command: a write or flush that fails (a full disk behind it) raises an
+    ``OSError`` naming it, not a nameless "[Errno 28] No space left on device"; everything else is the stream's."""
+
+    def __init__(self, stream: Any) -> None:
+        self._stream = stream
+
+    def write(self, text: str) -> int:
+        try:
+            return int(self._stream.write(text))
+        except BrokenPipeError:
+            raise
+        except OSError as err:
+            raise OSError(err.errno, err.strerror, _STDOUT) from None
+
+    def flush(self) -> None:
+        try:
+            self._stream.flush()
+        except BrokenPipeError:
+            raise
+        except OSError as err:
+            raise OSError(err.errno, err.strerror, _STDOUT) from None
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._stream, name)
 
 
 if __name__ == "__main__":

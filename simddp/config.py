@@ -1117,7 +1117,7 @@ def list_item_problem(dotted: str, verb: str = "set", last: bool = True) -> str 
     if not at:
         return f"{keys[0]} is not a scenario key (scenario keys are names; `simddp schema` lists them)"
     if not _holds_list(keys[:at]):  # a probe: "model.transformer is a list" said of a mapping
-        return f"{keys[at]} is not a key of {where} (scenario keys are names; `simddp schema {where}` lists them)"
+        return f"{keys[at]} is not a key of {where} (scenario keys are names; `simddp schema` lists them)"
     return _whole_list(where, verb)
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -55,6 +56,10 @@ def worker_processes(jobs: int, tasks: int) -> int:
     return max(1, min(jobs, tasks, cpus))
 
 
+#: Seconds an interrupted pool's workers get to finish their current task before they are terminated.
+_WORKER_GRACE_S = 2.0
+
+
 def _worker_start(initializer: Callable[..., None] | None, initargs: tuple[Any, ...]) -> None:
     """A worker process ignores Ctrl-C: the parent, which gets it too, stops the pool (:func:`worker_pool`)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -65,21 +70,31 @@ def _worker_start(initializer: Callable[..., None] | None, initargs: tuple[Any, 
 @contextlib.contextmanager
 def worker_pool(jobs: int, initializer: Callable[..., None] | None = None,
                 initargs: tuple[Any, ...] = ()) -> Iterator[Any]:
-    """A ``ProcessPoolExecutor`` of ``jobs`` workers that stops at once when the parent is interrupted or fails:
-    queued work cancelled, workers terminated. (With each worker taking Ctrl-C itself, `plan --jobs 2` and
-    `sweep --jobs 2` hung for good in 2 of 5 interrupts, a worker waiting on a lock and the parent on it.)"""
+    """A ``ProcessPoolExecutor`` of ``jobs`` workers that stops when the parent is interrupted or fails: queued
+    work cancelled, each worker's current task given :data:`_WORKER_GRACE_S`, then the worker terminated. (With
+    each worker taking Ctrl-C itself, `plan --jobs 2` and `sweep --jobs 2` hung for good in 2 of 5 interrupts, a
+    worker waiting on a lock and the parent on it.)"""
     from concurrent.futures import ProcessPoolExecutor
 
     pool = ProcessPoolExecutor(max_workers=jobs, initializer=_worker_start, initargs=(initializer, initargs))
     try:
         yield pool
     except BaseException:
+        # Queued work cancelled; each worker ends its current task and exits (it ignores Ctrl-C), within a couple of
+        # seconds, or is terminated. Terminating at once left the executor's manager thread failing work that the
+        # interrupted map had cancelled (InvalidStateError, CPython 3.11), or woken at exit through a closed pipe.
         processes = list((getattr(pool, "_processes", None) or {}).values())  # the executor's own, if any
         pool.shutdown(wait=False, cancel_futures=True)
+        deadline = time.monotonic() + _WORKER_GRACE_S
         for process in processes:
-            process.terminate()
+            process.join(timeout=max(0.0, deadline - time.monotonic()))
         for process in processes:
-            process.join(timeout=5)
+            if process.is_alive():
+                process.terminate()
+                process.join(timeout=5)
+        manager = getattr(pool, "_executor_manager_thread", None)
+        if manager is not None:
+            manager.join(timeout=5)
         raise
     pool.shutdown(wait=True)
 

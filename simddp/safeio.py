@@ -211,19 +211,23 @@ class StrictLoader(_SafeLoader):  # type: ignore[misc,valid-type]
         return super().construct_mapping(node, deep)
 
 
-# Numbers as YAML 1.2 reads them, not YAML 1.1 (PyYAML's): "0100" is 100, not octal 64, and "1:30" is text, not
-# the base-60 number 90 (a hostile-input probe's `--vary training.seq_len=1:10` ran one point at seq_len 70).
+# Numbers as YAML 1.2's core schema reads them, not YAML 1.1 (PyYAML's): "0100" is 100, not octal 64, "1:30" is
+# text, not the base-60 number 90 (a hostile-input probe's `--vary training.seq_len=1:10` ran one point at seq_len
+# 70), and "1e3" is 1000.0, not text; PyYAML's "_" separators and 0b binaries are kept. StrictDumper writes with the
+# same rules, so a string such as "08" is quoted and reads back as the string it was.
 _INT, _FLOAT = "tag:yaml.org,2002:int", "tag:yaml.org,2002:float"
-StrictLoader.yaml_implicit_resolvers = {
-    first: [(tag, rx) for tag, rx in resolvers if tag not in (_INT, _FLOAT)]
-    for first, resolvers in _SafeLoader.yaml_implicit_resolvers.items()}  # type: ignore[attr-defined]
-StrictLoader.add_implicit_resolver(
-    _INT, re.compile(r"^(?:[-+]?[0-9][0-9_]*|0b[01_]+|0o[0-7_]+|0x[0-9a-fA-F_]+)$"), list("-+0123456789"))
-StrictLoader.add_implicit_resolver(
-    _FLOAT, re.compile(r"""^(?:[-+]?(?:[0-9][0-9_]*)\.[0-9_]*(?:[eE][-+][0-9]+)?
-                       |\.[0-9][0-9_]*(?:[eE][-+][0-9]+)?
-                       |[-+]?\.(?:inf|Inf|INF)
-                       |\.(?:nan|NaN|NAN))$""", re.X), list("-+0123456789."))
+_NUMBER_RESOLVERS = [
+    (_INT, re.compile(r"^(?:[-+]?[0-9][0-9_]*|0b[01][01_]*|0o[0-7][0-7_]*|0x[0-9a-fA-F][0-9a-fA-F_]*)$"),
+     list("-+0123456789")),
+    (_FLOAT, re.compile(r"""^(?:[-+]?(?:\.[0-9][0-9_]*|[0-9][0-9_]*(?:\.[0-9_]*)?)(?:[eE][-+]?[0-9]+)?
+                         |[-+]?\.(?:inf|Inf|INF)
+                         |\.(?:nan|NaN|NAN))$""", re.X), list("-+0123456789.")),
+]
+_IMPLICIT = {first: [(tag, rx) for tag, rx in resolvers if tag not in (_INT, _FLOAT)]
+             for first, resolvers in _SafeLoader.yaml_implicit_resolvers.items()}  # type: ignore[attr-defined]
+StrictLoader.yaml_implicit_resolvers = _IMPLICIT
+for _tag, _rx, _first in _NUMBER_RESOLVERS:
+    StrictLoader.add_implicit_resolver(_tag, _rx, _first)
 
 
 def _construct_int(loader: Any, node: Any) -> int:
@@ -234,6 +238,20 @@ def _construct_int(loader: Any, node: Any) -> int:
 
 
 StrictLoader.add_constructor(_INT, _construct_int)
+
+
+class StrictDumper(yaml.SafeDumper):
+    """PyYAML's safe dumper deciding what needs quotes by :class:`StrictLoader`'s number rules."""
+
+
+StrictDumper.yaml_implicit_resolvers = {first: list(resolvers) for first, resolvers in _IMPLICIT.items()}
+for _tag, _rx, _first in _NUMBER_RESOLVERS:
+    StrictDumper.add_implicit_resolver(_tag, _rx, _first)
+
+
+def dump_yaml(data: Any, **options: Any) -> str:
+    """``data`` as YAML text that :func:`parse_yaml` reads back to the same values."""
+    return str(yaml.dump(data, Dumper=StrictDumper, **options))
 
 
 def _where(mark: Any) -> str:

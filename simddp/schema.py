@@ -16,12 +16,11 @@ from collections.abc import Callable, Iterator
 from typing import Annotated, Any, Literal, Union, get_args, get_origin
 
 import annotated_types
-import yaml
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 from pydantic.fields import FieldInfo
 from pydantic_core import PydanticUndefined
 
-from simddp import units
+from simddp import safeio, units
 from simddp.config import Cluster, ModelConfig, Scenario, ScenarioError
 from simddp.keys import model_at, submodels, unknown_key_message
 from simddp.presets import CLUSTER_PRESETS, MODEL_PRESETS, Preset
@@ -193,7 +192,7 @@ def schema_keys(path: str = "") -> list[KeyDoc]:
 def _yaml_scalar(value: Any) -> str:
     if isinstance(value, float) and math.isfinite(value):
         value = float(f"{value:.12g}")  # 3.4e-06, not 3.3999999999999996e-06
-    text = yaml.safe_dump(value, default_flow_style=True, width=10**9, sort_keys=False).strip()
+    text = safeio.dump_yaml(value, default_flow_style=True, width=10**9, sort_keys=False).strip()
     return text.removesuffix("...").strip()
 
 

@@ -848,9 +848,10 @@ def block_stage_starts(num_layers: int, pp: int, v: int) -> list[int]:
     Where ``L / (pp v)`` blocks divide evenly, Megatron's split. Where they do not, torchtitan's default split
     (``generate_split_points`` in torchtitan's pipelining utilities, the runs of its published 405B tables): the
     first stage holds the floor of ``L / (pp v)``, the stages after it one more each while extra blocks last, and
-    the last stage what remains (the floor, or one more). The first and the last stage, which hold the embedding
-    and the output layer, hold the fewer (as Llama 3 405B's 126 layers on 16 stages, Dubey et al. 2024, sec.
-    3.3.2), and no rank holds more than one block above another. (Block ``i`` on stage ``i pp v // L`` put every
+    the last stage what remains (the floor, or one more). So the first stage, which holds the embedding, holds the
+    floor, and where the extra blocks do not fill every stage but one the last, which holds the output layer, does
+    too (Llama 3 405B's 126 layers on 16 stages: 7 on the first and last, 8 on the others, Dubey et al. 2024,
+    sec. 3.3.2); no rank holds more than one block above another. (Block ``i`` on stage ``i pp v // L`` put every
     longer chunk of an interleaved split on the same ranks: 126 layers on pp 16 with 7 chunks gave ranks 0 and 8
     14 layers and the others 7.) With fewer blocks than stages, block ``i`` is on stage ``i pp v // L`` and some
     stages hold none.

@@ -326,3 +326,42 @@ def test_a_plan_beyond_what_the_planner_searches_is_refused_at_once(tmp_path: Pa
                      "--set", "training.global_batch_size=1024")
     assert rc == 2 and "more than the planner searches (500,000 layers x groups" in err
     assert len(err.strip().splitlines()) == 1 and time.perf_counter() - start < 30
+
+
+def test_review_of_the_hostile_input_fixes(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A review of this pass's fixes: a failed write to a named output kept its own message (it was blamed on
+    standard output), an in-process caller's stdout is left alone, DataParallel's simpy run is refused like the
+    others, and YAML simddp writes reads back (a name '08' was written bare and read back as the number 8)."""
+    import resource
+    import sys
+
+    from simddp import safeio
+
+    # A named output over the file size limit: its own error, not "standard output".
+    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+    small = tmp_path / "s.yaml"
+    small.write_text(SMALL_YAML)
+    before = sys.stdout
+    import signal
+
+    old = signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    try:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (8192, hard))
+        rc, _, err = run(capsys, "simulate", str(small), "--trace", str(tmp_path / "t.json"))
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+        signal.signal(signal.SIGXFSZ, old)
+    assert rc == 2 and "File too large" in err and "standard output" not in err
+    assert sys.stdout is before  # main() restores the caller's stream
+    rc, out, _ = run(capsys, "presets")
+    assert rc == 0 and "dgx-a100-80gb" in out
+    # DataParallel with infinite kernels: refused at once (its simpy run never ended).
+    rc, _, err = run(capsys, "simulate", str(small), "--set", "cluster.gpu.peak_bf16_flop_per_s=1e-300",
+                     "--set", "ddp.wrapper=dataparallel", "--set", "parallelism.zero_stage=0")
+    assert rc == 2 and "would take inf s" in err
+    # YAML round trips: strings that read as numbers are quoted; 1e3 is a number.
+    for value in ("08", "0189", "1e3", "0o17", "2.13.0", "1:30", 8, 1.5, 1e20):
+        assert safeio.parse_yaml(safeio.dump_yaml({"name": value}), "x") == {"name": value}
+    assert safeio.parse_yaml("1e3", "x") == 1000.0 and safeio.parse_yaml("+.5", "x") == 0.5
+    rc, _, err = run(capsys, "simulate", str(small), "--set", "name=08")
+    assert rc == 2 and "name" in err  # a number where a name goes, as `--set name=8` is

@@ -33,6 +33,7 @@ from simddp.compute import memory_s
 from simddp.config import Scenario
 from simddp.memory import memory_breakdown
 from simddp.results import BREAKDOWN_PARTS, Bounds, Span, StepPart, StepResult, Trace
+from simddp.sanity import check_range
 from simddp.sim.layers import Recorder
 from simddp.sim.plan import RankPlan, build_plan
 from simddp.sim.resources import Gpu
@@ -142,7 +143,11 @@ def dataparallel_plan(scenario: Scenario) -> DataParallelPlan:
 
 def simulate_dataparallel(scenario: Scenario, trace: bool = True) -> StepResult:
     """Simulate one optimizer step of ``scenario`` under torch.nn.DataParallel."""
-    return run_dataparallel(scenario, dataparallel_plan(scenario), trace)
+    plan = dataparallel_plan(scenario)
+    # Its kernels alone, one micro-batch after another, must be within the range the model answers for (a peak of
+    # 1e-300 FLOP/s made them infinite, and the simpy run never ended), as simulate_step checks the others.
+    check_range(plan.num_micro_batches * (plan.fwd_kernels_s + plan.bwd_kernels_s + plan.loss_s) + plan.opt_s)
+    return run_dataparallel(scenario, plan, trace)
 
 
 def run_dataparallel(scenario: Scenario, plan: DataParallelPlan, trace: bool = True) -> StepResult:

@@ -380,7 +380,7 @@ TORCHTITAN_BOUNDS = {
     "T1 8B FSDP8": 0.03, "T1 8B FSDP8 + compile": 0.12, "T1 8B FSDP8 + compile + Float8": 0.125,
     "T3 8B FSDP128": 0.045, "T3 8B FSDP128 + compile": 0.17, "T3 8B FSDP128 + compile + Float8": 0.18,
     "T4 70B FSDP32 TP8 (compile, Float8)": 0.24, "T4 70B FSDP32 TP8 + AsyncTP": 0.16,
-    "T5 405B FSDP8 TP8 PP8 1F1B": 0.2, "T5 405B FSDP8 TP8 PP8 interleaved": 0.055,
+    "T5 405B FSDP8 TP8 PP8 1F1B": 0.2, "T5 405B FSDP8 TP8 PP8 interleaved": 0.014,
 }
 H100_BOUNDS = {"llama-1b-like": 0.15, "llama-1b-like-selective": 0.125, "llama-1b-like-full": 0.04,
                "gpt-760m-like": 0.03}
