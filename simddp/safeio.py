@@ -244,9 +244,7 @@ class StrictDumper(yaml.SafeDumper):
     """PyYAML's safe dumper deciding what needs quotes by :class:`StrictLoader`'s number rules."""
 
 
-StrictDumper.yaml_implicit_resolvers = {first: list(resolvers) for first, resolvers in _IMPLICIT.items()}
-for _tag, _rx, _first in _NUMBER_RESOLVERS:
-    StrictDumper.add_implicit_resolver(_tag, _rx, _first)
+StrictDumper.yaml_implicit_resolvers = StrictLoader.yaml_implicit_resolvers  # the loader's, numbers included
 
 
 def dump_yaml(data: Any, **options: Any) -> str:
