@@ -58,8 +58,6 @@ from simddp.scenario_io import as_scenario, load_scenario, scenario_from_dict
 __version__ = "0.1.0"
 
 
-
-
 def simulate(scenario: Scenario | dict[str, Any] | str | Path, trace: bool = True, exact: bool = False) -> StepResult:
     """Simulate one training step; see :class:`StepResult` for what comes back.
 

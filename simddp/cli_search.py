@@ -28,7 +28,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     gpus = args.gpus or scenario.cluster.num_gpus
     result = plan_layouts(scenario, gpus, top=args.top, objective=args.objective, jobs=args.jobs,
                           progress=None if args.json else terminal_progress("plan"))
-    yours = None if own is None else scenario_layout(own, own.cluster.num_gpus)
+    yours = None if own is None else scenario_layout(own)
     if own is not None and yours is None:
         why = "it cannot be simulated"
     if args.json:

@@ -33,7 +33,7 @@ from pydantic import (
 
 from simddp import safeio
 from simddp.errors import ScenarioError
-from simddp.keys import closest_key, submodels, unknown_key_message
+from simddp.keys import closest_key, model_at, submodels, unknown_key_message
 from simddp.presets import CLUSTER_PRESETS, MODEL_PRESETS
 from simddp.units import DTYPE_BYTES, KiB, MiB, parse_rate, parse_size
 
@@ -1090,19 +1090,9 @@ def _whole_list(where: str, verb: str = "set") -> str:
 
 def _holds_list(keys: list[str]) -> bool:
     """Whether the scenario key at ``keys`` is a list (model.parameters, model.layers), by the schema."""
-    model: Any = Scenario
-    for i, k in enumerate(keys):
-        fields = getattr(model, "model_fields", None)
-        if not isinstance(fields, dict) or k not in fields:
-            return False
-        kinds = [fields[k].annotation]
-        while kinds and typing.get_origin(kinds[0]) in (typing.Union, types.UnionType, Annotated):
-            kinds = [a for a in typing.get_args(kinds[0]) if a is not type(None)][:1]
-        kind = kinds[0] if kinds else None
-        if i == len(keys) - 1:
-            return typing.get_origin(kind) in (list, tuple)
-        model = kind
-    return False
+    parent = model_at(Scenario, tuple(keys[:-1]))
+    field = parent.model_fields.get(keys[-1]) if parent is not None else None
+    return field is not None and _list_item_type(field.annotation) is not None
 
 
 def list_item_problem(dotted: str, verb: str = "set", last: bool = True) -> str | None:

@@ -518,16 +518,9 @@ def _planning_data(scenario: Scenario, num_gpus: int) -> dict[str, Any]:
     return data
 
 
-def scenario_layout(scenario: Scenario, num_gpus: int) -> PlannedLayout | None:
-    """The scenario's own layout on ``num_gpus`` GPUs (dp following them), simulated as the planner's rows are;
-    None where it is not valid there or cannot be simulated (beside the ranking, ``you``)."""
-    if num_gpus != scenario.cluster.num_gpus:
-        data = _planning_data(scenario, num_gpus)
-        data["parallelism"] = {**data["parallelism"], "dp": None}
-        try:
-            scenario = Scenario.model_validate(data)
-        except (ValidationError, ScenarioError, ValueError):
-            return None
+def scenario_layout(scenario: Scenario) -> PlannedLayout | None:
+    """The scenario's own layout (:func:`plan_start`'s ``own``, already on the GPUs planned for), simulated as the
+    planner's rows are; None where it cannot be simulated (beside the ranking, ``you``)."""
     try:
         r = simulate_step(scenario, trace=False)
         check_range(r.step_time_s, "its step")

@@ -49,7 +49,7 @@ if cluster is not None:
             start = plan_start(data, gpus)
             result = plan_layouts(start.base, gpus, top=top, objective=objective or "step_time", progress=progress,
                                   pareto=True, exact_front=exact_front)
-            yours = None if start.own is None else scenario_layout(start.own, gpus)
+            yours = None if start.own is None else scenario_layout(start.own)
             st.session_state[RESULT_KEY] = (request, result, yours, start)
         except ScenarioError as err:
             st.session_state.pop(RESULT_KEY, None)

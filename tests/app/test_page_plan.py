@@ -98,7 +98,7 @@ def test_the_page_plans_what_the_cli_plans() -> None:
         assert [m.value for m in at.main.metric if m.label == "Layouts evaluated"] == [f"{ref.evaluated:,}"]
         captions = " ".join(c.value for c in at.main.caption)
         if begin.own is not None:
-            yours = scenario_layout(begin.own, gpus)
+            yours = scenario_layout(begin.own)
             assert yours is not None and units.fmt_time(yours.step_time_s) in captions
         else:
             assert "Your layout is not compared: global_batch_size(4) is not a multiple" in captions
