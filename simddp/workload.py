@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import functools
 import itertools
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from operator import attrgetter
 from typing import Any, Literal, NamedTuple, TypeVar
@@ -145,13 +145,180 @@ class Layer:
         return self.block is not None
 
 
+class BlockLayers(Sequence[Layer]):
+    """A transformer's layers in forward order: ``head`` (the embedding), ``count`` copies of one block, then
+    ``tail`` (final norm, output layer, loss), each block's layers made when one of them is first read.
+
+    Block ``i`` is block 0 (``first``, ``per`` layers) renamed (``block_name.format(i=i)`` for the prefix
+    ``first_prefix``), with index ``i``, stage ``stage_of[i]`` and its parameters shifted by ``i`` blocks of
+    ``params_per_block`` (:func:`_transformer_params` lays them out so). A pipeline's fast path reads the
+    layers of one rank of each kind (:meth:`Workload.rank_twins`): a 1T model on 64 stages makes 6 of its 128
+    blocks. Read as a tuple of those layers (indexing, slices, iteration, equality); :meth:`stage_at` and
+    :meth:`block_at` answer for a position without making its layer.
+    """
+
+    __slots__ = ("_block_name", "_count", "_first", "_head", "_made", "_per", "_ppb", "_stage_of", "_tail",
+                 "_templates")
+
+    def __init__(self, head: Sequence[Layer], first: Sequence[Layer], first_prefix: str, block_name: str,
+                 params_per_block: int, stage_of: Sequence[int], tail: Sequence[Layer]) -> None:
+        self._head, self._first, self._tail = tuple(head), list(first), tuple(tail)
+        self._block_name, self._stage_of, self._ppb = block_name, list(stage_of), params_per_block
+        self._per, self._count = len(self._first), len(self._stage_of)
+        # (fields, name after the block prefix) of block 0's layers: a copy is its fields, copied whole, with
+        # four changed. The template is a plain dict built once ({**...}): copying one is a block copy, and
+        # unlike a copy of the instance's own (key-sharing) dict its copies keep attribute reads fast (3.6x
+        # slower on such copies, measured on CPython 3.11).
+        cut = len(first_prefix)
+        self._templates = [({**la.__dict__}, la.name[cut:]) for la in self._first]
+        self._made: list[list[Layer] | None] = [None] * self._count
+        if self._count:
+            self._made[0] = self._first
+
+    def _block(self, i: int) -> list[Layer]:
+        made = self._made[i]
+        if made is None:
+            renamed, stage, shift = self._block_name.format(i=i), self._stage_of[i], i * self._ppb
+            make, set_fields = object.__new__, object.__setattr__
+            made = []
+            for fields, rest in self._templates:
+                copied = fields.copy()
+                copied["name"], copied["block"], copied["stage"] = renamed + rest, i, stage
+                own = copied["param_indices"]
+                if own:
+                    copied["param_indices"] = tuple(map(shift.__add__, own))
+                layer = make(Layer)
+                set_fields(layer, "__dict__", copied)
+                made.append(layer)
+            self._made[i] = made
+        return made
+
+    def __len__(self) -> int:
+        return len(self._head) + self._per * self._count + len(self._tail)
+
+    def _where(self, i: int) -> tuple[int, int]:
+        """Position ``i`` (0 <= i < len) as (block, index in it); block -1 is the head, ``count`` the tail."""
+        h = len(self._head)
+        if i < h:
+            return -1, i
+        i -= h
+        if i < self._per * self._count:
+            return divmod(i, self._per)
+        return self._count, i - self._per * self._count
+
+    def _item(self, i: int) -> Layer:
+        block, k = self._where(i)
+        if block < 0:
+            return self._head[k]
+        if block == self._count:
+            return self._tail[k]
+        return self._block(block)[k]
+
+    def __getitem__(self, i: Any) -> Any:
+        if isinstance(i, slice):
+            lo, hi, step = i.indices(len(self))
+            if step != 1:
+                return tuple(self._item(k) for k in range(lo, hi, step))
+            return self._slice(lo, hi)
+        n = len(self)
+        if i < 0:
+            i += n
+        if not 0 <= i < n:
+            raise IndexError("layer index out of range")
+        return self._item(i)
+
+    def _slice(self, lo: int, hi: int) -> tuple[Layer, ...]:
+        """Positions ``lo`` to ``hi``: the head's, whole blocks, the tail's."""
+        h, per = len(self._head), self._per
+        end = h + per * self._count
+        out = list(self._head[lo:min(hi, h)])
+        if hi > h and lo < end:
+            a, b = max(lo, h) - h, min(hi, end) - h  # in the blocks' positions
+            first, last = a // per, (b - 1) // per
+            for i in range(first, last + 1):
+                layers = self._block(i)
+                out += layers if a <= i * per and (i + 1) * per <= b else layers[max(a - i * per, 0):b - i * per]
+        if hi > end:
+            out += self._tail[max(lo - end, 0):hi - end]
+        return tuple(out)
+
+    def __iter__(self) -> Iterator[Layer]:
+        yield from self._head
+        for i in range(self._count):
+            yield from self._block(i)
+        yield from self._tail
+
+    def stage_at(self, i: int) -> int:
+        """The stage of the layer at position ``i``, without making it."""
+        block, k = self._where(i)
+        if block < 0:
+            return self._head[k].stage
+        if block == self._count:
+            return self._tail[k].stage
+        return self._stage_of[block]
+
+    def block_at(self, i: int) -> int | None:
+        """The block index of the layer at position ``i``, without making it."""
+        block, k = self._where(i)
+        if block < 0:
+            return self._head[k].block
+        if block == self._count:
+            return self._tail[k].block
+        return block
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Sequence) or isinstance(other, str) or len(other) != len(self):
+            return False
+        return all(a == b for a, b in zip(self, other, strict=True))
+
+    def __hash__(self) -> int:
+        return hash(tuple(self))
+
+    def __repr__(self) -> str:
+        return f"BlockLayers({len(self)} layers, {self._count} blocks)"
+
+
+class RankLayers(Sequence[Layer]):
+    """:meth:`Workload.rank_layers` made when first read: a pipeline's twin ranks (:meth:`Workload.rank_twins`)
+    are planned from their first rank's plan, and the fast engine never reads their layers."""
+
+    __slots__ = ("_args", "_layers")
+
+    def __init__(self, workload: Workload, rank: int, pp: int) -> None:
+        self._args: tuple[Workload, int, int] | None = (workload, rank, pp)
+        self._layers: tuple[Layer, ...] = ()
+
+    def _get(self) -> tuple[Layer, ...]:
+        if self._args is not None:
+            workload, rank, pp = self._args
+            self._layers, self._args = workload.rank_layers(rank, pp), None
+        return self._layers
+
+    def __len__(self) -> int:
+        if self._args is not None:
+            workload, rank, pp = self._args
+            return sum(hi - lo for lo, hi in workload._rank_walk(pp)[0][rank])
+        return len(self._layers)
+
+    def __getitem__(self, i: Any) -> Any:
+        return self._get()[i]
+
+    def __iter__(self) -> Iterator[Layer]:
+        return iter(self._get())
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Sequence) and tuple(self._get()) == tuple(other)
+
+    __hash__ = None  # type: ignore[assignment]
+
+
 @dataclass(frozen=True)
 class Workload:
     """Parameters (in definition order), gradient-ready order and layers (in forward order) of one GPU."""
 
     parameters: tuple[Param, ...]
     grad_ready_order: tuple[int, ...]
-    layers: tuple[Layer, ...]
+    layers: Sequence[Layer]  # a tuple, or a transformer's BlockLayers
     tokens_per_micro_batch: int
     samples_per_micro_batch: int
     model_flop_per_sample: float  # whole model, fwd + bwd, no recompute, all tp ranks (for MFU)
@@ -228,28 +395,37 @@ class Workload:
         return got  # type: ignore[no-any-return]
 
     def rank_layers(self, rank: int, pp: int) -> tuple[Layer, ...]:
-        """Layers held by pipeline rank ``rank`` (all its virtual stages), in forward order."""
-        return self._rank_walk(pp)[0][rank]
+        """Layers held by pipeline rank ``rank`` (all its virtual stages), in forward order: made once per
+        workload and pp, when first asked (a transformer's :class:`BlockLayers` makes only those blocks)."""
+        key = ("rank layers", pp, rank)
+        got = self.memo.get(key)
+        if got is None:
+            layers = self.layers
+            got = self.memo[key] = tuple(itertools.chain.from_iterable(
+                layers[lo:hi] for lo, hi in self._rank_walk(pp)[0][rank]))
+        return got  # type: ignore[no-any-return]
 
     def rank_stage_positions(self, rank: int, pp: int) -> dict[int, list[int]]:
         """Each virtual stage's positions in :meth:`rank_layers`, in forward order (the engines walk a rank's
         layers stage by stage). Shared: callers must not change the lists."""
         return self._rank_walk(pp)[1][rank]
 
-    def _rank_walk(self, pp: int) -> tuple[list[tuple[Layer, ...]], list[dict[int, list[int]]]]:
+    def _rank_walk(self, pp: int) -> tuple[list[list[tuple[int, int]]], list[dict[int, list[int]]]]:
+        """Per rank, the runs of the model's layers it holds ((first, end) in layer order), and each of its
+        virtual stages' positions among them; from the stage runs alone, no layer read."""
         key = ("rank_layers", pp)
         if key not in self.memo and pp == 1 and self.num_stages == 1:  # one rank, one stage: every layer
-            self.memo[key] = ([self.layers], [{0: list(range(len(self.layers)))}])
+            self.memo[key] = ([[(0, len(self.layers))]], [{0: list(range(len(self.layers)))}])
         if key not in self.memo:  # every rank's in one walk (a 1T model has 64 ranks and ~1,300 layers)
-            ranks: list[list[Layer]] = [[] for _ in range(pp)]
+            runs: list[list[tuple[int, int]]] = [[] for _ in range(pp)]
             positions: list[dict[int, list[int]]] = [{} for _ in range(pp)]
-            layers = self.layers
+            held = [0] * pp
             for stage, lo, hi in self._stage_runs():
                 r = stage % pp
-                held = len(ranks[r])
-                positions[r].setdefault(stage, []).extend(range(held, held + hi - lo))
-                ranks[r] += layers[lo:hi]
-            self.memo[key] = ([tuple(r) for r in ranks], positions)
+                positions[r].setdefault(stage, []).extend(range(held[r], held[r] + hi - lo))
+                held[r] += hi - lo
+                runs[r].append((lo, hi))
+            self.memo[key] = (runs, positions)
         return self.memo[key]  # type: ignore[no-any-return]
 
     def block_heads(self) -> range | None:
@@ -267,9 +443,10 @@ class Workload:
         probes: Iterable[int] = range(len(layers))  # the layers whose stage is read: all, or each block's first
         if firsts is not None:
             probes = itertools.chain(range(firsts.start), firsts, range(firsts.stop, len(layers)))
+        stage_at = layers.stage_at if isinstance(layers, BlockLayers) else (lambda i: layers[i].stage)
         heads: list[tuple[int, int]] = []  # (stage, position) where the layers from position on have that stage
         for lo in probes:
-            stage = layers[lo].stage
+            stage = stage_at(lo)
             if not heads or heads[-1][0] != stage:
                 heads.append((stage, lo))
         ends = [lo for _, lo in heads[1:]] + [len(layers)]
@@ -733,51 +910,28 @@ def _transformer_workload(scenario: Scenario, spec: TransformerSpec,
         collectives=emb_colls,
     ))
 
-    # Blocks are identical but for their names, parameters, index and pipeline stage: build the first, rename
-    # it for the rest. Block i's parameters are block 0's shifted by i blocks (_transformer_params lays them
-    # out so); blocks go to stages as evenly as they divide (block_stage_starts), the embedding to the first
-    # stage, the rest to the last.
+    # Blocks are identical but for their names, parameters, index and pipeline stage: block 0 is built, the
+    # others are made from it when first read (BlockLayers: a pipeline's fast path reads only the blocks of its
+    # first rank of each kind, 6 of a 1T model's 128). Block i's parameters are block 0's shifted by i blocks
+    # (_transformer_params lays them out so); blocks go to stages as evenly as they divide (block_stage_starts),
+    # the embedding to the first stage, the rest to the last.
     num_stages = par.pp * par.virtual_stages
     starts = block_stage_starts(spec.num_layers, par.pp, par.virtual_stages)
     stage_of = [s for s in range(num_stages) for _ in range(starts[s], starts[s + 1])]
     first = block_layers(0) if spec.num_layers else []
+    if first and stage_of[0]:
+        first = [copy_with(la, stage=stage_of[0]) for la in first]
     prefix = names.block.format(i=0)
     per_block = sum(len(ids) for module, ids in groups.items() if module.startswith(prefix + "."))
-    # (fields, name after the block prefix, parameters) of block 0's layers; each copy is copy_with's, inline
-    # (a 1T model copies 1,270 layers): no constructor, and the fields a copy of block 0's with four changed.
-    # The template is a plain dict built once ({**...}): copying one is a block copy, where a {**fields, ...}
-    # display per layer inserts key by key, and unlike a copy of the instance's own (key-sharing) dict its
-    # copies keep attribute reads fast (3.6x slower on such copies, measured on CPython 3.11).
-    # Block i's parameter indices of each layer, for every block at once: zip builds the tuples (g + i per_block
-    # for each g the layer owns in block 0), in C rather than one comprehension per copy.
-    span = per_block * spec.num_layers
-    templates = [({**la.__dict__}, la.name[len(prefix):],
-                  list(zip(*[range(g, g + span, per_block) for g in la.param_indices], strict=True))
-                  if la.param_indices else None) for la in first]
-    make, set_fields = object.__new__, object.__setattr__
-    append = layers.append
-    for i in range(spec.num_layers):
-        stage = stage_of[i]
-        if i == 0:
-            layers += first if stage == 0 else [copy_with(la, stage=stage) for la in first]
-            continue
-        renamed = names.block.format(i=i)
-        for fields, rest, own in templates:
-            copied = fields.copy()
-            copied["name"], copied["block"], copied["stage"] = renamed + rest, i, stage
-            if own is not None:
-                copied["param_indices"] = own[i]
-            layer = make(Layer)
-            set_fields(layer, "__dict__", copied)
-            append(layer)
-    last_stage, end_of_blocks = num_stages - 1, len(layers)
+    last_stage = num_stages - 1
+    tail: list[Layer] = []
     if spec.final_norm:
-        layers.append(elementwise(names.final_norm, names.final_norm, norm_fwd, norm_bwd, h, t_sp, None))
+        tail.append(elementwise(names.final_norm, names.final_norm, norm_fwd, norm_bwd, h, t_sp, None))
     head_module = "lm_head" if not spec.tied_embeddings else names.embed
     head = linear("lm_head", head_module, h, v // tp, None, "vocab", v)
     if spec.tied_embeddings:
         head = replace(head, param_indices=())  # the tied weight's gradient completes at the embedding
-    layers.append(head)
+    tail.append(head)
     # Megatron's vocab-parallel cross-entropy on fp32 logits: convert (read 16-bit, write fp32), then max,
     # subtract, exp, sum and normalise in place (about five fp32 passes); backward writes the gradient
     # (fp32 read and write) and converts it to 16 bits. Three small all-reduces over tp (max, target logit,
@@ -790,19 +944,19 @@ def _transformer_workload(scenario: Scenario, spec: TransformerSpec,
         # exponentials, write: four fp32 passes); backward: nll_loss_backward writes a dense fp32 gradient,
         # log_softmax_backward reads it and the log-probabilities and writes another, the cast back to 16 bits.
         fwd_bytes, bwd_bytes = a + _FP32 + 4 * _FP32, _FP32 + 3 * _FP32 + _FP32 + a
-    layers.append(Layer(
+    tail.append(Layer(
         "loss", (),
         fwd=(memory_kernel("cross-entropy", logits * fwd_bytes),),
         dgrad=(memory_kernel("cross-entropy-bwd", logits * bwd_bytes),),
         collectives=loss_colls,
     ))
     if last_stage:
-        layers[end_of_blocks:] = [copy_with(la, stage=last_stage) for la in layers[end_of_blocks:]]
+        tail = [copy_with(la, stage=last_stage) for la in tail]
 
     # Gradient-ready order = reverse of execution order, parameter by parameter within a module. Block i's
     # part is block 0's shifted by i blocks (its parameters are), taken once per block rather than per layer.
     ready: list[int] = []
-    for layer in reversed(layers[end_of_blocks:]):
+    for layer in reversed(tail):
         ready.extend(reversed(layer.param_indices))
     block_ready = [g for layer in reversed(first) for g in reversed(layer.param_indices)]
     # Block i's entries, last block first: one range per entry of block 0's (its g + i per_block, i falling),
@@ -818,14 +972,14 @@ def _transformer_workload(scenario: Scenario, spec: TransformerSpec,
     # Summed in layer order, as over every layer (the same additions, bit for bit): the blocks' values are block
     # 0's repeated, by list repetition rather than an attribute read per copy.
     flops = [la.model_flop for la in layers[:1]] + [la.model_flop for la in first] * spec.num_layers
-    flop_per_sample = 3 * tp * sum(flops + [la.model_flop for la in layers[end_of_blocks:]]) / b
+    flop_per_sample = 3 * tp * sum(flops + [la.model_flop for la in tail]) / b
     notes = []
     if spec.kv_heads < tp:
         notes.append(f"num_kv_heads({spec.kv_heads}) < tp({tp}): K/V projections are replicated")
     return Workload(
         parameters=tuple(params),
         grad_ready_order=tuple(ready),
-        layers=tuple(layers),
+        layers=BlockLayers(layers, first, names.block.format(i=0), names.block, per_block, stage_of, tail),
         tokens_per_micro_batch=t,
         samples_per_micro_batch=b,
         model_flop_per_sample=flop_per_sample,

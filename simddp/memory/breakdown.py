@@ -29,7 +29,7 @@ from simddp.memory.items import Item, MemoryBreakdown, MemoryItem
 from simddp.memory.states import OPTIMIZER_STATE_BYTES_PER_PARAM, model_states_bytes
 from simddp.scenario_io import as_scenario
 from simddp.units import fmt_bytes
-from simddp.workload import PRECISION_ACT_BYTES, Layer, Workload, build_workload, uses_dropout
+from simddp.workload import PRECISION_ACT_BYTES, BlockLayers, Layer, Workload, build_workload, uses_dropout
 from simddp.zero import ZeroRule, describe, zero_rule
 
 _ITEM_LIST = TypeAdapter(list[MemoryItem])
@@ -303,6 +303,12 @@ def _blocks_per_rank(workload: Workload, pp: int) -> list[int]:
     (:attr:`Workload.blocks`), only their first layers are read (a 1T model's 128 of ~1,300)."""
     ranks: list[set[int]] = [set() for _ in range(pp)]
     layers, heads = workload.layers, workload.block_heads()
+    if isinstance(layers, BlockLayers) and heads is not None:  # read without making the blocks
+        for i in heads:
+            block = layers.block_at(i)
+            if block is not None:
+                ranks[layers.stage_at(i) % pp].add(block)
+        return [len(blocks) for blocks in ranks]
     firsts: Sequence[Layer] = layers if heads is None else [layers[i] for i in heads]
     for la in firsts:
         if la.block is not None:

@@ -29,7 +29,16 @@ from simddp.sim.layers import LayerPlan, layer_alone, layer_tp_s
 from simddp.sim.pipeline import PipeOp, last_backward, schedule
 from simddp.topology import CommGroup, dp_group, group, pp_boundary_group, tp_group
 from simddp.units import dtype_bytes
-from simddp.workload import LAYER_KIND, Collective, Layer, Param, Workload, build_workload, grad_reduce_spec
+from simddp.workload import (
+    LAYER_KIND,
+    Collective,
+    Layer,
+    Param,
+    RankLayers,
+    Workload,
+    build_workload,
+    grad_reduce_spec,
+)
 from simddp.zero import (
     ParamUnit,
     ZeroRule,
@@ -221,7 +230,7 @@ class RankPlan:
     """One pipeline rank (its data- and tensor-parallel peers behave the same)."""
 
     index: int
-    layers: tuple[Layer, ...]
+    layers: Sequence[Layer]  # a tuple; a twin rank's RankLayers (made when read)
     plans: LayerPlans
     grads: RankGradients
     bucket_of_layer: list[list[int]]  # bucket index of each gradient a layer releases
@@ -426,11 +435,11 @@ def build_plan(scenario: Scenario, workload: Workload | None = None) -> StepPlan
     # alike: the first of each shape is planned, the others are copies of it (_twin).
     twins = workload.rank_twins(par.pp) if mode == "pipeline" and not unused else None
     for r in range(par.pp):
-        layers = workload.rank_layers(r, par.pp)
         if twins is not None and twins[r][0] != r:
             first, shift = twins[r]
-            ranks.append(_twin(scenario, workload, ranks[first], shift, r, layers, rule))
+            ranks.append(_twin(scenario, workload, ranks[first], shift, r, RankLayers(workload, r, par.pp), rule))
             continue
+        layers = workload.rank_layers(r, par.pp)
         grads = rank_gradients(scenario, workload, r, rule)
         bucket_of_layer = grads.memo.get("bucket of layer")  # unused parameters are the model's: in the workload
         if bucket_of_layer is None:
@@ -519,7 +528,7 @@ def build_plan(scenario: Scenario, workload: Workload | None = None) -> StepPlan
 
 
 def _twin(scenario: Scenario, workload: Workload, first: RankPlan, delta: int, r: int,
-          layers: tuple[Layer, ...], rule: ZeroRule) -> RankPlan:
+          layers: Sequence[Layer], rule: ZeroRule) -> RankPlan:
     """The plan of middle pipeline rank ``r``, alike ``first`` with parameter indices shifted by ``delta``
     (:meth:`simddp.workload.Workload.rank_twins`): ``first``'s plan with its own index, layers, gradients and
     virtual stages.
