@@ -379,3 +379,66 @@ def test_rank_layers_from_the_layout_are_the_walks() -> None:
                         assert workload.rank_stage_positions(r, pp) == positions[r], (layers, pp, v, r)
                 checked += 1
     assert checked >= 40
+
+
+@pytest.mark.parametrize(("layers", "pp", "v"), [(12, 4, 1), (13, 4, 1), (16, 4, 2), (19, 3, 2), (7, 2, 3)])
+def test_block_layers_read_as_the_tuple_of_every_layer(layers: int, pp: int, v: int) -> None:
+    """A pipeline workload's layers (BlockLayers: block i made when first read) read as the tuple of every layer
+    made at once: each index and slice, the stage and block of a position without making its layer, equality;
+    and reading one position makes only its block."""
+    import random
+
+    from simddp.workload import BlockLayers, fresh_workload
+
+    scenario = _small_pipeline(layers, pp, v)
+    assert scenario is not None
+    lazy = fresh_workload(scenario).layers
+    assert isinstance(lazy, BlockLayers)
+    every = fresh_workload(scenario).layers.materialize()
+    n = len(every)
+    assert len(lazy) == n and lazy.stage_at(n - 1) == every[-1].stage
+    assert sum(made is not None for made in lazy._made) == 1  # block 0 (the template) only, until read
+    start, per, _ = fresh_workload(scenario).blocks or (0, 0, 0)
+    lazy[start + per * (layers - 1)]  # a position in the last block
+    assert sum(made is not None for made in lazy._made) == min(2, layers)
+    rnd = random.Random(layers * 100 + pp * 10 + v)
+    for _ in range(200):
+        lo, hi = sorted(rnd.randrange(-2, n + 3) for _ in range(2))
+        assert lazy[lo:hi] == every[lo:hi], (lo, hi)
+        i = rnd.randrange(-n, n)
+        assert lazy[i] == every[i]
+        assert lazy.stage_at(i % n) == every[i].stage and lazy.block_at(i % n) == every[i].block
+    assert lazy[::3] == every[::3] and tuple(lazy) == every and lazy == every and hash(lazy) == hash(every)
+    with pytest.raises(IndexError):
+        lazy[n]
+
+
+def test_a_pipeline_step_makes_the_blocks_of_one_rank_of_each_kind() -> None:
+    """The fast path plans a pipeline's twin ranks from their first rank's plan and reads none of their layers:
+    GPT-3's 96 blocks on pp 8 with 3 chunks make those of ranks 0, 1 and 7 (the first of each kind) and of the
+    stage whose memory is reported, 48 of 96, and asking another twin rank's layers (RankLayers) makes them then,
+    equal to the walk's."""
+    from simddp.sim.step import simulate_step
+    from simddp.workload import BlockLayers
+
+    scenario = scenario_from_dict(deep_merge(base_scenario(), {
+        "model": {"preset": "gpt3-175b"}, "cluster": {"preset": "dgx-a100-80gb", "num_nodes": 8},
+        "parallelism": {"tp": 8, "pp": 8, "pipeline_schedule": "interleaved-1f1b", "virtual_stages": 3},
+        "training": {"micro_batch_size": 1, "global_batch_size": 64, "seq_len": 2048}}))
+    from simddp import engine_caches
+
+    engine_caches.clear()
+    w = build_workload(scenario)  # built anew, and the one simulate_step finds
+    lazy = w.layers
+    assert isinstance(lazy, BlockLayers)
+    simulate_step(scenario, trace=False)
+    made = {i for i, blocks in enumerate(lazy._made) if blocks is not None}
+    ranks = {(i // 4) % 8 for i in made}  # 4 blocks a chunk: block i on rank (i // 4) mod 8
+    # Ranks 0, 1 and 7 planned, and the memory model's buffers of the stage it reports (one of the twins).
+    assert {0, 1, 7} <= ranks and len(ranks) <= 4 and made == {i for i in range(96) if (i // 4) % 8 in ranks}
+    from simddp.sim.plan import build_plan
+
+    twin = next(r for r in build_plan(scenario, w).ranks if r.index not in ranks)
+    assert w.blocks is not None
+    assert len(twin.layers) == 12 * w.blocks[1] and len(made) == 12 * len(ranks)  # its length, without making it
+    assert tuple(twin.layers) == tuple(la for la in tuple(lazy) if la.stage % 8 == twin.index)
