@@ -178,43 +178,37 @@ class BlockLayers(Sequence[Layer]):
     def _block(self, i: int) -> list[Layer]:
         made = self._made[i]
         if made is None:
-            renamed, stage, shift = self._block_name.format(i=i), self._stage_of[i], i * self._ppb
-            make, set_fields = object.__new__, object.__setattr__
-            made = []
-            for fields, rest in self._templates:
-                copied = fields.copy()
-                copied["name"], copied["block"], copied["stage"] = renamed + rest, i, stage
-                own = copied["param_indices"]
-                if own:
-                    copied["param_indices"] = tuple(map(shift.__add__, own))
-                layer = make(Layer)
-                set_fields(layer, "__dict__", copied)
-                made.append(layer)
-            self._made[i] = made
+            shift = i * self._ppb
+            made = self._made[i] = self._make(i, [tuple(map(shift.__add__, fields["param_indices"]))
+                                                  if fields["param_indices"] else None
+                                                  for fields, _ in self._templates])
+        return made
+
+    def _make(self, i: int, owned: Sequence[tuple[int, ...] | None]) -> list[Layer]:
+        """Block ``i``'s layers, owning ``owned`` (per layer: its parameter indices, None for none)."""
+        renamed, stage = self._block_name.format(i=i), self._stage_of[i]
+        make, set_fields = object.__new__, object.__setattr__
+        made = []
+        for (fields, rest), ids in zip(self._templates, owned, strict=True):
+            copied = fields.copy()
+            copied["name"], copied["block"], copied["stage"] = renamed + rest, i, stage
+            if ids is not None:
+                copied["param_indices"] = ids
+            layer = make(Layer)
+            set_fields(layer, "__dict__", copied)
+            made.append(layer)
         return made
 
     def materialize(self) -> tuple[Layer, ...]:
-        """Every layer, as a tuple: for a model whose every block is read (one pipeline stage). Block i's parameter
-        indices of each layer come for every block at once (zip builds the tuples, g + i ppb for each g the layer
-        owns in block 0), in C rather than one map per copy."""
+        """Every layer, as a tuple: for a model whose every block is read (one pipeline stage). Each layer's
+        parameter indices come for every block at once (zip builds the tuples, ``g + i ppb`` for each ``g`` the
+        layer owns in block 0), in C rather than one ``map`` per copy."""
         span = self._ppb * self._count
-        own = [list(zip(*[range(g, g + span, self._ppb) for g in la.param_indices], strict=True))
-               if la.param_indices else None for la in self._first]
-        make, set_fields = object.__new__, object.__setattr__
+        columns = [list(zip(*[range(g, g + span, self._ppb) for g in la.param_indices], strict=True))
+                   if la.param_indices else None for la in self._first]
         for i in range(1, self._count):
-            if self._made[i] is not None:
-                continue
-            renamed, stage = self._block_name.format(i=i), self._stage_of[i]
-            made = []
-            for (fields, rest), ids in zip(self._templates, own, strict=True):
-                copied = fields.copy()
-                copied["name"], copied["block"], copied["stage"] = renamed + rest, i, stage
-                if ids is not None:
-                    copied["param_indices"] = ids[i]
-                layer = make(Layer)
-                set_fields(layer, "__dict__", copied)
-                made.append(layer)
-            self._made[i] = made
+            if self._made[i] is None:
+                self._made[i] = self._make(i, [None if ids is None else ids[i] for ids in columns])
         return tuple(self)
 
     def __len__(self) -> int:
