@@ -36,7 +36,7 @@ import itertools
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from operator import attrgetter
-from typing import Any, Literal, NamedTuple, TypeVar
+from typing import Any, Literal, NamedTuple, TypeVar, overload
 
 from simddp.config import Scenario, TransformerSpec
 from simddp.engine_caches import KeyedCache
@@ -232,18 +232,19 @@ class BlockLayers(Sequence[Layer]):
             return self._tail[k]
         return self._block(block)[k]
 
-    def __getitem__(self, i: Any) -> Any:
+    @overload
+    def __getitem__(self, i: int) -> Layer: ...
+
+    @overload
+    def __getitem__(self, i: slice) -> tuple[Layer, ...]: ...
+
+    def __getitem__(self, i: int | slice) -> Layer | tuple[Layer, ...]:
         if isinstance(i, slice):
             lo, hi, step = i.indices(len(self))
             if step != 1:
                 return tuple(self._item(k) for k in range(lo, hi, step))
             return self._slice(lo, hi)
-        n = len(self)
-        if i < 0:
-            i += n
-        if not 0 <= i < n:
-            raise IndexError("layer index out of range")
-        return self._item(i)
+        return self._item(self._position(i))
 
     def _slice(self, lo: int, hi: int) -> tuple[Layer, ...]:
         """Positions ``lo`` to ``hi``: the head's, whole blocks, the tail's."""
@@ -266,9 +267,18 @@ class BlockLayers(Sequence[Layer]):
             yield from self._block(i)
         yield from self._tail
 
+    def _position(self, i: int) -> int:
+        """``i`` as a position from 0, a negative one counted from the end, as a tuple's index is."""
+        n = len(self)
+        if i < 0:
+            i += n
+        if not 0 <= i < n:
+            raise IndexError("layer index out of range")
+        return i
+
     def stage_at(self, i: int) -> int:
-        """The stage of the layer at position ``i``, without making it."""
-        block, k = self._where(i)
+        """The stage of the layer at position ``i`` (as a tuple's index), without making it."""
+        block, k = self._where(self._position(i))
         if block < 0:
             return self._head[k].stage
         if block == self._count:
@@ -276,8 +286,8 @@ class BlockLayers(Sequence[Layer]):
         return self._stage_of[block]
 
     def block_at(self, i: int) -> int | None:
-        """The block index of the layer at position ``i``, without making it."""
-        block, k = self._where(i)
+        """The block index of the layer at position ``i`` (as a tuple's index), without making it."""
+        block, k = self._where(self._position(i))
         if block < 0:
             return self._head[k].block
         if block == self._count:
@@ -285,9 +295,10 @@ class BlockLayers(Sequence[Layer]):
         return block
 
     def __eq__(self, other: object) -> bool:
-        if not isinstance(other, Sequence) or isinstance(other, str) or len(other) != len(self):
-            return False
-        return all(a == b for a, b in zip(self, other, strict=True))
+        """Equal to a tuple (or BlockLayers) of the same layers, as the tuple of its layers would be."""
+        if not isinstance(other, tuple | BlockLayers):
+            return NotImplemented
+        return len(other) == len(self) and all(a == b for a, b in zip(self, other, strict=True))
 
     def __hash__(self) -> int:
         return hash(tuple(self))
@@ -298,7 +309,8 @@ class BlockLayers(Sequence[Layer]):
 
 class RankLayers(Sequence[Layer]):
     """:meth:`Workload.rank_layers` made when first read: a pipeline's twin ranks (:meth:`Workload.rank_twins`)
-    are planned from their first rank's plan, and the fast engine never reads their layers."""
+    are planned from their first rank's plan, and the fast engine reads none of their layers unless asked for a
+    trace (whose spans are named after them)."""
 
     __slots__ = ("_args", "_layers")
 
@@ -315,7 +327,7 @@ class RankLayers(Sequence[Layer]):
     def __len__(self) -> int:
         if self._args is not None:
             workload, rank, pp = self._args
-            return sum(hi - lo for lo, hi in workload._rank_walk(pp)[0][rank])
+            return workload.rank_layer_count(rank, pp)
         return len(self._layers)
 
     def __getitem__(self, i: Any) -> Any:
@@ -325,9 +337,14 @@ class RankLayers(Sequence[Layer]):
         return iter(self._get())
 
     def __eq__(self, other: object) -> bool:
-        return isinstance(other, Sequence) and tuple(self._get()) == tuple(other)
+        if not isinstance(other, tuple | RankLayers):
+            return NotImplemented
+        return self._get() == tuple(other)
 
     __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return repr(self._get()) if self._args is None else f"RankLayers(rank {self._args[1]} of {self._args[2]})"
 
 
 @dataclass(frozen=True)
@@ -418,10 +435,17 @@ class Workload:
         key = ("rank layers", pp, rank)
         got = self.memo.get(key)
         if got is None:
-            layers = self.layers
-            got = self.memo[key] = tuple(itertools.chain.from_iterable(
-                layers[lo:hi] for lo, hi in self._rank_walk(pp)[0][rank]))
+            layers, runs = self.layers, self._rank_walk(pp)[0][rank]
+            if isinstance(layers, tuple) and runs == [(0, len(layers))]:
+                got = layers  # every layer (one rank, one stage)
+            else:
+                got = tuple(itertools.chain.from_iterable(layers[lo:hi] for lo, hi in runs))
+            self.memo[key] = got
         return got  # type: ignore[no-any-return]
+
+    def rank_layer_count(self, rank: int, pp: int) -> int:
+        """``len(rank_layers(rank, pp))``, without making the layers."""
+        return sum(hi - lo for lo, hi in self._rank_walk(pp)[0][rank])
 
     def rank_stage_positions(self, rank: int, pp: int) -> dict[int, list[int]]:
         """Each virtual stage's positions in :meth:`rank_layers`, in forward order (the engines walk a rank's
@@ -431,7 +455,7 @@ class Workload:
     def _rank_walk(self, pp: int) -> tuple[list[list[tuple[int, int]]], list[dict[int, list[int]]]]:
         """Per rank, the runs of the model's layers it holds ((first, end) in layer order), and each of its
         virtual stages' positions among them; from the stage runs alone, no layer read."""
-        key = ("rank_layers", pp)
+        key = ("rank runs", pp)
         if key not in self.memo and pp == 1 and self.num_stages == 1:  # one rank, one stage: every layer
             self.memo[key] = ([[(0, len(self.layers))]], [{0: list(range(len(self.layers)))}])
         if key not in self.memo:  # every rank's in one walk (a 1T model has 64 ranks and ~1,300 layers)
@@ -917,16 +941,15 @@ def _transformer_workload(scenario: Scenario, spec: TransformerSpec,
         block.append(elementwise(f"{p}.residual_mlp", None, residual_fwd, residual_bwd, h, t_sp, i))
         return block
 
-    layers: list[Layer] = []
     emb_colls: tuple[Collective, ...] = ()
     if tp_on:  # vocab-parallel embedding: each rank looks up its vocabulary shard, partial sums reduced
         emb_colls = (Collective("reduce-scatter" if sp else "all-reduce", act, "fwd-post"),)
-    layers.append(Layer(
+    embedding = (Layer(
         names.embed, owned(names.embed),
         fwd=(memory_kernel("lookup", (2.0 + mask) * t * h * a),),
         wgrad=(memory_kernel("scatter-add", t * h * (a + _FP32)),),
         collectives=emb_colls,
-    ))
+    ),)  # the layers before the blocks
 
     # Blocks are identical but for their names, parameters, index and pipeline stage: block 0 is built, the
     # others are made from it when first read (BlockLayers: a pipeline's fast path reads only the blocks of its
@@ -936,9 +959,7 @@ def _transformer_workload(scenario: Scenario, spec: TransformerSpec,
     num_stages = par.pp * par.virtual_stages
     starts = block_stage_starts(spec.num_layers, par.pp, par.virtual_stages)
     stage_of = [s for s in range(num_stages) for _ in range(starts[s], starts[s + 1])]
-    first = block_layers(0) if spec.num_layers else []
-    if first and stage_of[0]:
-        first = [copy_with(la, stage=stage_of[0]) for la in first]
+    first = block_layers(0) if spec.num_layers else []  # on stage 0 (block_stage_starts puts it there)
     prefix = names.block.format(i=0)
     per_block = sum(len(ids) for module, ids in groups.items() if module.startswith(prefix + "."))
     last_stage = num_stages - 1
@@ -971,7 +992,7 @@ def _transformer_workload(scenario: Scenario, spec: TransformerSpec,
     if last_stage:
         tail = [copy_with(la, stage=last_stage) for la in tail]
 
-    lazy = BlockLayers(layers, first, names.block.format(i=0), names.block, per_block, stage_of, tail)
+    lazy = BlockLayers(embedding, first, prefix, names.block, per_block, stage_of, tail)
 
     # Gradient-ready order = reverse of execution order, parameter by parameter within a module. Block i's
     # part is block 0's shifted by i blocks (its parameters are), taken once per block rather than per layer.
@@ -984,14 +1005,14 @@ def _transformer_workload(scenario: Scenario, spec: TransformerSpec,
     top = (spec.num_layers - 1) * per_block
     columns = [range(g + top, g - 1, -per_block) for g in block_ready]
     ready.extend(itertools.chain.from_iterable(zip(*columns, strict=True)))
-    ready.extend(reversed(layers[0].param_indices))  # the embedding
+    ready.extend(reversed(embedding[0].param_indices))
     ready = list(dict.fromkeys(ready))  # each parameter at its first appearance (a tied weight is in two layers)
     if sorted(ready) != list(range(len(params))):
         raise AssertionError("every parameter belongs to one layer")  # a bug in this module, not user input
 
     # Summed in layer order, as over every layer (the same additions, bit for bit): the blocks' values are block
     # 0's repeated, by list repetition rather than an attribute read per copy.
-    flops = [la.model_flop for la in layers[:1]] + [la.model_flop for la in first] * spec.num_layers
+    flops = [la.model_flop for la in embedding] + [la.model_flop for la in first] * spec.num_layers
     flop_per_sample = 3 * tp * sum(flops + [la.model_flop for la in tail]) / b
     notes = []
     if spec.kv_heads < tp:

@@ -115,7 +115,7 @@ def test_the_workload_does_not_depend_on_recompute(path: str) -> None:
     built = []
     for recompute in ("none", "selective", "full", "selective-op"):
         w = fresh_workload(as_scenario(set_value(base, "training.recompute", recompute)))
-        built.append(repr((w.layers, w.parameters, w.grad_ready_order, w.model_flop_per_sample, w.num_stages,
+        built.append(repr((tuple(w.layers), w.parameters, w.grad_ready_order, w.model_flop_per_sample, w.num_stages,
                            w.boundary_activation_bytes, w.boundary_gather_bytes, w.notes)))
     assert all(b == built[0] for b in built)
 

@@ -409,8 +409,22 @@ def test_block_layers_read_as_the_tuple_of_every_layer(layers: int, pp: int, v: 
         assert lazy[i] == every[i]
         assert lazy.stage_at(i % n) == every[i].stage and lazy.block_at(i % n) == every[i].block
     assert lazy[::3] == every[::3] and tuple(lazy) == every and lazy == every and hash(lazy) == hash(every)
+    assert lazy.stage_at(-1) == every[-1].stage and lazy.block_at(-n) == every[0].block
+    assert lazy != list(every)  # as a tuple compares
     with pytest.raises(IndexError):
         lazy[n]
+    with pytest.raises(IndexError):
+        lazy.stage_at(n)
+    # Against the parameters, made apart (workload._transformer_params): a block's layers own parameters of that
+    # block's module names, every parameter once.
+    parameters = fresh_workload(scenario).parameters
+    owned = [g for layer in lazy for g in layer.param_indices]
+    assert sorted(owned) == list(range(len(parameters)))
+    for layer in lazy:
+        if layer.block is not None:
+            prefix = f"transformer.h.{layer.block}."
+            assert layer.name.startswith(prefix)
+            assert all(parameters[g].name.startswith(prefix) for g in layer.param_indices), layer.name
 
 
 def test_a_pipeline_step_makes_the_blocks_of_one_rank_of_each_kind() -> None:
