@@ -438,7 +438,7 @@ def _run_pipeline(plan: StepPlan, max_operations: int | None = None) -> list[Out
     # The two bounds' schedules (simddp.sim.step._bounds) ride along: same operations, same traversal.
     serial, kernels = bound_steps(plan)
     run = ScheduleRun(plan.ops, num_vs, [step, serial, kernels], max_operations=max_operations)
-    shape = steady(plan.ops)
+    shape = steady(plan.ops, last_b)
     needed = _tail_needs(plan, cut) if overlapped else {}
     if shape is not None and needed:  # run the tail's inputs one by one, so that their times are kept
         limit = list(shape.limit)

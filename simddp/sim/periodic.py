@@ -63,7 +63,7 @@ class Steady:
         return min(self.pairs[r], (self.limit[r] - self.start[r]) // 2)
 
 
-def steady(ops: Sequence[Sequence[PipeOp]]) -> Steady | None:
+def steady(ops: Sequence[Sequence[PipeOp]], last: Sequence[dict[int, int]] | None = None) -> Steady | None:
     """The steady structure of the ranks' schedules ``ops``, or None where they have none to extend (GPipe,
     interleaving with as many micro-batches as stages, operation lists that are not a :class:`Schedule`).
 
@@ -74,7 +74,8 @@ def steady(ops: Sequence[Sequence[PipeOp]]) -> Steady | None:
     index k + p v is index k's (chunk, micro-batch + p); rank 0's input comes from rank p - 1's forward
     k - p and rank p - 1's gradient from rank 0's backward k - p, so the cut of rank r goes after ``J + r``
     pairs. Either way the first operation after a cut needs at most the last forward and backward of a
-    neighbour (see the module docstring). The warm-up counts are the schedules' own.
+    neighbour (see the module docstring). The warm-up counts are the schedules' own. ``last``: each rank's
+    :func:`simddp.sim.pipeline.last_backward`, where the caller has them.
     """
     schedules = [o for o in ops if isinstance(o, Schedule)]
     if not schedules or len(schedules) != len(ops):
@@ -91,7 +92,9 @@ def steady(ops: Sequence[Sequence[PipeOp]]) -> Steady | None:
         return None
     warm = [o.warmup for o in schedules]
     pairs = [o.total - o.warmup for o in schedules]
-    limit = [min(last_backward(o, v).values(), default=len(o)) for o in schedules]
+    if last is None:  # each rank's last_backward (the caller's, where it has them)
+        last = [last_backward(o, v) for o in schedules]
+    limit = [min(lb.values(), default=len(o)) for lb, o in zip(last, schedules, strict=True)]
     return Steady(start=warm, pairs=pairs, offset=offset, limit=limit, unit=unit, shift=shift,
                   stagger=stagger)
 
@@ -470,7 +473,7 @@ class ScheduleRun:
             one = [max(start[k][r], up[k] + pre[k]) + post[k] for k in range(3)]
             two = [max(one[k], nxt[k] + pre[k]) + post[k] for k in range(3)]
             w1, w2 = max(up[0] + pre[0] - start[0][r], 0.0), max(nxt[0] + pre[0] - one[0], 0.0)
-            if not all(_shifted([n], [t], d) for t, n, d in zip(two, nxt, deltas, strict=True)):
+            if any(abs(t - n - d) > _REL_TOL * abs(t) for t, n, d in zip(two, nxt, deltas, strict=True)):  # _shifted
                 break
             arrival[((j * p + r) << 1) | 1] = tuple(one)
             arrival[(((j + 1) * p + r) << 1) | 1] = tuple(two)

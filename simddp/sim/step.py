@@ -764,7 +764,7 @@ def _pipeline_ends(plan: StepPlan, serial: bool) -> list[float]:
     if "pipeline_ends" not in plan.cache:
         par = plan.scenario.parallelism
         run = ScheduleRun(plan.ops, par.pp * par.virtual_stages, list(bound_steps(plan)))
-        run.run(steady(plan.ops))
+        run.run(steady(plan.ops, last_backwards(plan)))
         record_pipeline_ends(plan, run.clocks[0], run.clocks[1])
     return plan.cache["pipeline_ends"][serial]  # type: ignore[no-any-return]
 
