@@ -267,6 +267,20 @@ class BlockLayers(Sequence[Layer]):
             yield from self._block(i)
         yield from self._tail
 
+    @property
+    def block_stages(self) -> tuple[int, ...]:
+        """Each block's stage, block 0 first."""
+        return tuple(self._stage_of)
+
+    def stage_probes(self) -> list[tuple[int, int]]:
+        """(position, stage) of every head layer, each block's first layer and every tail layer, in order: where
+        the stage can change (a block's layers share one), read without making a layer."""
+        h, per = len(self._head), self._per
+        end = h + per * self._count
+        return ([(i, la.stage) for i, la in enumerate(self._head)]
+                + [(h + b * per, stage) for b, stage in enumerate(self._stage_of)]
+                + [(end + k, la.stage) for k, la in enumerate(self._tail)])
+
     def _position(self, i: int) -> int:
         """``i`` as a position from 0, a negative one counted from the end, as a tuple's index is."""
         n = len(self)
@@ -482,13 +496,16 @@ class Workload:
         A block's layers share a stage, so where the workload says where its blocks are (:attr:`blocks`),
         a block's first layer stands for the block (a 1T model's 128 of ~1,300 layers are read)."""
         layers, firsts = self.layers, self.block_heads()
-        probes: Iterable[int] = range(len(layers))  # the layers whose stage is read: all, or each block's first
-        if firsts is not None:
-            probes = itertools.chain(range(firsts.start), firsts, range(firsts.stop, len(layers)))
-        stage_at = layers.stage_at if isinstance(layers, BlockLayers) else (lambda i: layers[i].stage)
+        probes: Iterable[tuple[int, int]]  # (position, stage) of the layers whose stage is read
+        if isinstance(layers, BlockLayers):
+            probes = layers.stage_probes()  # each block's first layer, without making the blocks
+        else:
+            positions: Iterable[int] = range(len(layers))  # all, or each block's first
+            if firsts is not None:
+                positions = itertools.chain(range(firsts.start), firsts, range(firsts.stop, len(layers)))
+            probes = ((i, layers[i].stage) for i in positions)
         heads: list[tuple[int, int]] = []  # (stage, position) where the layers from position on have that stage
-        for lo in probes:
-            stage = stage_at(lo)
+        for lo, stage in probes:
             if not heads or heads[-1][0] != stage:
                 heads.append((stage, lo))
         ends = [lo for _, lo in heads[1:]] + [len(layers)]

@@ -303,11 +303,9 @@ def _blocks_per_rank(workload: Workload, pp: int) -> list[int]:
     (:attr:`Workload.blocks`), only their first layers are read (a 1T model's 128 of ~1,300)."""
     ranks: list[set[int]] = [set() for _ in range(pp)]
     layers, heads = workload.layers, workload.block_heads()
-    if isinstance(layers, BlockLayers) and heads is not None:  # read without making the blocks
-        for i in heads:
-            block = layers.block_at(i)
-            if block is not None:
-                ranks[layers.stage_at(i) % pp].add(block)
+    if isinstance(layers, BlockLayers):  # block i's stage, without making the blocks
+        for block, stage in enumerate(layers.block_stages):
+            ranks[stage % pp].add(block)
         return [len(blocks) for blocks in ranks]
     firsts: Sequence[Layer] = layers if heads is None else [layers[i] for i in heads]
     for la in firsts:
