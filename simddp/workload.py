@@ -153,8 +153,8 @@ class BlockLayers(Sequence[Layer]):
     ``first_prefix``), with index ``i``, stage ``stage_of[i]`` and its parameters shifted by ``i`` blocks of
     ``params_per_block`` (:func:`_transformer_params` lays them out so). A pipeline's fast path reads the
     layers of one rank of each kind (:meth:`Workload.rank_twins`): a 1T model on 64 stages makes 6 of its 128
-    blocks. Read as a tuple of those layers (indexing, slices, iteration, equality); :meth:`stage_at` and
-    :meth:`block_at` answer for a position without making its layer.
+    blocks. Read as a tuple of those layers (indexing, slices, iteration, equality); :attr:`block_stages` and
+    :meth:`stage_probes` give the stages without making a layer.
     """
 
     __slots__ = ("_block_name", "_count", "_first", "_head", "_made", "_per", "_ppb", "_stage_of", "_tail",
@@ -163,7 +163,7 @@ class BlockLayers(Sequence[Layer]):
     def __init__(self, head: Sequence[Layer], first: Sequence[Layer], first_prefix: str, block_name: str,
                  params_per_block: int, stage_of: Sequence[int], tail: Sequence[Layer]) -> None:
         self._head, self._first, self._tail = tuple(head), list(first), tuple(tail)
-        self._block_name, self._stage_of, self._ppb = block_name, list(stage_of), params_per_block
+        self._block_name, self._stage_of, self._ppb = block_name, tuple(stage_of), params_per_block
         self._per, self._count = len(self._first), len(self._stage_of)
         # (fields, name after the block prefix) of block 0's layers: a copy is its fields, copied whole, with
         # four changed. The template is a plain dict built once ({**...}): copying one is a block copy, and
@@ -270,7 +270,7 @@ class BlockLayers(Sequence[Layer]):
     @property
     def block_stages(self) -> tuple[int, ...]:
         """Each block's stage, block 0 first."""
-        return tuple(self._stage_of)
+        return self._stage_of
 
     def stage_probes(self) -> list[tuple[int, int]]:
         """(position, stage) of every head layer, each block's first layer and every tail layer, in order: where
@@ -289,24 +289,6 @@ class BlockLayers(Sequence[Layer]):
         if not 0 <= i < n:
             raise IndexError("layer index out of range")
         return i
-
-    def stage_at(self, i: int) -> int:
-        """The stage of the layer at position ``i`` (as a tuple's index), without making it."""
-        block, k = self._where(self._position(i))
-        if block < 0:
-            return self._head[k].stage
-        if block == self._count:
-            return self._tail[k].stage
-        return self._stage_of[block]
-
-    def block_at(self, i: int) -> int | None:
-        """The block index of the layer at position ``i`` (as a tuple's index), without making it."""
-        block, k = self._where(self._position(i))
-        if block < 0:
-            return self._head[k].block
-        if block == self._count:
-            return self._tail[k].block
-        return block
 
     def __eq__(self, other: object) -> bool:
         """Equal to a tuple (or BlockLayers) of the same layers, as the tuple of its layers would be."""
@@ -495,11 +477,12 @@ class Workload:
         """The layers as runs of consecutive layers of one virtual stage: (stage, first, end) in layer order.
         A block's layers share a stage, so where the workload says where its blocks are (:attr:`blocks`),
         a block's first layer stands for the block (a 1T model's 128 of ~1,300 layers are read)."""
-        layers, firsts = self.layers, self.block_heads()
+        layers = self.layers
         probes: Iterable[tuple[int, int]]  # (position, stage) of the layers whose stage is read
         if isinstance(layers, BlockLayers):
             probes = layers.stage_probes()  # each block's first layer, without making the blocks
         else:
+            firsts = self.block_heads()
             positions: Iterable[int] = range(len(layers))  # all, or each block's first
             if firsts is not None:
                 positions = itertools.chain(range(firsts.start), firsts, range(firsts.stop, len(layers)))

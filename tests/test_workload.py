@@ -384,7 +384,7 @@ def test_rank_layers_from_the_layout_are_the_walks() -> None:
 @pytest.mark.parametrize(("layers", "pp", "v"), [(12, 4, 1), (13, 4, 1), (16, 4, 2), (19, 3, 2), (7, 2, 3)])
 def test_block_layers_read_as_the_tuple_of_every_layer(layers: int, pp: int, v: int) -> None:
     """A pipeline workload's layers (BlockLayers: block i made when first read) read as the tuple of every layer
-    made at once: each index and slice, the stage and block of a position without making its layer, equality;
+    made at once: each index and slice, the stages without making a layer, equality;
     and reading one position makes only its block."""
     import random
 
@@ -396,9 +396,17 @@ def test_block_layers_read_as_the_tuple_of_every_layer(layers: int, pp: int, v: 
     assert isinstance(lazy, BlockLayers)
     every = fresh_workload(scenario).layers.materialize()
     n = len(every)
-    assert len(lazy) == n and lazy.stage_at(n - 1) == every[-1].stage
-    assert sum(made is not None for made in lazy._made) == 1  # block 0 (the template) only, until read
+    assert len(lazy) == n
     start, per, _ = fresh_workload(scenario).blocks or (0, 0, 0)
+    # The stages without making a layer: where they can change (each head and tail layer, each block's first), and
+    # each block's, which every layer of the block has.
+    probes = lazy.stage_probes()
+    assert [i for i, _ in probes] == [*range(start), *range(start, start + per * layers, per),
+                                      *range(start + per * layers, n)]
+    assert probes == [(i, every[i].stage) for i, _ in probes]
+    assert lazy.block_stages == tuple(every[start + b * per].stage for b in range(layers))
+    assert all(la.stage == lazy.block_stages[la.block] for la in every if la.block is not None)
+    assert sum(made is not None for made in lazy._made) == 1  # block 0 (the template) only, until read
     lazy[start + per * (layers - 1)]  # a position in the last block
     assert sum(made is not None for made in lazy._made) == min(2, layers)
     rnd = random.Random(layers * 100 + pp * 10 + v)
@@ -407,14 +415,12 @@ def test_block_layers_read_as_the_tuple_of_every_layer(layers: int, pp: int, v: 
         assert lazy[lo:hi] == every[lo:hi], (lo, hi)
         i = rnd.randrange(-n, n)
         assert lazy[i] == every[i]
-        assert lazy.stage_at(i % n) == every[i].stage and lazy.block_at(i % n) == every[i].block
     assert lazy[::3] == every[::3] and tuple(lazy) == every and lazy == every and hash(lazy) == hash(every)
-    assert lazy.stage_at(-1) == every[-1].stage and lazy.block_at(-n) == every[0].block
     assert lazy != list(every)  # as a tuple compares
     with pytest.raises(IndexError):
         lazy[n]
     with pytest.raises(IndexError):
-        lazy.stage_at(n)
+        lazy[-n - 1]
     # Against the parameters, made apart (workload._transformer_params): a block's layers own parameters of that
     # block's module names, every parameter once.
     parameters = fresh_workload(scenario).parameters

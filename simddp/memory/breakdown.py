@@ -302,11 +302,12 @@ def _blocks_per_rank(workload: Workload, pp: int) -> list[int]:
     one stage, so its first layer's says where it is. Where the workload says where its blocks are
     (:attr:`Workload.blocks`), only their first layers are read (a 1T model's 128 of ~1,300)."""
     ranks: list[set[int]] = [set() for _ in range(pp)]
-    layers, heads = workload.layers, workload.block_heads()
+    layers = workload.layers
     if isinstance(layers, BlockLayers):  # block i's stage, without making the blocks
         for block, stage in enumerate(layers.block_stages):
             ranks[stage % pp].add(block)
         return [len(blocks) for blocks in ranks]
+    heads = workload.block_heads()
     firsts: Sequence[Layer] = layers if heads is None else [layers[i] for i in heads]
     for la in firsts:
         if la.block is not None:
