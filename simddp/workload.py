@@ -157,7 +157,7 @@ class BlockLayers(Sequence[Layer]):
     :meth:`stage_probes` give the stages without making a layer.
     """
 
-    __slots__ = ("_block_name", "_count", "_first", "_head", "_made", "_per", "_ppb", "_stage_of", "_tail",
+    __slots__ = ("_all", "_block_name", "_count", "_first", "_head", "_made", "_per", "_ppb", "_stage_of", "_tail",
                  "_templates")
 
     def __init__(self, head: Sequence[Layer], first: Sequence[Layer], first_prefix: str, block_name: str,
@@ -174,6 +174,7 @@ class BlockLayers(Sequence[Layer]):
         self._made: list[list[Layer] | None] = [None] * self._count
         if self._count:
             self._made[0] = self._first
+        self._all: tuple[Layer, ...] | None = None  # every layer, once every block is made (read as a tuple's)
 
     def _block(self, i: int) -> list[Layer]:
         made = self._made[i]
@@ -199,17 +200,37 @@ class BlockLayers(Sequence[Layer]):
             made.append(layer)
         return made
 
-    def materialize(self) -> tuple[Layer, ...]:
-        """Every layer, as a tuple: for a model whose every block is read (one pipeline stage). Each layer's
-        parameter indices come for every block at once (zip builds the tuples, ``g + i ppb`` for each ``g`` the
-        layer owns in block 0), in C rather than one ``map`` per copy."""
+    def _columns(self) -> list[list[tuple[int, ...]] | None]:
+        """Per layer of block 0: the parameter indices of that layer in every block (None where it owns none),
+        for every block at once (zip builds the tuples, ``g + i ppb`` for each ``g`` the layer owns in block
+        0), in C rather than one ``map`` per copy."""
         span = self._ppb * self._count
-        columns = [list(zip(*[range(g, g + span, self._ppb) for g in la.param_indices], strict=True))
-                   if la.param_indices else None for la in self._first]
+        return [list(zip(*[range(g, g + span, self._ppb) for g in la.param_indices], strict=True))
+                if la.param_indices else None for la in self._first]
+
+    def materialize(self) -> tuple[Layer, ...]:
+        """Every layer, as a tuple (every block made)."""
+        columns = self._columns()
         for i in range(1, self._count):
             if self._made[i] is None:
                 self._made[i] = self._make(i, [None if ids is None else ids[i] for ids in columns])
-        return tuple(self)
+        return self._full()  # type: ignore[return-value]
+
+    def _full(self) -> tuple[Layer, ...] | None:
+        """Every layer as a tuple once every block is made (then reads go to it), else None."""
+        if self._all is None and None not in self._made:
+            self._all = (*self._head, *itertools.chain.from_iterable(self._made), *self._tail)  # type: ignore[arg-type]
+        return self._all
+
+    def param_indices(self) -> list[tuple[int, ...]]:
+        """Each layer's ``param_indices``, in order, without making a layer: what a rank holding every layer
+        reads of them (its parameters, its layers' buckets)."""
+        rows = [[la.param_indices] * self._count if ids is None else ids  # per layer of a block: every block's
+                for ids, la in zip(self._columns(), self._first, strict=True)]
+        out = [la.param_indices for la in self._head]
+        out += itertools.chain.from_iterable(zip(*rows, strict=True))  # block by block
+        out += [la.param_indices for la in self._tail]
+        return out
 
     def __len__(self) -> int:
         return len(self._head) + self._per * self._count + len(self._tail)
@@ -239,6 +260,8 @@ class BlockLayers(Sequence[Layer]):
     def __getitem__(self, i: slice) -> tuple[Layer, ...]: ...
 
     def __getitem__(self, i: int | slice) -> Layer | tuple[Layer, ...]:
+        if self._all is not None:
+            return self._all[i]
         if isinstance(i, slice):
             lo, hi, step = i.indices(len(self))
             if step != 1:
@@ -262,10 +285,19 @@ class BlockLayers(Sequence[Layer]):
         return tuple(out)
 
     def __iter__(self) -> Iterator[Layer]:
+        full = self._full()
+        return iter(full) if full is not None else self._walk()
+
+    def _walk(self) -> Iterator[Layer]:
         yield from self._head
         for i in range(self._count):
             yield from self._block(i)
         yield from self._tail
+
+    def pieces(self) -> tuple[tuple[Layer, ...], list[Layer], int, tuple[Layer, ...]]:
+        """(the head's layers, block 0's, the number of blocks, the tail's): every block is block 0's layers
+        renamed, reindexed and restaged, with shifted parameters (shared: callers must not change them)."""
+        return self._head, self._first, self._count, self._tail
 
     @property
     def block_stages(self) -> tuple[int, ...]:
@@ -312,9 +344,9 @@ class RankLayers(Sequence[Layer]):
 
     def __init__(self, workload: Workload, rank: int, pp: int) -> None:
         self._args: tuple[Workload, int, int] | None = (workload, rank, pp)
-        self._layers: tuple[Layer, ...] = ()
+        self._layers: Sequence[Layer] = ()
 
-    def _get(self) -> tuple[Layer, ...]:
+    def _get(self) -> Sequence[Layer]:
         if self._args is not None:
             workload, rank, pp = self._args
             self._layers, self._args = workload.rank_layers(rank, pp), None
@@ -401,8 +433,16 @@ class Workload:
         key = ("rank params", rank, pp)
         ids = self.shared.get(key)
         if ids is None:
-            ids = self.shared[key] = sorted({i for layer in self.rank_layers(rank, pp) for i in layer.param_indices})
+            ids = self.shared[key] = sorted(set(itertools.chain.from_iterable(self.rank_layer_params(rank, pp))))
         return ids  # type: ignore[no-any-return]
+
+    def rank_layer_params(self, rank: int, pp: int) -> list[tuple[int, ...]]:
+        """Each of :meth:`rank_layers`' ``param_indices``, in order; a rank holding a transformer's every layer
+        (one stage) reads them without making its blocks' layers (:meth:`BlockLayers.param_indices`)."""
+        layers = self.rank_layers(rank, pp)
+        if isinstance(layers, BlockLayers):
+            return layers.param_indices()
+        return [la.param_indices for la in layers]
 
     def reduced_gradients(self, ids: Sequence[int], reduce_in_fp32: bool) -> tuple[list[Param], list[int]]:
         """The parameters ``ids`` as data-parallel reduction sees their gradients (:func:`grad_reduce_spec`),
@@ -425,14 +465,15 @@ class Workload:
             got = self.shared[key] = (specs, order)
         return got  # type: ignore[no-any-return]
 
-    def rank_layers(self, rank: int, pp: int) -> tuple[Layer, ...]:
+    def rank_layers(self, rank: int, pp: int) -> Sequence[Layer]:
         """Layers held by pipeline rank ``rank`` (all its virtual stages), in forward order: made once per
-        workload and pp, when first asked (a transformer's :class:`BlockLayers` makes only those blocks)."""
+        workload and pp, when first asked (a transformer's :class:`BlockLayers` makes only those blocks), or
+        the workload's own layers where the rank holds them all."""
         key = ("rank layers", pp, rank)
         got = self.memo.get(key)
         if got is None:
             layers, runs = self.layers, self._rank_walk(pp)[0][rank]
-            if isinstance(layers, tuple) and runs == [(0, len(layers))]:
+            if runs == [(0, len(layers))]:
                 got = layers  # every layer (one rank, one stage)
             else:
                 got = tuple(itertools.chain.from_iterable(layers[lo:hi] for lo, hi in runs))
@@ -1020,7 +1061,7 @@ def _transformer_workload(scenario: Scenario, spec: TransformerSpec,
     return Workload(
         parameters=tuple(params),
         grad_ready_order=tuple(ready),
-        layers=lazy if num_stages > 1 else lazy.materialize(),  # one stage reads every block
+        layers=lazy,
         tokens_per_micro_batch=t,
         samples_per_micro_batch=b,
         model_flop_per_sample=flop_per_sample,

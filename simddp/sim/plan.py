@@ -31,6 +31,7 @@ from simddp.topology import CommGroup, dp_group, group, pp_boundary_group, tp_gr
 from simddp.units import dtype_bytes
 from simddp.workload import (
     LAYER_KIND,
+    BlockLayers,
     Collective,
     Layer,
     Param,
@@ -321,6 +322,11 @@ def layer_plans(scenario: Scenario, layers: Sequence[Layer], parameters: Sequenc
     rule = rule or zero_rule(scenario)
     # Identical blocks have identical kernels: time each distinct layer once.
     seen = {} if seen is None else seen
+    if isinstance(layers, BlockLayers):  # copies of block 0: its plans, without making the copies
+        head, first, count, tail = layers.pieces()
+        planned = layer_plans(scenario, head, parameters, seen, rule)
+        planned += layer_plans(scenario, first, parameters, seen, rule) * count
+        return planned + layer_plans(scenario, tail, parameters, seen, rule)
     if blocks is not None:
         per, n = blocks[1], len(layers)
         out: list[LayerPlan] = []
@@ -445,12 +451,12 @@ def build_plan(scenario: Scenario, workload: Workload | None = None) -> StepPlan
         if bucket_of_layer is None:
             ids = grads.global_ids
             bucket_of = {ids[p]: b.index for b in grads.buckets for p in b.param_indices}.__getitem__  # global id
+            owned = workload.rank_layer_params(r, par.pp)
             if unused:
-                bucket_of_layer = [[bucket_of(g) for g in la.param_indices if g not in unused] for la in layers]
+                bucket_of_layer = [[bucket_of(g) for g in own if g not in unused] for own in owned]
             else:  # one list for every layer without parameters (most of a block's; the lists are read only)
                 none: list[int] = []
-                bucket_of_layer = [list(map(bucket_of, la.param_indices)) if la.param_indices else none
-                                   for la in layers]
+                bucket_of_layer = [list(map(bucket_of, own)) if own else none for own in owned]
             grads.memo["bucket of layer"] = bucket_of_layer
         working = grads.memo.get("working")
         if working is None:  # the parameters themselves: reduced in their own dtype, the gradients' specs are
