@@ -7,13 +7,13 @@ simulation runs.
 from __future__ import annotations
 
 import functools
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from operator import attrgetter
 from typing import Any
 
-from simddp.bucketing import BucketSpec, ParamLike, ddp_initial_buckets
+from simddp.bucketing import PARAM_SIZE, BucketSpec, ParamLike, ddp_initial_buckets
 from simddp.collectives import CollectiveCost, Op, collective_cost
 from simddp.compute import (
     LayerTiming,
@@ -704,20 +704,19 @@ def _param_sync(rule: ZeroRule, working: Sequence[ParamLike], dp: CommGroup) -> 
     if rule.param_sync == "all-gather":
         return collective_cost("all-gather", sum(p.numel * dtype_bytes(p.dtype) for p in working), dp)
     if rule.param_sync == "broadcast":
-        # One broadcast per parameter (a 7B model's 291), one after another: sized with each dtype's width
-        # looked up once, costed once per distinct size; their sizes, times and hops add, in parameter order.
-        widths = {dtype: dtype_bytes(dtype) for dtype in {p.dtype for p in working}}
+        # One broadcast per parameter (a 7B model's 291), one after another: costed once per distinct size;
+        # their sizes, times and hops add (each distinct size's times its count of parameters).
         costs: dict[int, CollectiveCost] = {}
         size_bytes, time_s, latency_s = 0, 0.0, 0.0
-        for p in working:
-            size = p.numel * widths[p.dtype]
+        for (numel, dtype), n in Counter(map(PARAM_SIZE, working)).items():
+            size = numel * dtype_bytes(dtype)
             cost = costs.get(size)
             if cost is None:
                 cost = costs[size] = collective_cost("broadcast", size, dp)
-            size_bytes += cost.size_bytes
-            time_s += cost.time_s
-            latency_s += cost.latency_s
-        first = costs[working[0].numel * widths[working[0].dtype]]
+            size_bytes += cost.size_bytes * n
+            time_s += cost.time_s * n
+            latency_s += cost.latency_s * n
+        first = costs[working[0].numel * dtype_bytes(working[0].dtype)]
         return CollectiveCost(first.op, size_bytes, first.num_ranks, first.algorithm, first.protocol, time_s,
                               latency_s, first.tier)
     return None
