@@ -294,6 +294,29 @@ class BlockLayers(Sequence[Layer]):
             yield from self._block(i)
         yield from self._tail
 
+    def run_pieces(self, lo: int, hi: int) -> list[Sequence[Layer] | int]:
+        """Positions ``lo`` to ``hi`` as pieces, in order: layers (of the head, the tail, or part of a block),
+        or a number ``n`` for ``n`` whole blocks (not made)."""
+        h, per = len(self._head), self._per
+        end = h + per * self._count
+        out: list[Sequence[Layer] | int] = []
+        if lo < h:
+            out.append(self._head[lo:min(hi, h)])
+        a, b = max(lo, h) - h, min(hi, end) - h  # in the blocks' positions
+        if a < b:
+            whole_lo, whole_hi = -(-a // per), b // per  # the whole blocks among them
+            if whole_lo >= whole_hi:
+                out.append(self._slice(a + h, b + h))
+            else:
+                if a < whole_lo * per:
+                    out.append(self._slice(a + h, whole_lo * per + h))
+                out.append(whole_hi - whole_lo)
+                if whole_hi * per < b:
+                    out.append(self._slice(whole_hi * per + h, b + h))
+        if hi > end:
+            out.append(self._tail[max(lo - end, 0):hi - end])
+        return [piece for piece in out if piece]
+
     def pieces(self) -> tuple[tuple[Layer, ...], list[Layer], int, tuple[Layer, ...]]:
         """(the head's layers, block 0's, the number of blocks, the tail's): every block is block 0's layers
         renamed, reindexed and restaged, with shifted parameters (shared: callers must not change them)."""
@@ -437,12 +460,25 @@ class Workload:
         return ids  # type: ignore[no-any-return]
 
     def rank_layer_params(self, rank: int, pp: int) -> list[tuple[int, ...]]:
-        """Each of :meth:`rank_layers`' ``param_indices``, in order; a rank holding a transformer's every layer
-        (one stage) reads them without making its blocks' layers (:meth:`BlockLayers.param_indices`)."""
-        layers = self.rank_layers(rank, pp)
-        if isinstance(layers, BlockLayers):
-            return layers.param_indices()
-        return [la.param_indices for la in layers]
+        """Each of :meth:`rank_layers`' ``param_indices``, in order; a transformer's without making its blocks'
+        layers (:meth:`BlockLayers.param_indices`, once per workload)."""
+        layers = self.layers
+        if not isinstance(layers, BlockLayers):
+            return [la.param_indices for la in self.rank_layers(rank, pp)]
+        owned = self.memo.get(("layer params",))
+        if owned is None:
+            owned = self.memo[("layer params",)] = layers.param_indices()
+        runs = self._rank_walk(pp)[0][rank]
+        return owned if runs == [(0, len(owned))] else [*itertools.chain.from_iterable(owned[lo:hi] for lo, hi in runs)]
+
+    def rank_pieces(self, rank: int, pp: int) -> list[Sequence[Layer] | int] | None:
+        """:meth:`rank_layers` as pieces, in order: layers, or a number ``n`` for ``n`` whole blocks (copies of
+        block 0, :meth:`BlockLayers.pieces`), read without making them; None where the layers are not a
+        transformer's :class:`BlockLayers`."""
+        layers = self.layers
+        if not isinstance(layers, BlockLayers):
+            return None
+        return [piece for lo, hi in self._rank_walk(pp)[0][rank] for piece in layers.run_pieces(lo, hi)]
 
     def reduced_gradients(self, ids: Sequence[int], reduce_in_fp32: bool) -> tuple[list[Param], list[int]]:
         """The parameters ``ids`` as data-parallel reduction sees their gradients (:func:`grad_reduce_spec`),

@@ -433,32 +433,98 @@ def test_block_layers_read_as_the_tuple_of_every_layer(layers: int, pp: int, v: 
             assert all(parameters[g].name.startswith(prefix) for g in layer.param_indices), layer.name
 
 
-def test_a_pipeline_step_makes_the_blocks_of_one_rank_of_each_kind() -> None:
-    """The fast path plans a pipeline's twin ranks from their first rank's plan and reads none of their layers:
-    GPT-3's 96 blocks on pp 8 with 3 chunks make those of ranks 0, 1 and 7 (the first of each kind) and of the
-    stage whose memory is reported, 48 of 96, and asking another twin rank's layers (RankLayers) makes them then,
-    equal to the walk's."""
+def test_a_step_makes_no_block_until_its_layers_are_read() -> None:
+    """The fast path reads a transformer's parameters and layer plans from block 0 and the blocks' layout, and
+    plans a pipeline's twin ranks from their first rank's plan: GPT-3's 96 blocks on pp 8 with 3 chunks, and the
+    7B model's 32 on one stage, make none but block 0. Asking a rank's layers (RankLayers) makes them then,
+    equal to the walk's; a trace (spans named after layers) makes every block, with the same step."""
+    from simddp import engine_caches
+    from simddp.sim.plan import build_plan
     from simddp.sim.step import simulate_step
     from simddp.workload import BlockLayers
 
-    scenario = scenario_from_dict(deep_merge(base_scenario(), {
+    gpt3 = scenario_from_dict(deep_merge(base_scenario(), {
         "model": {"preset": "gpt3-175b"}, "cluster": {"preset": "dgx-a100-80gb", "num_nodes": 8},
         "parallelism": {"tp": 8, "pp": 8, "pipeline_schedule": "interleaved-1f1b", "virtual_stages": 3},
         "training": {"micro_batch_size": 1, "global_batch_size": 64, "seq_len": 2048}}))
-    from simddp import engine_caches
+    llama = scenario_from_dict(deep_merge(base_scenario(), {"model": {"preset": "llama2-7b"}}))
+    for scenario, blocks in ((gpt3, 96), (llama, 32)):
+        engine_caches.clear()
+        w = build_workload(scenario)  # built anew, and the one simulate_step finds
+        lazy = w.layers
+        assert isinstance(lazy, BlockLayers) and len(lazy._made) == blocks
+        fast = simulate_step(scenario, trace=False)
+        assert [i for i, made in enumerate(lazy._made) if made is not None] == [0]
+        pp = scenario.parallelism.pp
+        rank = build_plan(scenario, w).ranks[pp // 2]
+        assert len(rank.layers) == w.rank_layer_count(pp // 2, pp)  # its length, without making it
+        assert [i for i, made in enumerate(lazy._made) if made is not None] == [0]
+        assert tuple(rank.layers) == tuple(la for la in tuple(lazy) if la.stage % pp == pp // 2)
+        traced = simulate_step(scenario, trace=True)
+        assert None not in lazy._made
+        assert traced.step_time_s == pytest.approx(fast.step_time_s, rel=1e-9)
 
-    engine_caches.clear()
-    w = build_workload(scenario)  # built anew, and the one simulate_step finds
+
+@pytest.mark.parametrize(("layers", "pp", "v"), [(1, 1, 1), (12, 1, 1), (12, 4, 1), (13, 4, 1), (16, 4, 2),
+                                                 (19, 3, 2), (7, 2, 3)])
+def test_what_the_plan_reads_without_making_blocks_is_the_made_layers(layers: int, pp: int, v: int) -> None:
+    """What the plan reads of a transformer's layers without making its blocks equals what the layers made at
+    once give: each layer's parameters (BlockLayers.param_indices; per rank, Workload.rank_layer_params), the
+    layers as pieces of whole blocks (BlockLayers.run_pieces, Workload.rank_pieces) and the layer plans made
+    from those; for one stage (pp 1) too, whose rank holds the workload's layers themselves."""
+    import random
+    from dataclasses import replace
+
+    from simddp.sim.plan import _pieces_plans, layer_plans
+    from simddp.workload import BlockLayers, fresh_workload
+    from simddp.zero import zero_rule
+
+    scenario = _small_pipeline(layers, pp, v)
+    assert scenario is not None
+    w = fresh_workload(scenario)
     lazy = w.layers
     assert isinstance(lazy, BlockLayers)
-    simulate_step(scenario, trace=False)
-    made = {i for i, blocks in enumerate(lazy._made) if blocks is not None}
-    ranks = {(i // 4) % 8 for i in made}  # 4 blocks a chunk: block i on rank (i // 4) mod 8
-    # Ranks 0, 1 and 7 planned, and the memory model's buffers of the stage it reports (one of the twins).
-    assert {0, 1, 7} <= ranks and len(ranks) <= 4 and made == {i for i in range(96) if (i // 4) % 8 in ranks}
-    from simddp.sim.plan import build_plan
+    every = fresh_workload(scenario).layers.materialize()
+    n, per = len(every), len(lazy.pieces()[1])
 
-    twin = next(r for r in build_plan(scenario, w).ranks if r.index not in ranks)
-    assert w.blocks is not None
-    assert len(twin.layers) == 12 * w.blocks[1] and len(made) == 12 * len(ranks)  # its length, without making it
-    assert tuple(twin.layers) == tuple(la for la in tuple(lazy) if la.stage % 8 == twin.index)
+    def check(pieces: list, expected: tuple) -> None:
+        """The pieces stand for ``expected``: its layers, or whole blocks (``per`` layers of one block each)."""
+        pos = 0
+        for piece in pieces:
+            if isinstance(piece, int):
+                blocks = expected[pos:pos + piece * per]
+                ids = list(dict.fromkeys(la.block for la in blocks))
+                assert piece > 0 and None not in ids and len(ids) == piece
+                assert [la.block for la in blocks] == [b for b in ids for _ in range(per)]
+                pos += piece * per
+            else:
+                assert tuple(piece) == expected[pos:pos + len(piece)]
+                pos += len(piece)
+        assert pos == len(expected)
+
+    assert lazy.param_indices() == [la.param_indices for la in every]
+    check(lazy.run_pieces(0, n), every)
+    rule = zero_rule(scenario)
+
+    def unnamed(plans: list) -> list:
+        """Plans without their timing's name: identical layers share one plan, named after the first planned."""
+        return [replace(p, timing=replace(p.timing, name="")) for p in plans]
+
+    assert _pieces_plans(scenario, lazy.run_pieces(0, n), lazy, {}, rule, w.parameters) == layer_plans(
+        scenario, every, w.parameters, {}, rule)
+    assert layer_plans(scenario, lazy, w.parameters) == layer_plans(scenario, every, w.parameters)
+    assert sum(made is not None for made in lazy._made) == 1  # block 0 only: none of this made a block
+    for r in range(pp):
+        theirs = tuple(la for la in every if la.stage % pp == r)
+        assert w.rank_layer_params(r, pp) == [la.param_indices for la in theirs], r
+        assert w.rank_param_ids(r, pp) == sorted({g for la in theirs for g in la.param_indices})
+        pieces = w.rank_pieces(r, pp)
+        assert pieces is not None
+        check(pieces, theirs)
+        assert unnamed(_pieces_plans(scenario, pieces, w, {}, rule)) == unnamed(
+            layer_plans(scenario, theirs, w.parameters, {}, rule))
+    assert sum(made is not None for made in lazy._made) == 1
+    rnd = random.Random(layers * 100 + pp * 10 + v)
+    for _ in range(100):  # any run of positions, parts of blocks included
+        lo, hi = sorted(rnd.randrange(0, n + 1) for _ in range(2))
+        check(lazy.run_pieces(lo, hi), every[lo:hi])

@@ -88,7 +88,7 @@ def _rank_gradients_key(scenario: Scenario, index: int, rule: ZeroRule) -> tuple
 
 
 def _rank_gradients(workload: Workload, index: int, pp: int, rule: ZeroRule, unused: bool) -> RankGradients:
-    layers = workload.rank_layers(index, pp)
+    layers = _rank_layers(workload, index, pp)
     global_ids = workload.rank_param_ids(index, pp)
     params, ready_order = workload.reduced_gradients(global_ids, rule.reduce_in_fp32)
     if params and unused:  # torch never rebuilds these buckets (bucketing.ddp_initial_buckets)
@@ -323,10 +323,7 @@ def layer_plans(scenario: Scenario, layers: Sequence[Layer], parameters: Sequenc
     # Identical blocks have identical kernels: time each distinct layer once.
     seen = {} if seen is None else seen
     if isinstance(layers, BlockLayers):  # copies of block 0: its plans, without making the copies
-        head, first, count, tail = layers.pieces()
-        planned = layer_plans(scenario, head, parameters, seen, rule)
-        planned += layer_plans(scenario, first, parameters, seen, rule) * count
-        return planned + layer_plans(scenario, tail, parameters, seen, rule)
+        return _pieces_plans(scenario, layers.run_pieces(0, len(layers)), layers, seen, rule, parameters)
     if blocks is not None:
         per, n = blocks[1], len(layers)
         out: list[LayerPlan] = []
@@ -376,6 +373,36 @@ def layer_plans(scenario: Scenario, layers: Sequence[Layer], parameters: Sequenc
                 plan = seen[key] = LayerPlan(t)
         out.append(plan)  # shared by identical layers: a layer's name is its Layer's (RankPlan.layers)
     return out
+
+
+def _pieces_plans(scenario: Scenario, pieces: Sequence[Sequence[Layer] | int], where: Workload | BlockLayers,
+                  seen: dict[tuple[Any, ...], LayerPlan], rule: ZeroRule,
+                  parameters: Sequence[Param] | None = None) -> list[LayerPlan]:
+    """:func:`layer_plans` of layers given as pieces (:meth:`simddp.workload.BlockLayers.run_pieces`): whole
+    blocks take block 0's plans (identical blocks share their kernel tuples, so they would look up the same
+    plans), without making their layers. ``where``: the workload (its parameters and layers) or the layers."""
+    layers = where.layers if isinstance(where, Workload) else where
+    parameters = where.parameters if isinstance(where, Workload) else parameters
+    assert isinstance(layers, BlockLayers) and parameters is not None
+    out: list[LayerPlan] = []
+    template: list[LayerPlan] | None = None
+    for piece in pieces:
+        if isinstance(piece, int):
+            if template is None:
+                template = layer_plans(scenario, layers.pieces()[1], parameters, seen, rule)
+            out += template * piece
+        else:
+            out += layer_plans(scenario, piece, parameters, seen, rule)
+    return out
+
+
+def _rank_layers(workload: Workload, rank: int, pp: int) -> Sequence[Layer]:
+    """A pipeline rank's layers for its plan: made when read where they are a transformer's blocks (the fast
+    engine reads their parameters and plans without them, :meth:`Workload.rank_layer_params` and
+    :func:`_pieces_plans`), else :meth:`Workload.rank_layers`."""
+    if pp > 1 and isinstance(workload.layers, BlockLayers):
+        return RankLayers(workload, rank, pp)
+    return workload.rank_layers(rank, pp)
 
 
 def boundary_group(scenario: Scenario, virtual_stage: int) -> CommGroup:
@@ -445,7 +472,7 @@ def build_plan(scenario: Scenario, workload: Workload | None = None) -> StepPlan
             first, shift = twins[r]
             ranks.append(_twin(scenario, workload, ranks[first], shift, r, RankLayers(workload, r, par.pp), rule))
             continue
-        layers = workload.rank_layers(r, par.pp)
+        layers = _rank_layers(workload, r, par.pp)
         grads = rank_gradients(scenario, workload, r, rule)
         bucket_of_layer = grads.memo.get("bucket of layer")  # unused parameters are the model's: in the workload
         if bucket_of_layer is None:
@@ -489,8 +516,10 @@ def build_plan(scenario: Scenario, workload: Workload | None = None) -> StepPlan
                 memo_put(grads.memo, sync_key, gather_after)
         plans = rank_plans.get(r)
         if plans is None:
-            plans = rank_plans[r] = LayerPlans(layer_plans(scenario, layers, workload.parameters, timed, rule,
-                                                           workload.blocks))
+            pieces = workload.rank_pieces(r, par.pp)
+            plans = rank_plans[r] = LayerPlans(
+                layer_plans(scenario, layers, workload.parameters, timed, rule, workload.blocks) if pieces is None
+                else _pieces_plans(scenario, pieces, workload, timed, rule))
             if par.tp == 1:  # layer_plans gives a layer collectives of its own only with tp > 1: no walk for it
                 plans.has_tp_collectives = False
         rank = RankPlan(r, layers, plans, grads, bucket_of_layer, buckets, rounds, opt_s, gather_after,
