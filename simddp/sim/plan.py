@@ -577,13 +577,13 @@ def _twin(scenario: Scenario, workload: Workload, first: RankPlan, delta: int, r
     grads = workload.shared.get(key)
     if grads is None:
         src = first.grads
-        global_ids = list(map(delta.__add__, src.global_ids))
+        global_ids = [g + delta for g in src.global_ids]
         params = workload.parameters
         reduced: Sequence[Param]
         if rule.reduce_in_fp32:
             reduced = _TwinParams(params, global_ids, src.params)  # made when something reads them
         else:
-            reduced = list(map(params.__getitem__, global_ids))  # grad_reduce_spec: the parameter itself
+            reduced = [params[g] for g in global_ids]  # grad_reduce_spec: the parameter itself
         grads = workload.shared[key] = RankGradients(global_ids, reduced, src.ready_order, src.buckets)
     grads.memo.setdefault("bucket of layer", first.bucket_of_layer)
     shift = r - first.index  # virtual stage vs of first is vs + shift here
@@ -592,9 +592,8 @@ def _twin(scenario: Scenario, workload: Workload, first: RankPlan, delta: int, r
     # the rank's own.
     fields = {**first.__dict__}
     fields["index"], fields["layers"], fields["grads"] = r, layers, grads
-    stages = list(map(shift.__add__, first.fwd_alone_s))  # every pass field has the same virtual stages
     for name in _PASS_FIELDS:
-        fields[name] = dict(zip(stages, fields[name].values(), strict=True))
+        fields[name] = {vs + shift: value for vs, value in fields[name].items()}
     rank = object.__new__(RankPlan)
     rank.__dict__ = fields
     return rank
