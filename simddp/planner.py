@@ -29,7 +29,7 @@ from simddp.memory import memory_breakdown
 from simddp.results import StepResult
 from simddp.sanity import MAX_STEP_TIME_S, check_range
 from simddp.sim.layers import LayerPlan, pass_alone
-from simddp.sim.plan import boundary_group, layer_plans
+from simddp.sim.plan import boundary_group, rank_layer_plans
 from simddp.sim.step import PUBLISHED_FSDP_ERROR, published_fsdp_gap, simulate_step
 from simddp.topology import tp_group
 from simddp.workload import Workload, build_workload
@@ -312,8 +312,7 @@ def step_lower_bound(scenario: Scenario, workload: Workload) -> float:
     seen: dict[tuple[Any, ...], LayerPlan] = {}  # ranks share their distinct layers' plans
     rule = zero_rule(scenario)
     for r in range(par.pp):
-        layers = workload.rank_layers(r, par.pp)
-        plans = layer_plans(scenario, layers, workload.parameters, seen, rule)
+        plans = rank_layer_plans(scenario, workload, r, par.pp, seen, rule)
         for vs, where in workload.rank_stage_positions(r, par.pp).items():
             stage = [plans[i] for i in where]
             fwd[vs] = pass_alone(stage, overlap, "F", interference)[0]

@@ -151,14 +151,15 @@ class BlockLayers(Sequence[Layer]):
 
     Block ``i`` is block 0 (``first``, ``per`` layers) renamed (``block_name.format(i=i)`` for the prefix
     ``first_prefix``), with index ``i``, stage ``stage_of[i]`` and its parameters shifted by ``i`` blocks of
-    ``params_per_block`` (:func:`_transformer_params` lays them out so). A pipeline's fast path reads the
-    layers of one rank of each kind (:meth:`Workload.rank_twins`): a 1T model on 64 stages makes 6 of its 128
-    blocks. Read as a tuple of those layers (indexing, slices, iteration, equality); :attr:`block_stages` and
-    :meth:`stage_probes` give the stages without making a layer.
+    ``params_per_block`` (:func:`_transformer_params` lays them out so). The fast path reads what it needs of
+    them without making a block (:meth:`param_indices`, :meth:`run_pieces`, :attr:`block_stages`,
+    :meth:`stage_probes`); traces, exports and FSDP's units read the layers themselves. Read as a tuple of those
+    layers (indexing, slices, iteration, equality); once every block is made (all at once when iterated), reads
+    go to one tuple.
     """
 
     __slots__ = ("_all", "_block_name", "_count", "_first", "_head", "_made", "_per", "_ppb", "_stage_of", "_tail",
-                 "_templates")
+                 "_templates", "_unmade")
 
     def __init__(self, head: Sequence[Layer], first: Sequence[Layer], first_prefix: str, block_name: str,
                  params_per_block: int, stage_of: Sequence[int], tail: Sequence[Layer]) -> None:
@@ -174,7 +175,10 @@ class BlockLayers(Sequence[Layer]):
         self._made: list[list[Layer] | None] = [None] * self._count
         if self._count:
             self._made[0] = self._first
+        self._unmade = max(self._count - 1, 0)  # blocks not made yet
         self._all: tuple[Layer, ...] | None = None  # every layer, once every block is made (read as a tuple's)
+        if not self._unmade:
+            self._full()
 
     def _block(self, i: int) -> list[Layer]:
         made = self._made[i]
@@ -183,6 +187,9 @@ class BlockLayers(Sequence[Layer]):
             made = self._made[i] = self._make(i, [tuple(map(shift.__add__, fields["param_indices"]))
                                                   if fields["param_indices"] else None
                                                   for fields, _ in self._templates])
+            self._unmade -= 1
+            if not self._unmade:
+                self._full()
         return made
 
     def _make(self, i: int, owned: Sequence[tuple[int, ...] | None]) -> list[Layer]:
@@ -209,16 +216,18 @@ class BlockLayers(Sequence[Layer]):
                 if la.param_indices else None for la in self._first]
 
     def materialize(self) -> tuple[Layer, ...]:
-        """Every layer, as a tuple (every block made)."""
-        columns = self._columns()
-        for i in range(1, self._count):
-            if self._made[i] is None:
-                self._made[i] = self._make(i, [None if ids is None else ids[i] for ids in columns])
-        return self._full()  # type: ignore[return-value]
+        """Every layer, as a tuple (every block made, the blocks not made yet all at once)."""
+        if self._unmade:
+            columns = self._columns()
+            for i in range(1, self._count):
+                if self._made[i] is None:
+                    self._made[i] = self._make(i, [None if ids is None else ids[i] for ids in columns])
+            self._unmade = 0
+        return self._full()
 
-    def _full(self) -> tuple[Layer, ...] | None:
-        """Every layer as a tuple once every block is made (then reads go to it), else None."""
-        if self._all is None and None not in self._made:
+    def _full(self) -> tuple[Layer, ...]:
+        """Every layer as a tuple, once every block is made (then reads go to it)."""
+        if self._all is None:
             self._all = (*self._head, *itertools.chain.from_iterable(self._made), *self._tail)  # type: ignore[arg-type]
         return self._all
 
@@ -285,14 +294,7 @@ class BlockLayers(Sequence[Layer]):
         return tuple(out)
 
     def __iter__(self) -> Iterator[Layer]:
-        full = self._full()
-        return iter(full) if full is not None else self._walk()
-
-    def _walk(self) -> Iterator[Layer]:
-        yield from self._head
-        for i in range(self._count):
-            yield from self._block(i)
-        yield from self._tail
+        return iter(self.materialize())  # an iteration reads every block
 
     def run_pieces(self, lo: int, hi: int) -> list[Sequence[Layer] | int]:
         """Positions ``lo`` to ``hi`` as pieces, in order: layers (of the head, the tail, or part of a block),
@@ -317,10 +319,10 @@ class BlockLayers(Sequence[Layer]):
             out.append(self._tail[max(lo - end, 0):hi - end])
         return [piece for piece in out if piece]
 
-    def pieces(self) -> tuple[tuple[Layer, ...], list[Layer], int, tuple[Layer, ...]]:
+    def pieces(self) -> tuple[tuple[Layer, ...], tuple[Layer, ...], int, tuple[Layer, ...]]:
         """(the head's layers, block 0's, the number of blocks, the tail's): every block is block 0's layers
-        renamed, reindexed and restaged, with shifted parameters (shared: callers must not change them)."""
-        return self._head, self._first, self._count, self._tail
+        renamed, reindexed and restaged, with shifted parameters."""
+        return self._head, tuple(self._first), self._count, self._tail
 
     @property
     def block_stages(self) -> tuple[int, ...]:
@@ -461,15 +463,24 @@ class Workload:
 
     def rank_layer_params(self, rank: int, pp: int) -> list[tuple[int, ...]]:
         """Each of :meth:`rank_layers`' ``param_indices``, in order; a transformer's without making its blocks'
-        layers (:meth:`BlockLayers.param_indices`, once per workload)."""
+        layers (:meth:`BlockLayers.param_indices`, once per workload structure). Shared: callers must not change
+        the list."""
         layers = self.layers
         if not isinstance(layers, BlockLayers):
             return [la.param_indices for la in self.rank_layers(rank, pp)]
-        owned = self.memo.get(("layer params",))
+        owned = self.shared.get(("layer params",))
         if owned is None:
-            owned = self.memo[("layer params",)] = layers.param_indices()
+            owned = self.shared[("layer params",)] = layers.param_indices()
         runs = self._rank_walk(pp)[0][rank]
         return owned if runs == [(0, len(owned))] else [*itertools.chain.from_iterable(owned[lo:hi] for lo, hi in runs)]
+
+    def held_layers(self, rank: int, pp: int) -> Sequence[Layer]:
+        """:meth:`rank_layers`, made when read where they are a transformer's blocks (what a rank's plan and
+        buffers hold: the fast path reads their parameters and plans without them, :meth:`rank_layer_params`
+        and :meth:`rank_pieces`)."""
+        if isinstance(self.layers, BlockLayers) and self._rank_walk(pp)[0][rank] != [(0, len(self.layers))]:
+            return RankLayers(self, rank, pp)
+        return self.rank_layers(rank, pp)
 
     def rank_pieces(self, rank: int, pp: int) -> list[Sequence[Layer] | int] | None:
         """:meth:`rank_layers` as pieces, in order: layers, or a number ``n`` for ``n`` whole blocks (copies of
@@ -543,27 +554,16 @@ class Workload:
             self.memo[key] = (runs, positions)
         return self.memo[key]  # type: ignore[no-any-return]
 
-    def block_heads(self) -> range | None:
-        """The positions of each block's first layer (:attr:`blocks`), or None where the workload does not say."""
-        if self.blocks is None:
-            return None
-        start, per, count = self.blocks
-        return range(start, start + per * count, per)
-
     def _stage_runs(self) -> list[tuple[int, int, int]]:
         """The layers as runs of consecutive layers of one virtual stage: (stage, first, end) in layer order.
-        A block's layers share a stage, so where the workload says where its blocks are (:attr:`blocks`),
-        a block's first layer stands for the block (a 1T model's 128 of ~1,300 layers are read)."""
+        A transformer's block's layers share a stage: its first layer's stands for the block, read without
+        making the block (a 1T model's 128 of ~1,300 layers)."""
         layers = self.layers
         probes: Iterable[tuple[int, int]]  # (position, stage) of the layers whose stage is read
         if isinstance(layers, BlockLayers):
-            probes = layers.stage_probes()  # each block's first layer, without making the blocks
+            probes = layers.stage_probes()
         else:
-            firsts = self.block_heads()
-            positions: Iterable[int] = range(len(layers))  # all, or each block's first
-            if firsts is not None:
-                positions = itertools.chain(range(firsts.start), firsts, range(firsts.stop, len(layers)))
-            probes = ((i, layers[i].stage) for i in positions)
+            probes = ((i, la.stage) for i, la in enumerate(layers))
         heads: list[tuple[int, int]] = []  # (stage, position) where the layers from position on have that stage
         for lo, stage in probes:
             if not heads or heads[-1][0] != stage:

@@ -248,7 +248,8 @@ def gradient_buckets(rule: ZeroRule, grads: Sequence[ParamLike], ready_order: Se
         order = ready_order if (rule.stage >= 2 or rule.overlap) else range(len(grads))
         return deepspeed_buckets(grads, order, rule.bucket_numel)
     local = {g: k for k, g in enumerate(global_ids)}
-    units, root = fsdp_unit_layers(tuple(layers))
+    layers = tuple(layers)  # read position by position below
+    units, root = fsdp_unit_layers(layers)
     out: list[BucketSpec] = []
     seen: set[int] = set()
     for positions in [*reversed(units), root]:  # reduce-scattered in backward order, the root last
@@ -343,9 +344,10 @@ class ParamUnits:
 
 def param_units(rule: ZeroRule, layers: Sequence[Layer], params: Sequence[ParamLike]) -> ParamUnits:
     """The gather units of ``rule`` over a rank's ``layers``; ``params`` are the workload's (global)."""
+    layers = tuple(layers)  # read position by position below (a transformer's BlockLayers: made once here)
     if rule.unit_rule == "module":
         return _module_units(rule, layers, params)
-    units_pos, root_pos = fsdp_unit_layers(tuple(layers))
+    units_pos, root_pos = fsdp_unit_layers(layers)
     # No more units can be in flight than there are: the engines' loops over those ahead stay bounded whatever
     # memory.fsdp_prefetch_layers says (a probe's 10**18 never returned), with the same answer.
     ahead = min(rule.prefetch_units, len(units_pos))

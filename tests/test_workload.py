@@ -173,7 +173,7 @@ def test_block_copies_are_block_0s_kind_and_plan(overrides: dict) -> None:
     """Workload.blocks says where the copies of block 0 are: each copy's layer is block 0's kind (the tuples
     it is planned by), so the plan gives every whole block on a rank the first block's layer plans without
     looking each up, the same plans a look-up per layer gives."""
-    from simddp.sim.plan import layer_plans
+    from simddp.sim.plan import layer_plans, rank_layer_plans
     from simddp.workload import LAYER_KIND
 
     scenario = scenario_from_dict(deep_merge(base_scenario(), overrides))
@@ -188,10 +188,13 @@ def test_block_copies_are_block_0s_kind_and_plan(overrides: dict) -> None:
                    for a, b in zip(LAYER_KIND(layer), LAYER_KIND(template), strict=True)), layer.name
     assert w.layers[start - 1].block is None and w.layers[start + per * count].block is None
     pp = scenario.parallelism.pp
-    for layers in [w.layers] + [w.rank_layers(r, pp) for r in range(pp)]:
-        each = layer_plans(scenario, layers, w.parameters)
-        assert each == layer_plans(scenario, layers, w.parameters, blocks=w.blocks)
-        assert len({id(p) for p in each}) < per + 8  # the copies share block 0's plans either way
+    seen: dict = {}
+    each = layer_plans(scenario, tuple(w.layers), w.parameters, seen)  # one look-up per layer
+    assert layer_plans(scenario, w.layers, w.parameters, seen) == each  # from block 0
+    for r in range(pp):
+        assert rank_layer_plans(scenario, w, r, pp, seen) == layer_plans(scenario, w.rank_layers(r, pp),
+                                                                         w.parameters, seen)
+    assert len({id(p) for p in each}) < per + 8  # the copies share block 0's plans either way
 
 
 # Scenario keys outside simddp.workload.workload_key, each with a value other than the bases': a workload shared
@@ -475,8 +478,8 @@ def test_what_the_plan_reads_without_making_blocks_is_the_made_layers(layers: in
     import random
     from dataclasses import replace
 
-    from simddp.sim.plan import _pieces_plans, layer_plans
-    from simddp.workload import BlockLayers, fresh_workload
+    from simddp.sim.plan import layer_plans, rank_layer_plans
+    from simddp.workload import BlockLayers, RankLayers, fresh_workload
     from simddp.zero import zero_rule
 
     scenario = _small_pipeline(layers, pp, v)
@@ -510,9 +513,7 @@ def test_what_the_plan_reads_without_making_blocks_is_the_made_layers(layers: in
         """Plans without their timing's name: identical layers share one plan, named after the first planned."""
         return [replace(p, timing=replace(p.timing, name="")) for p in plans]
 
-    assert _pieces_plans(scenario, lazy.run_pieces(0, n), lazy, {}, rule, w.parameters) == layer_plans(
-        scenario, every, w.parameters, {}, rule)
-    assert layer_plans(scenario, lazy, w.parameters) == layer_plans(scenario, every, w.parameters)
+    assert layer_plans(scenario, lazy, w.parameters, {}, rule) == layer_plans(scenario, every, w.parameters, {}, rule)
     assert sum(made is not None for made in lazy._made) == 1  # block 0 only: none of this made a block
     for r in range(pp):
         theirs = tuple(la for la in every if la.stage % pp == r)
@@ -521,10 +522,15 @@ def test_what_the_plan_reads_without_making_blocks_is_the_made_layers(layers: in
         pieces = w.rank_pieces(r, pp)
         assert pieces is not None
         check(pieces, theirs)
-        assert unnamed(_pieces_plans(scenario, pieces, w, {}, rule)) == unnamed(
+        assert unnamed(rank_layer_plans(scenario, w, r, pp, {}, rule)) == unnamed(
             layer_plans(scenario, theirs, w.parameters, {}, rule))
+        held = w.held_layers(r, pp)
+        assert (held is lazy) if pp == 1 else isinstance(held, RankLayers)
     assert sum(made is not None for made in lazy._made) == 1
     rnd = random.Random(layers * 100 + pp * 10 + v)
     for _ in range(100):  # any run of positions, parts of blocks included
         lo, hi = sorted(rnd.randrange(0, n + 1) for _ in range(2))
         check(lazy.run_pieces(lo, hi), every[lo:hi])
+    for i in range(n):  # every block made one read at a time: reads then go to one tuple of every layer
+        assert lazy[i] == every[i]
+    assert lazy._all == every

@@ -7,7 +7,6 @@ tied output embedding keeps a copy of the word embedding on the last stage).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from operator import attrgetter
 from pathlib import Path
 from typing import Any
@@ -29,7 +28,7 @@ from simddp.memory.items import Item, MemoryBreakdown, MemoryItem
 from simddp.memory.states import OPTIMIZER_STATE_BYTES_PER_PARAM, model_states_bytes
 from simddp.scenario_io import as_scenario
 from simddp.units import fmt_bytes
-from simddp.workload import PRECISION_ACT_BYTES, BlockLayers, Layer, Workload, build_workload, uses_dropout
+from simddp.workload import PRECISION_ACT_BYTES, BlockLayers, Workload, build_workload, uses_dropout
 from simddp.zero import ZeroRule, describe, zero_rule
 
 _ITEM_LIST = TypeAdapter(list[MemoryItem])
@@ -299,17 +298,14 @@ def _activation_parts(scenario: Scenario, workload: Workload, stage: int,
 
 def _blocks_per_rank(workload: Workload, pp: int) -> list[int]:
     """How many transformer blocks each pipeline rank holds (all its virtual stages): a block's layers share
-    one stage, so its first layer's says where it is. Where the workload says where its blocks are
-    (:attr:`Workload.blocks`), only their first layers are read (a 1T model's 128 of ~1,300)."""
+    one stage; a transformer's (:class:`BlockLayers`) are read without making its blocks."""
     ranks: list[set[int]] = [set() for _ in range(pp)]
     layers = workload.layers
     if isinstance(layers, BlockLayers):  # block i's stage, without making the blocks
         for block, stage in enumerate(layers.block_stages):
             ranks[stage % pp].add(block)
         return [len(blocks) for blocks in ranks]
-    heads = workload.block_heads()
-    firsts: Sequence[Layer] = layers if heads is None else [layers[i] for i in heads]
-    for la in firsts:
+    for la in layers:
         if la.block is not None:
             ranks[la.stage % pp].add(la.block)
     return [len(blocks) for blocks in ranks]

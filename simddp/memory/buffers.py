@@ -62,7 +62,7 @@ def data_parallel_buffers(rule: ZeroRule, scenario: Scenario, workload: Workload
     if len(order) < len(ids):
         seen = set(order)
         order = order + [k for k in range(len(ids)) if k not in seen]  # a tied copy not in this stage's order
-    layers = workload.rank_layers(stage, scenario.parallelism.pp)
+    layers = workload.held_layers(stage, scenario.parallelism.pp)  # read by the FSDP rules only
     dp = scenario.dp
     if rule.unsharded_across_micro_batches:
         out = []

@@ -88,7 +88,7 @@ def _rank_gradients_key(scenario: Scenario, index: int, rule: ZeroRule) -> tuple
 
 
 def _rank_gradients(workload: Workload, index: int, pp: int, rule: ZeroRule, unused: bool) -> RankGradients:
-    layers = _rank_layers(workload, index, pp)
+    layers = workload.held_layers(index, pp)
     global_ids = workload.rank_param_ids(index, pp)
     params, ready_order = workload.reduced_gradients(global_ids, rule.reduce_in_fp32)
     if params and unused:  # torch never rebuilds these buckets (bucketing.ddp_initial_buckets)
@@ -231,7 +231,7 @@ class RankPlan:
     """One pipeline rank (its data- and tensor-parallel peers behave the same)."""
 
     index: int
-    layers: Sequence[Layer]  # a tuple; a twin rank's RankLayers (made when read)
+    layers: Sequence[Layer]  # Workload.held_layers: a transformer's made when read (BlockLayers, RankLayers)
     plans: LayerPlans
     grads: RankGradients
     bucket_of_layer: list[list[int]]  # bucket index of each gradient a layer releases
@@ -309,45 +309,26 @@ def _tp_costs(colls: Sequence[Collective], where: str, tp: CommGroup) -> tuple[C
 
 def layer_plans(scenario: Scenario, layers: Sequence[Layer], parameters: Sequence[Param],
                 seen: dict[tuple[Any, ...], LayerPlan] | None = None,
-                rule: ZeroRule | None = None, blocks: tuple[int, int, int] | None = None) -> list[LayerPlan]:
+                rule: ZeroRule | None = None) -> list[LayerPlan]:
     """Kernel times and TP collective costs of ``layers`` (whose ``param_indices`` index ``parameters``).
 
     A layer's weight-grad time includes adding its gradients to those of earlier micro-batches
     (:func:`simddp.compute.grad_accumulation_s`, as the data-parallel implementation accumulates).
     ``seen`` keeps each distinct layer's plan across calls (pipeline ranks of one plan share their blocks'
     kernel tuples, so a 64-stage pipeline times its ~8 distinct layers once, not once per rank); ``rule`` is
-    the scenario's :func:`simddp.zero.zero_rule`, when the caller has it; ``blocks`` is the workload's
-    :attr:`Workload.blocks`: every whole block among ``layers`` (a block is never split between stages) then
-    takes the plans of the first block planned, without a look-up per layer."""
+    the scenario's :func:`simddp.zero.zero_rule`, when the caller has it. A transformer's layers
+    (:class:`simddp.workload.BlockLayers`) are planned from block 0 (:func:`_pieces_plans`)."""
     rule = rule or zero_rule(scenario)
     # Identical blocks have identical kernels: time each distinct layer once.
     seen = {} if seen is None else seen
     if isinstance(layers, BlockLayers):  # copies of block 0: its plans, without making the copies
-        return _pieces_plans(scenario, layers.run_pieces(0, len(layers)), layers, seen, rule, parameters)
-    if blocks is not None:
-        per, n = blocks[1], len(layers)
-        out: list[LayerPlan] = []
-        template: list[LayerPlan] | None = None
-        i = 0
-        while i < n:  # a block's first layer at i: its last is at i + per - 1
-            block, j = layers[i].block, i + per
-            if block is not None and j <= n and layers[j - 1].block == block:
-                if template is None:
-                    template = layer_plans(scenario, layers[i:j], parameters, seen, rule)
-                out += template
-            else:
-                j = i + 1
-                while j < n and layers[j].block is None:
-                    j += 1
-                out += layer_plans(scenario, layers[i:j], parameters, seen, rule)
-            i = j
-        return out
+        return _pieces_plans(scenario, layers.run_pieces(0, len(layers)), layers.pieces()[1], parameters, seen, rule)
     tr, par = scenario.training, scenario.parallelism
     gpu = scenario.cluster.gpu
     eff = scenario.model.compute_efficiency or 1.0
     tp = tp_group(scenario)
     m = scenario.num_micro_batches
-    out = []
+    out: list[LayerPlan] = []
     for layer in layers:
         # Identical blocks share their kernel and collective tuples (simddp.workload): identity identifies them.
         # Layers sharing kernel tuples come from one template and own parameters of the same shapes
@@ -375,34 +356,36 @@ def layer_plans(scenario: Scenario, layers: Sequence[Layer], parameters: Sequenc
     return out
 
 
-def _pieces_plans(scenario: Scenario, pieces: Sequence[Sequence[Layer] | int], where: Workload | BlockLayers,
-                  seen: dict[tuple[Any, ...], LayerPlan], rule: ZeroRule,
-                  parameters: Sequence[Param] | None = None) -> list[LayerPlan]:
-    """:func:`layer_plans` of layers given as pieces (:meth:`simddp.workload.BlockLayers.run_pieces`): whole
-    blocks take block 0's plans (identical blocks share their kernel tuples, so they would look up the same
-    plans), without making their layers. ``where``: the workload (its parameters and layers) or the layers."""
-    layers = where.layers if isinstance(where, Workload) else where
-    parameters = where.parameters if isinstance(where, Workload) else parameters
-    assert isinstance(layers, BlockLayers) and parameters is not None
+def _pieces_plans(scenario: Scenario, pieces: Sequence[Sequence[Layer] | int], first: Sequence[Layer],
+                  parameters: Sequence[Param], seen: dict[tuple[Any, ...], LayerPlan],
+                  rule: ZeroRule) -> list[LayerPlan]:
+    """:func:`layer_plans` of layers given as pieces (:meth:`simddp.workload.BlockLayers.run_pieces`): a number
+    ``n`` stands for ``n`` whole copies of block 0 (``first``), which take its plans without being made
+    (identical blocks share their kernel tuples, so their layers would look up the same plans)."""
     out: list[LayerPlan] = []
     template: list[LayerPlan] | None = None
     for piece in pieces:
         if isinstance(piece, int):
             if template is None:
-                template = layer_plans(scenario, layers.pieces()[1], parameters, seen, rule)
+                template = layer_plans(scenario, first, parameters, seen, rule)
             out += template * piece
         else:
             out += layer_plans(scenario, piece, parameters, seen, rule)
     return out
 
 
-def _rank_layers(workload: Workload, rank: int, pp: int) -> Sequence[Layer]:
-    """A pipeline rank's layers for its plan: made when read where they are a transformer's blocks (the fast
-    engine reads their parameters and plans without them, :meth:`Workload.rank_layer_params` and
-    :func:`_pieces_plans`), else :meth:`Workload.rank_layers`."""
-    if pp > 1 and isinstance(workload.layers, BlockLayers):
-        return RankLayers(workload, rank, pp)
-    return workload.rank_layers(rank, pp)
+def rank_layer_plans(scenario: Scenario, workload: Workload, rank: int, pp: int,
+                     seen: dict[tuple[Any, ...], LayerPlan] | None = None,
+                     rule: ZeroRule | None = None) -> list[LayerPlan]:
+    """:func:`layer_plans` of pipeline rank ``rank``'s layers (:meth:`Workload.rank_layers`); a transformer's
+    from its pieces, without making its blocks (:meth:`Workload.rank_pieces`)."""
+    rule = rule or zero_rule(scenario)
+    seen = {} if seen is None else seen
+    pieces = workload.rank_pieces(rank, pp)
+    if pieces is None:
+        return layer_plans(scenario, workload.rank_layers(rank, pp), workload.parameters, seen, rule)
+    assert isinstance(workload.layers, BlockLayers)
+    return _pieces_plans(scenario, pieces, workload.layers.pieces()[1], workload.parameters, seen, rule)
 
 
 def boundary_group(scenario: Scenario, virtual_stage: int) -> CommGroup:
@@ -472,7 +455,7 @@ def build_plan(scenario: Scenario, workload: Workload | None = None) -> StepPlan
             first, shift = twins[r]
             ranks.append(_twin(scenario, workload, ranks[first], shift, r, RankLayers(workload, r, par.pp), rule))
             continue
-        layers = _rank_layers(workload, r, par.pp)
+        layers = workload.held_layers(r, par.pp)
         grads = rank_gradients(scenario, workload, r, rule)
         bucket_of_layer = grads.memo.get("bucket of layer")  # unused parameters are the model's: in the workload
         if bucket_of_layer is None:
@@ -516,10 +499,7 @@ def build_plan(scenario: Scenario, workload: Workload | None = None) -> StepPlan
                 memo_put(grads.memo, sync_key, gather_after)
         plans = rank_plans.get(r)
         if plans is None:
-            pieces = workload.rank_pieces(r, par.pp)
-            plans = rank_plans[r] = LayerPlans(
-                layer_plans(scenario, layers, workload.parameters, timed, rule, workload.blocks) if pieces is None
-                else _pieces_plans(scenario, pieces, workload, timed, rule))
+            plans = rank_plans[r] = LayerPlans(rank_layer_plans(scenario, workload, r, par.pp, timed, rule))
             if par.tp == 1:  # layer_plans gives a layer collectives of its own only with tp > 1: no walk for it
                 plans.has_tp_collectives = False
         rank = RankPlan(r, layers, plans, grads, bucket_of_layer, buckets, rounds, opt_s, gather_after,

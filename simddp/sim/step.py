@@ -120,6 +120,7 @@ class _Rank:
     end_s: float = 0.0
     dp_comm_s: float = 0.0
     unused_marked: set[int] = field(default_factory=set)
+    names: list[str] = field(default_factory=list)  # the plan's layers' names, read once (spans are named after them)
 
     def add(self, key: str, seconds: float) -> None:
         self.acct[key] = self.acct.get(key, 0.0) + seconds
@@ -198,7 +199,7 @@ def _layer_forward(st: _Rank, positions: list[int], gate: Callable[[int], simpy.
             t0 = st.gpu.env.now
             yield wait
             st.add("dp_comm", st.gpu.env.now - t0)
-        name = p.layers[i].name
+        name = st.names[i]
         yield from _booked_layer(st, forward(st.gpu, p.plans[i], st.overlap, st.rec, name=name), p.plans[i], "F", name)
 
 
@@ -206,7 +207,7 @@ def _layer_backward(st: _Rank, positions: list[int], rnd: int | None) -> Process
     p = st.plan
     for i in reversed(positions):
         done = (lambda i=i: st.release(rnd, i)) if rnd is not None else None
-        name = p.layers[i].name
+        name = st.names[i]
         yield from _booked_layer(st, backward(st.gpu, p.plans[i], st.overlap, st.rec, done, name), p.plans[i], "B",
                                  name)
 
@@ -576,7 +577,7 @@ def _rank_states(env: simpy.Environment, plan: StepPlan, spans: list[Span] | Non
     for rp in plan.ranks:
         gpu = Gpu(env, plan.interference, name=str(rp.index))
         suffix = f" {rp.index}" if par.pp > 1 else ""
-        st = _Rank(rp, gpu, Recorder(None), overlap=plan.overlap)
+        st = _Rank(rp, gpu, Recorder(None), overlap=plan.overlap, names=[la.name for la in rp.layers])
         st.rec = _Accounting(spans, suffix, st)
         for rnd in range(rp.rounds if plan.mode == "dp" else 1):
             for b in rp.buckets:
