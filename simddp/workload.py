@@ -319,10 +319,11 @@ class BlockLayers(Sequence[Layer]):
             out.append(self._tail[max(lo - end, 0):hi - end])
         return [piece for piece in out if piece]
 
-    def pieces(self) -> tuple[tuple[Layer, ...], tuple[Layer, ...], int, tuple[Layer, ...]]:
-        """(the head's layers, block 0's, the number of blocks, the tail's): every block is block 0's layers
-        renamed, reindexed and restaged, with shifted parameters."""
-        return self._head, tuple(self._first), self._count, self._tail
+    @property
+    def first_block(self) -> tuple[Layer, ...]:
+        """Block 0's layers: every block is them renamed, reindexed and restaged, with shifted parameters (the
+        whole blocks of :meth:`run_pieces`)."""
+        return tuple(self._first)
 
     @property
     def block_stages(self) -> tuple[int, ...]:
@@ -361,9 +362,9 @@ class BlockLayers(Sequence[Layer]):
 
 
 class RankLayers(Sequence[Layer]):
-    """:meth:`Workload.rank_layers` made when first read: a pipeline's twin ranks (:meth:`Workload.rank_twins`)
-    are planned from their first rank's plan, and the fast engine reads none of their layers unless asked for a
-    trace (whose spans are named after them)."""
+    """:meth:`Workload.rank_layers` made when first read (:meth:`Workload.held_layers`): a pipeline rank's plan
+    reads its parameters and layer plans from block 0 (twin ranks' from their first rank's plan), so the fast
+    engine reads none of its layers unless asked for a trace (whose spans are named after them)."""
 
     __slots__ = ("_args", "_layers")
 
@@ -484,7 +485,7 @@ class Workload:
 
     def rank_pieces(self, rank: int, pp: int) -> list[Sequence[Layer] | int] | None:
         """:meth:`rank_layers` as pieces, in order: layers, or a number ``n`` for ``n`` whole blocks (copies of
-        block 0, :meth:`BlockLayers.pieces`), read without making them; None where the layers are not a
+        block 0, :attr:`BlockLayers.first_block`), read without making them; None where the layers are not a
         transformer's :class:`BlockLayers`."""
         layers = self.layers
         if not isinstance(layers, BlockLayers):
@@ -1029,8 +1030,8 @@ def _transformer_workload(scenario: Scenario, spec: TransformerSpec,
     ),)  # the layers before the blocks
 
     # Blocks are identical but for their names, parameters, index and pipeline stage: block 0 is built, the
-    # others are made from it when first read (BlockLayers: a pipeline's fast path reads only the blocks of its
-    # first rank of each kind, 6 of a 1T model's 128). Block i's parameters are block 0's shifted by i blocks
+    # others are made from it when first read (BlockLayers: the fast path reads their parameters, stages and
+    # plans from block 0, and makes none). Block i's parameters are block 0's shifted by i blocks
     # (_transformer_params lays them out so); blocks go to stages as evenly as they divide (block_stage_starts),
     # the embedding to the first stage, the rest to the last.
     num_stages = par.pp * par.virtual_stages

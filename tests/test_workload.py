@@ -488,7 +488,7 @@ def test_what_the_plan_reads_without_making_blocks_is_the_made_layers(layers: in
     lazy = w.layers
     assert isinstance(lazy, BlockLayers)
     every = fresh_workload(scenario).layers.materialize()
-    n, per = len(every), len(lazy.pieces()[1])
+    n, per = len(every), len(lazy.first_block)
 
     def check(pieces: list, expected: tuple) -> None:
         """The pieces stand for ``expected``: its layers, or whole blocks (``per`` layers of one block each)."""

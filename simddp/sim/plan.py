@@ -322,7 +322,7 @@ def layer_plans(scenario: Scenario, layers: Sequence[Layer], parameters: Sequenc
     # Identical blocks have identical kernels: time each distinct layer once.
     seen = {} if seen is None else seen
     if isinstance(layers, BlockLayers):  # copies of block 0: its plans, without making the copies
-        return _pieces_plans(scenario, layers.run_pieces(0, len(layers)), layers.pieces()[1], parameters, seen, rule)
+        return _pieces_plans(scenario, layers.run_pieces(0, len(layers)), layers.first_block, parameters, seen, rule)
     tr, par = scenario.training, scenario.parallelism
     gpu = scenario.cluster.gpu
     eff = scenario.model.compute_efficiency or 1.0
@@ -385,7 +385,7 @@ def rank_layer_plans(scenario: Scenario, workload: Workload, rank: int, pp: int,
     if pieces is None:
         return layer_plans(scenario, workload.rank_layers(rank, pp), workload.parameters, seen, rule)
     assert isinstance(workload.layers, BlockLayers)
-    return _pieces_plans(scenario, pieces, workload.layers.pieces()[1], workload.parameters, seen, rule)
+    return _pieces_plans(scenario, pieces, workload.layers.first_block, workload.parameters, seen, rule)
 
 
 def boundary_group(scenario: Scenario, virtual_stage: int) -> CommGroup:
