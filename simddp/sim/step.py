@@ -836,7 +836,7 @@ def bound_steps(plan: StepPlan) -> tuple[Linear, Linear]:
         for (kind, vs), (w, c) in costs[r].items():
             slot = 2 * vs + (kind == "B")
             works[slot], comms[slot], lates[slot] = w, c, late.get((kind, vs), 0.0)
-        serial.pre.append(lates)
+        serial.pre.append(lates if late else zeros)  # one shared row where no send arrives late
         serial.hold.append(works)
         serial.tail.append(comms)
         reduce = _reductions(plan, rp.buckets)[1] if rp.overlap else 0.0
