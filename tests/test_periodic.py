@@ -150,18 +150,38 @@ def test_the_fast_engine_answers_pipelines_past_the_simulation_cap() -> None:
 
 def test_a_runner_refuses_to_run_more_operations_one_by_one_than_allowed() -> None:
     # What bounds the fast engine when a schedule does not repeat soon enough (an interleaved rank can use up
-    # its warm-up lead over the whole step): it raises instead of running more than it may, and runs when
-    # allowed as many operations as the schedule has.
+    # its warm-up lead over the whole step): it raises instead of running more one by one than it may (one
+    # fewer than this schedule needs), and runs when allowed as many.
     from simddp.sim.periodic import TooManyOperations
 
     ops = [schedule("interleaved-1f1b", 4, 64, r, 2) for r in range(4)]
     times = {(r, k, vs): (0.5 if r == 0 else 1.0) for r in range(4) for k in "FB" for vs in range(r, 8, 4)}
     step = _linear(4, 2, times, 0.0)
 
-    run = ScheduleRun(ops, 8, [step], max_operations=200)
+    allowed = ScheduleRun(ops, 8, [step], max_operations=sum(len(o) for o in ops))
+    allowed.run(steady(ops))
+    assert allowed.jumped_units > 0  # it repeats: 192 of its 1,024 operations run one by one
     with pytest.raises(TooManyOperations):
-        run.run(steady(ops))
-    ScheduleRun(ops, 8, [step], max_operations=sum(len(o) for o in ops)).run(steady(ops))
+        ScheduleRun(ops, 8, [step], max_operations=allowed.ran - 1).run(steady(ops))
+    ScheduleRun(ops, 8, [step], max_operations=allowed.ran).run(steady(ops))
+
+
+def test_interleaved_cuts_are_phased_to_end_where_the_steady_pairs_do() -> None:
+    # GPT-3's layout (p 8, v 3, 64 micro-batches; a unit is 24 pairs): the cuts are moved by 18 pairs
+    # (Steady.phase: the least room past its offset, 162 pairs, mod 24), so the repeat is found between the
+    # cuts at 18 and 42 pairs and the jump lands where rank 0's steady pairs end. One by one: the warm-up
+    # forwards and cool-down backwards (184 each), the pairs before the first cut (8 x 18 + the offsets' 28),
+    # the unit compared (8 x 24) and rank r's r pairs left after the jump: 2 (8 x 18 + 28 + 192 + 28) + 368 =
+    # 1,152 of 3,072 operations (1,536 with unphased cuts at 24 and 48 pairs, 18 + r pairs left after).
+    p, v, m = 8, 3, 64
+    times = {(r, k, vs): (1.0 + 0.3 * (r == 0) + 0.5 * (r == p - 1)) * (1 if k == "F" else 2)
+             for r in range(p) for k in "FB" for vs in range(r, p * v, p)}
+    reference, run = _runs("interleaved-1f1b", p, m, v, times, 0.01)
+    assert all(math.isclose(a, b, rel_tol=1e-12) for a, b in zip(run.clock, reference, strict=True))
+    shape = steady([schedule("interleaved-1f1b", p, m, r, v) for r in range(p)])
+    assert shape is not None and (shape.unit, shape.phase, shape.max_units) == (24, 18, 6)
+    assert run.detected_at == (1, 1)  # cuts 0 and 1 compared
+    assert run.ran == 1152
 
 
 def test_1f1b_ranks_jump_to_their_drains() -> None:
