@@ -52,7 +52,7 @@ class Steady:
     # Units rank r's jump may go past the common one when the state repeats every unit (1F1B: r; see _moves).
     stagger: list[int]
 
-    @property
+    @functools.cached_property
     def phase(self) -> int:
         """Pairs every cut is moved by (``0 <= phase < unit``), so that the last cut lands where the rank with
         the least room (:meth:`room`, past its offset) ends its steady pairs, not up to a unit before.
@@ -65,7 +65,7 @@ class Steady:
         low = min(self.room(r) - o for r, o in enumerate(self.offset))
         return low % self.unit if low > 0 else 0
 
-    @property
+    @functools.cached_property
     def max_units(self) -> int:
         """The last cut (in units) inside every rank's steady pairs and before its limit."""
         return (min(self.room(r) - o for r, o in enumerate(self.offset)) - self.phase) // self.unit

@@ -11,7 +11,7 @@ from collections import Counter, deque
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from operator import attrgetter
-from typing import Any
+from typing import Any, TypeVar
 
 from simddp.bucketing import PARAM_SIZE, BucketSpec, ParamLike, ddp_initial_buckets
 from simddp.collectives import CollectiveCost, Op, collective_cost
@@ -50,12 +50,14 @@ from simddp.zero import (
     zero_rule,
 )
 
+_T = TypeVar("_T")
+
 
 @dataclass(frozen=True)
 class RankGradients:
     """What DDP on one pipeline rank sees: its parameters (in the reduction dtype), ready order, buckets."""
 
-    global_ids: list[int]
+    global_ids: Sequence[int]  # a list (a twin rank's: made on first use, _ShiftedIds)
     params: Sequence[Param]  # a list (a twin rank's: made on first use, _TwinParams)
     ready_order: list[int]
     buckets: list[BucketSpec]
@@ -557,13 +559,9 @@ def _twin(scenario: Scenario, workload: Workload, first: RankPlan, delta: int, r
     grads = workload.shared.get(key)
     if grads is None:
         src = first.grads
-        global_ids = [g + delta for g in src.global_ids]
-        params = workload.parameters
-        reduced: Sequence[Param]
-        if rule.reduce_in_fp32:
-            reduced = _TwinParams(params, global_ids, src.params)  # made when something reads them
-        else:
-            reduced = [params[g] for g in global_ids]  # grad_reduce_spec: the parameter itself
+        # Both made when something reads them (the fast engine reads neither: a 1T pipeline's 62 middle ranks).
+        global_ids = _ShiftedIds(src.global_ids, delta)
+        reduced = _TwinParams(workload.parameters, global_ids, src.params if rule.reduce_in_fp32 else None)
         grads = workload.shared[key] = RankGradients(global_ids, reduced, src.ready_order, src.buckets)
     grads.memo.setdefault("bucket of layer", first.bucket_of_layer)
     shift = r - first.index  # virtual stage vs of first is vs + shift here
@@ -579,40 +577,73 @@ def _twin(scenario: Scenario, workload: Workload, first: RankPlan, delta: int, r
     return rank
 
 
-class _TwinParams(Sequence[Param]):
-    """A twin rank's parameters in their reduction dtype (:func:`_twin`), made on first use: each
-    :func:`simddp.workload.grad_reduce_spec`, the parameter's own name with the size and dtype of the first
-    rank's at its position (twins' parameters have the same sizes and dtypes in the same order). The fast
-    engine reads none of a twin's (a 1T pipeline's 62 middle ranks: 1,488 records); the exports and the
-    reported rank's count read them as a list."""
+class _Made(Sequence[_T]):
+    """A list made on first use (:meth:`_make`), read as one: a twin rank's gradients (:func:`_twin`) that the
+    fast engine never reads; the exports, the memory model and the reported rank read them as lists."""
 
-    __slots__ = ("_from", "_items")
+    __slots__ = ("_items",)
 
-    def __init__(self, parameters: Sequence[Param], global_ids: list[int], like: Sequence[Param]) -> None:
-        self._from = (parameters, global_ids, like)
-        self._items: list[Param] | None = None
+    def __init__(self) -> None:
+        self._items: list[_T] | None = None
 
-    def _list(self) -> list[Param]:
+    def _make(self) -> list[_T]:
+        raise NotImplementedError
+
+    def _list(self) -> list[_T]:
         if self._items is None:
-            parameters, global_ids, like = self._from
-            make = tuple.__new__  # skips the named tuple's constructor
-            self._items = [make(Param, (parameters[g].name, spec.numel, spec.dtype))
-                           for g, spec in zip(global_ids, like, strict=True)]
+            self._items = self._make()
         return self._items
-
-    def __len__(self) -> int:
-        return len(self._from[1])
 
     def __getitem__(self, i: Any) -> Any:
         return self._list()[i]
 
-    def __iter__(self) -> Iterator[Param]:
+    def __iter__(self) -> Iterator[_T]:
         return iter(self._list())
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, Sequence) and self._list() == list(other)
 
     __hash__ = None  # type: ignore[assignment]  # as a list's
+
+
+class _ShiftedIds(_Made[int]):
+    """A twin rank's global parameter indices: the first rank's shifted by ``delta``."""
+
+    __slots__ = ("_from",)
+
+    def __init__(self, ids: Sequence[int], delta: int) -> None:
+        super().__init__()
+        self._from = (ids, delta)
+
+    def _make(self) -> list[int]:
+        ids, delta = self._from
+        return [g + delta for g in ids]
+
+    def __len__(self) -> int:
+        return len(self._from[0])
+
+
+class _TwinParams(_Made[Param]):
+    """A twin rank's parameters in their reduction dtype: the parameters themselves (``like`` None), or each
+    :func:`simddp.workload.grad_reduce_spec`, the parameter's own name with the size and dtype of the first
+    rank's at its position (twins' parameters have the same sizes and dtypes in the same order)."""
+
+    __slots__ = ("_from",)
+
+    def __init__(self, parameters: Sequence[Param], global_ids: Sequence[int], like: Sequence[Param] | None) -> None:
+        super().__init__()
+        self._from = (parameters, global_ids, like)
+
+    def _make(self) -> list[Param]:
+        parameters, global_ids, like = self._from
+        if like is None:
+            return [parameters[g] for g in global_ids]
+        make = tuple.__new__  # skips the named tuple's constructor
+        return [make(Param, (parameters[g].name, spec.numel, spec.dtype))
+                for g, spec in zip(global_ids, like, strict=True)]
+
+    def __len__(self) -> int:
+        return len(self._from[1])
 
 
 #: The RankPlan fields :func:`_stage_passes` fills (virtual stage -> seconds).
