@@ -164,17 +164,12 @@ class ScheduleRun:
         two = 2 * num_virtual_stages
         self._delta = [(-2 if s % 2 == 0 else 2) for s in range(two)]
         self._delta[0] = self._delta[two - 1] = 0
-        # Per rank once, not at each resume: its per-slot constants and special positions (_rank_consts).
-        self._consts: list[tuple[list[float], ...]] = []
-        self._specials: list[list[int]] = []
-        for r in range(len(ops)):
-            consts, special = self._rank_consts(r)
-            self._consts.append(consts)
-            self._specials.append(special)
+        # Once per run, not at each resume: the per-slot constants and each rank's special positions.
+        consts, self._specials = self._slot_consts()
+        self._consts = [consts] * len(ops)  # every rank reads the same rows, each at its own slots only
         # Whether any operation waits longer than its dependency's arrival (the bounds' late sends): where none
-        # does (most steps: pp_p2p_overlap is off), the loop adds no pre constant. Rows are shared: read each once.
-        rows = {id(row): row for s in self.recurrences for row in s.pre}
-        self._pre = any(map(any, rows.values()))
+        # does (most steps: pp_p2p_overlap is off), the loop adds no pre constant.
+        self._pre = any(map(any, consts[:3]))
         self.jumped_units = 0  # for tests and benchmarks: how much of the steady state was extended
         self.shifted = 0  # for tests and benchmarks: warm-up and drain operations timed as a twin rank's, shifted
         self.detected_at: tuple[int, int] | None = None  # (units run, cycle) when the repeat was found
@@ -316,33 +311,38 @@ class ScheduleRun:
                 t1 + s1.hold[r][slot] + s1.tail[r][slot] + s1.extra[r].get(i, 0.0),
                 t2 + s2.hold[r][slot] + s2.tail[r][slot] + s2.extra[r].get(i, 0.0))
 
-    def _rank_consts(self, r: int) -> tuple[tuple[list[float], ...], list[int]]:
-        """Rank ``r``'s per-slot constants of the three recurrences (their ``pre``, then what each adds after
-        an operation's start) and its special positions, ascending (where an ``extra`` or ``on_start``
-        applies): read once per run, not each time the rank resumes. An operation
-        that is not special adds one constant per recurrence after its start: ``mid + hold + tail`` where it
-        has a dependency, else ``hold + tail``."""
-        two = 2 * self.num_vs
-        ops = self.ops[r]
-        # The rank's own slots (other slots' constants are never read): virtual stages r, r + p, ... of a
-        # Schedule; those of its operations otherwise.
-        stages = (range(ops.rank, two >> 1, ops.p) if isinstance(ops, Schedule)
-                  else {op.virtual_stage for op in ops})
-        slots = [k for vs in stages for k in (2 * vs, 2 * vs + 1)]
-        special: set[int] = set()
-        pres, posts = [], []
-        for s in self.recurrences:
-            special |= set(s.extra[r])
-            pres.append(s.pre[r])
-            mid, hold, tail = s.mid[r], s.hold[r], s.tail[r]
-            post = [0.0] * two
-            for k in slots:
-                post[k] = (mid[k] if self._delta[k] else 0.0) + hold[k] + tail[k]
-            posts.append(post)
-        s0 = self.recurrences[0]
-        if s0.on_start is not None:
-            special |= set(s0.on_start[r])
-        return (*pres, *posts), sorted(special)
+    def _slot_consts(self) -> tuple[tuple[list[float], ...], list[list[int]]]:
+        """The per-slot constants of the three recurrences (their ``pre``, then what each adds after an
+        operation's start) and each rank's special positions, ascending (where an ``extra`` or ``on_start``
+        applies): read once per run, not each time a rank resumes. An operation that is not special adds one
+        constant per recurrence after its start: ``mid + hold + tail`` where it has a dependency, else ``hold +
+        tail``.
+
+        A slot (a virtual stage's forward or backward) is one rank's: each row holds, at every slot, the
+        constant of the rank that runs it, so all ranks share six rows (a 1T pipeline's 64 ranks would
+        otherwise make 384 rows of 128 slots each).
+        """
+        two, delta = 2 * self.num_vs, self._delta
+        rows = [[0.0] * two for _ in range(6)]
+        specials = []
+        for r, ops in enumerate(self.ops):
+            # The rank's own slots: virtual stages r, r + p, ... of a Schedule; those of its operations otherwise.
+            stages = (range(ops.rank, two >> 1, ops.p) if isinstance(ops, Schedule)
+                      else {op.virtual_stage for op in ops})
+            slots = [k for vs in stages for k in (2 * vs, 2 * vs + 1)]
+            special: set[int] = set()
+            for n, s in enumerate(self.recurrences):
+                special.update(s.extra[r])
+                pre, mid, hold, tail = s.pre[r], s.mid[r], s.hold[r], s.tail[r]
+                pres, posts = rows[n], rows[3 + n]
+                for k in slots:
+                    pres[k] = pre[k]
+                    posts[k] = (mid[k] if delta[k] else 0.0) + hold[k] + tail[k]
+            s0 = self.recurrences[0]
+            if s0.on_start is not None:
+                special.update(s0.on_start[r])
+            specials.append(sorted(special))
+        return tuple(rows), specials
 
     def _cut(self, shape: Steady, units: int) -> list[int]:
         pairs = units * shape.unit + shape.phase
