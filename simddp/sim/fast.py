@@ -386,9 +386,9 @@ def _run_pipeline(plan: StepPlan, max_operations: int | None = None) -> list[Out
     # Per rank and slot: the time an operation holds its rank once it may start (its kernels and TP collectives
     # alone, then its blocking send). Everything but the waits is the same for each of the operations, so it
     # is booked once, times their number, below; the run books only the waits.
-    hold: list[list[float]] = []
+    per = [0.0] * two  # one row for every rank: a slot is one rank's, and each reads its own (periodic.Linear)
     for r, rp in enumerate(plan.ranks):
-        out, per = outs[r], [0.0] * two
+        out = outs[r]
         acct, busy_s, work_s = out.acct, out.link_busy_s, out.link_work_s  # Outcome.add and .transfer, inline
         get = acct.get
         for vs in rp.fwd_alone_s:
@@ -413,7 +413,7 @@ def _run_pipeline(plan: StepPlan, max_operations: int | None = None) -> list[Out
                     busy_s[send.tier] += n * send.transfer_s
                     work_s[send.tier] += n * send.transfer_s
                 per[slot] = alone + sent
-        hold.append(per)
+    hold = [per] * len(outs)
     seen: dict[int, tuple[float, float, list[tuple[str, float]]]] = {}
     # Each kind of rank's releases, worked out once: twin ranks share layer plans, buckets and the order of
     # their virtual stages' last backwards (keys: virtual stages less the rank's index).

@@ -123,7 +123,8 @@ class Linear:
     ``extra`` applies (all but a few operations) the runner adds ``mid + hold + tail`` summed once per slot:
     one addition per operation instead of three, at the cost of float rounding (about 1e-16 relative per
     operation, where the engines book the three apart; the tests compare at 1e-9). A slot's lists run over
-    ``2 V`` slots, V virtual stages.
+    ``2 V`` slots, V virtual stages. A slot is one rank's and a rank reads only its own, so ranks may share
+    one list (each rank's values at its slots).
     """
 
     pre: list[list[float]]

@@ -831,14 +831,16 @@ def bound_steps(plan: StepPlan) -> tuple[Linear, Linear]:
     serial = Linear(pre=[], mid=[zeros] * ranks, hold=[], tail=[], extra=[])
     kernels = Linear(pre=[zeros] * ranks, mid=[zeros] * ranks, hold=serial.hold, tail=[zeros] * ranks,
                      extra=[{} for _ in range(ranks)])
+    # By slot (2 virtual stage + 1 if backward): one row each for every rank (a slot is one rank's, and each
+    # reads its own, periodic.Linear).
+    works, comms, lates = [0.0] * two, [0.0] * two, [0.0] * two
+    serial.pre.extend([lates if late else zeros] * ranks)
+    serial.hold.extend([works] * ranks)
+    serial.tail.extend([comms] * ranks)
     for r, rp in enumerate(plan.ranks):
-        works, comms, lates = [0.0] * two, [0.0] * two, [0.0] * two  # by slot: 2 virtual stage + 1 if backward
         for (kind, vs), (w, c) in costs[r].items():
             slot = 2 * vs + (kind == "B")
             works[slot], comms[slot], lates[slot] = w, c, late.get((kind, vs), 0.0)
-        serial.pre.append(lates if late else zeros)  # one shared row where no send arrives late
-        serial.hold.append(works)
-        serial.tail.append(comms)
         reduce = _reductions(plan, rp.buckets)[1] if rp.overlap else 0.0
         if reduce > 0:  # a reduction in flight beside the rank's operations (none with dp = 1: nothing to reduce)
             ops, start = plan.ops[r], first_release[r]
