@@ -1,7 +1,9 @@
 """CPU instructions per evaluation, counted by valgrind: a measure a busy host does not move.
 
 On a shared 2-core machine the same code's wall-clock times swing 1.5-2x between minutes, so a change of 5-10%
-cannot be seen in timings; instruction counts repeat to 0.1%. Each case runs in a child process under
+cannot be seen in timings; instruction counts repeat to 0.1%. The child's string hashing is seeded alike
+(``PYTHONHASHSEED=0``): with random seeds the same code's counts moved by up to 1% between runs (sets and dicts of
+strings lay out and probe differently). Each case runs in a child process under
 ``valgrind --tool=callgrind`` twice, once with ``n`` evaluations and once with none (imports, presets and the
 first evaluation's warm-up); the difference over ``n`` is one evaluation's count. Every engine cache is cleared
 before each evaluation, as in ``bench_engine.py``. Needs valgrind (Debian: ``apt-get install valgrind``); about
@@ -13,6 +15,7 @@ a minute per case.
 from __future__ import annotations
 
 import argparse
+import os
 import re
 import shutil
 import subprocess
@@ -55,7 +58,8 @@ else:
 def instructions(case: str, n: int) -> int:
     """Instructions callgrind counts for the child running ``n`` units of ``case``."""
     done = subprocess.run(["valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null", sys.executable, "-c",
-                           _CHILD, case, str(n)], cwd=ROOT, capture_output=True, text=True, check=True)
+                           _CHILD, case, str(n)], cwd=ROOT, capture_output=True, text=True, check=True,
+                          env={**os.environ, "PYTHONHASHSEED": "0"})
     found = re.search(r"Collected : (\d+)", done.stderr)
     if found is None:
         raise SystemExit(f"valgrind printed no instruction count:\n{done.stderr[-2000:]}")
