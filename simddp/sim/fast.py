@@ -92,53 +92,6 @@ def _knobs(plan: StepPlan) -> bool:
 
 
 # ------------------------------------------------------------------------------------- data parallel
-class _Reductions:
-    """The DP stream: reductions in (round, bucket) order, each alone on its link, once ready. Ready and
-    reduced times are kept in flat lists (position ``round * buckets + bucket``) while the step runs, and
-    handed to the outcome's dicts once at its end (:meth:`book`)."""
-
-    def __init__(self, out: Outcome, rounds: int, costs: list[tuple[float, str, float]]) -> None:
-        self.out = out
-        self.rounds = rounds
-        self.costs = costs
-        self.ready: list[float | None] = [None] * (rounds * len(costs))
-        self.spans: list[tuple[float, float]] = []
-        self.end = 0.0
-        self.intervals: deque[tuple[float, float]] = deque()
-
-    def schedule(self) -> None:
-        """Start every reduction whose bucket and predecessors are ready (the loop of a 7B model's 226
-        buckets: its lookups are locals, its link accounting :meth:`Outcome.transfer` inline)."""
-        out, costs, ready, spans = self.out, self.costs, self.ready, self.spans
-        busy, work, intervals = out.link_busy_s, out.link_work_s, self.intervals
-        k, n, end, nb = len(spans), len(ready), self.end, len(costs)
-        dp_comm = out.dp_comm_s
-        while k < n:
-            at = ready[k]
-            if at is None:
-                break
-            time_s, tier, transfer_s = costs[k % nb]
-            start = at if at >= end else end
-            if time_s > 0:
-                end = start + time_s
-                intervals.append((start, end))
-                dp_comm += end - start
-                busy[tier] += transfer_s
-                work[tier] += transfer_s
-            else:
-                end = start
-            spans.append((start, end))
-            k += 1
-        self.end, out.dp_comm_s = end, dp_comm
-
-    def book(self) -> None:
-        """Every reduction's ready time and (start, end) into the outcome, keyed (round, bucket)."""
-        nb = len(self.costs)
-        keys = [(rnd, b) for rnd in range(self.rounds) for b in range(nb)]
-        self.out.ready_at.update(zip(keys, cast(list[float], self.ready), strict=True))  # all ready by the end
-        self.out.reduced.update(zip(keys, self.spans, strict=True))
-
-
 def _advance(t: float, work: float, intervals: deque[tuple[float, float]], rate_in: float) -> float:
     """When ``work`` seconds of kernels started at ``t`` end, slowed to ``rate_in`` inside ``intervals``."""
     remaining = work
@@ -223,10 +176,42 @@ def _run_dp(plan: StepPlan) -> list[Outcome]:
     overlap = plan.rule.overlap
     fwd = p.fwd_work_s[0]
     backward, costs = _backward(p)
-    stream = _Reductions(out, rounds, costs)
-    acct, intervals, ready = out.acct, stream.intervals, stream.ready
+    # The DP stream: reductions in (round, bucket) order, each alone on its link, once ready. Ready times and
+    # (start, end) spans in flat lists (position round * buckets + bucket), handed to the outcome's dicts at the
+    # end; ``started`` reductions so far, the stream's ``busy_until``, and the intervals they are in flight.
+    nb = len(costs)
+    ready: list[float | None] = [None] * (rounds * nb)
+    spans: list[tuple[float, float]] = []
+    intervals: deque[tuple[float, float]] = deque()
+    busy, link_work = out.link_busy_s, out.link_work_s
+    started, busy_until, total = 0, 0.0, len(ready)
+
+    def start_ready() -> None:
+        """Start every reduction whose bucket and predecessors are ready (a closure over the stream's locals:
+        a 7B model's backward calls it 130 times, a method would load its state from attributes each time)."""
+        nonlocal started, busy_until
+        k, end, dp_comm = started, busy_until, out.dp_comm_s
+        while k < total:
+            at = ready[k]
+            if at is None:
+                break
+            time_s, tier, transfer_s = costs[k % nb]
+            start = at if at >= end else end
+            if time_s > 0:
+                end = start + time_s
+                intervals.append((start, end))
+                dp_comm += end - start
+                busy[tier] += transfer_s
+                link_work[tier] += transfer_s
+            else:
+                end = start
+            spans.append((start, end))
+            k += 1
+        started, busy_until, out.dp_comm_s = k, end, dp_comm
+
+    acct = out.acct
     for rnd in range(rounds):
-        first = rnd * len(costs)  # the round's reductions in the stream's lists
+        first = rnd * nb  # the round's reductions in the stream's lists
         # Forward: one job (no collective of this step can be in flight before the first release).
         end = _advance(t, fwd, intervals, rate_in)
         out.add("compute", fwd)
@@ -247,15 +232,18 @@ def _run_dp(plan: StepPlan) -> list[Outcome]:
                 for b in released:
                     ready[first + b] = t
                 if overlap:
-                    stream.schedule()
+                    start_ready()
         if backward:
             acct["compute"], acct["recompute"], acct["interference"] = compute, recompute, interference
     out.compute_end_s = t
     if not overlap:
-        stream.end = max(stream.end, t)
-        stream.schedule()
-    stream.book()
-    comm_end = max(stream.end, t)
+        busy_until = max(busy_until, t)
+        start_ready()
+    # Every reduction's ready time and (start, end) into the outcome, keyed (round, bucket).
+    keys = [(rnd, b) for rnd in range(rounds) for b in range(nb)]
+    out.ready_at.update(zip(keys, cast(list[float], ready), strict=True))  # all ready by the end
+    out.reduced.update(zip(keys, spans, strict=True))
+    comm_end = max(busy_until, t)
     _finish(out, comm_end)
     return [out]
 
