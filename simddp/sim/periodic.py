@@ -166,11 +166,11 @@ class ScheduleRun:
         self._delta = [(-2 if s % 2 == 0 else 2) for s in range(two)]
         self._delta[0] = self._delta[two - 1] = 0
         # Once per run, not at each resume: the per-slot constants and each rank's special positions.
-        consts, self._specials = self._slot_consts()
-        self._consts = [consts] * len(ops)  # every rank reads the same rows, each at its own slots only
+        # Every rank reads the same six rows, each at its own slots only.
+        self._consts, self._specials = self._slot_consts()
         # Whether any operation waits longer than its dependency's arrival (the bounds' late sends): where none
         # does (most steps: pp_p2p_overlap is off), the loop adds no pre constant.
-        self._pre = any(map(any, consts[:3]))
+        self._pre = any(map(any, self._consts[:3]))
         self.jumped_units = 0  # for tests and benchmarks: how much of the steady state was extended
         self.shifted = 0  # for tests and benchmarks: warm-up and drain operations timed as a twin rank's, shifted
         self.detected_at: tuple[int, int] | None = None  # (units run, cycle) when the repeat was found
@@ -229,18 +229,19 @@ class ScheduleRun:
             raise RuntimeError("pipeline schedule deadlocks")  # a schedule bug, not user input
 
     def _advance_linear(self, limits: Sequence[int], active: list[int], codes: dict[int, list[int]]) -> None:
-        arrival, delta, consts, clocks = self.arrival, self._delta, self._consts, self.clocks
+        arrival, delta, clocks = self.arrival, self._delta, self.clocks
+        pre0, pre1, pre2, post0, post1, post2 = self._consts
         two = 2 * self.num_vs
         pre = self._pre
         waiting: dict[int, int] = {}
         ready = deque(active)
         bases = {r: self.pos[r] for r in active}
         # Per rank, what each of its resumes reads in one unpack: its codes from ``bases[r]`` on, where to stop
-        # in them, its special positions (an ``extra`` or ``on_start``) among them and its per-slot constants;
-        # and its state: three clocks, its waits and its index in its codes.
+        # in them and its special positions (an ``extra`` or ``on_start``) among them; and its state: three
+        # clocks, its waits and its index in its codes. The per-slot constants are every rank's rows.
         specials, none = self._specials, frozenset[int]()
         fixed = {r: (codes[r], limits[r] - base,
-                     {i - base for i in specials[r] if base <= i < limits[r]} if specials[r] else none, consts[r])
+                     {i - base for i in specials[r] if base <= i < limits[r]} if specials[r] else none)
                  for r, base in bases.items()}
         c0, c1, c2 = clocks
         waits = self.waits
@@ -255,7 +256,7 @@ class ScheduleRun:
                 r = ready.popleft()
             else:
                 r = ready.pop()
-            rc, stop, special, (pre0, pre1, pre2, post0, post1, post2) = fixed[r]
+            rc, stop, special = fixed[r]
             t0, t1, t2, w, first = state[r]
             j = first
             for j in range(first, stop):  # j: where the rank stops
@@ -404,7 +405,7 @@ class ScheduleRun:
         """
         p, consts, arrival = len(self.ops), self._consts, self.arrival
         clear = [all(i >= w for i in c) for c, w in zip(self._specials, warm, strict=True)]
-        key = [(tuple(c[2 * r] for c in consts[r]) if clear[r] else None) for r in range(p)]
+        key = [(tuple(c[2 * r] for c in consts) if clear[r] else None) for r in range(p)]
         q = 1
         for _ in range(3):  # bases tried
             while q + 1 < p and not (warm[q + 1] and key[q + 1] is not None and key[q + 1] == key[q]):
@@ -419,13 +420,13 @@ class ScheduleRun:
             g = [arrival[(m * p + q) << 1] for m in range(n)]
             before = [arrival[(m * p + q - 1) << 1] for m in range(n)]
             deltas = [a - b for a, b in zip(g[0], before[0], strict=True)]
-            if all(d >= 0 and before[0][k] + consts[q][k][2 * q] >= 0
+            if all(d >= 0 and before[0][k] + consts[k][2 * q] >= 0
                    and _shifted([b[k] for b in before], [a[k] for a in g], d) for k, d in enumerate(deltas)):
                 break
             q += 1
         else:
             return
-        pre, wait, waited = consts[q][0][2 * q], 0.0, [0.0]  # rank q's waits before each of its forwards
+        pre, wait, waited = consts[0][2 * q], 0.0, [0.0]  # rank q's waits before each of its forwards
         for m, b in enumerate(before):
             a0, t0 = b[0] + pre, g[m - 1][0] if m else 0.0
             if a0 > t0:
@@ -470,7 +471,7 @@ class ScheduleRun:
         self.advance(cut)
         start, waits = [list(c) for c in self.clocks], list(self.waits)  # at the cut
         first = [total - w - 1 for w in warm]  # a_r
-        key = [(tuple(c[2 * r + 1] for c in consts[r]) if all(not k <= i < last for i in self._specials[r]) else None)
+        key = [(tuple(c[2 * r + 1] for c in consts) if all(not k <= i < last for i in self._specials[r]) else None)
                for r, k in enumerate(cut)]
 
         def ended(r: int, j: int) -> tuple[float, ...]:
@@ -491,7 +492,7 @@ class ScheduleRun:
             q -= 1
         else:
             return
-        pre, post = [consts[q][k][2 * q + 1] for k in range(3)], [consts[q][3 + k][2 * q + 1] for k in range(3)]
+        pre, post = [consts[k][2 * q + 1] for k in range(3)], [consts[3 + k][2 * q + 1] for k in range(3)]
         x = ended(q + 1, first[q])[0] + pre[0]
         first_wait = x - start[0][q] if x > start[0][q] else 0.0  # rank q's first backward's
         tail_wait = self.waits[q] - waits[q]  # rank q's backwards' before its last
