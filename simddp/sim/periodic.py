@@ -24,6 +24,7 @@ fast engine against the simpy simulation of every micro-batch.
 from __future__ import annotations
 
 import functools
+from bisect import bisect_left
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -471,8 +472,13 @@ class ScheduleRun:
         self.advance(cut)
         start, waits = [list(c) for c in self.clocks], list(self.waits)  # at the cut
         first = [total - w - 1 for w in warm]  # a_r
-        key = [(tuple(c[2 * r + 1] for c in consts) if all(not k <= i < last for i in self._specials[r]) else None)
-               for r, k in enumerate(cut)]
+        k0, k1, k2, k3, k4, k5 = consts
+        # A rank's backward-slot constants, or None where a special operation lies between its cut and its last
+        # backward (its specials ascend: the first at or after the cut says).
+        key: list[tuple[float, ...] | None] = []
+        for r, (k, sp) in enumerate(zip(cut, self._specials, strict=True)):
+            i, x = 2 * r + 1, bisect_left(sp, k)
+            key.append((k0[i], k1[i], k2[i], k3[i], k4[i], k5[i]) if x == len(sp) or sp[x] >= last else None)
 
         def ended(r: int, j: int) -> tuple[float, ...]:
             return arrival[((j * p + r) << 1) | 1]
@@ -492,28 +498,36 @@ class ScheduleRun:
             q -= 1
         else:
             return
-        pre, post = [consts[k][2 * q + 1] for k in range(3)], [consts[3 + k][2 * q + 1] for k in range(3)]
-        x = ended(q + 1, first[q])[0] + pre[0]
+        base = key[q]  # rank q's backward slot's constants (not None: q was chosen so)
+        assert base is not None
+        pre0, pre1, pre2, post0, post1, post2 = base
+        x = ended(q + 1, first[q])[0] + pre0
         first_wait = x - start[0][q] if x > start[0][q] else 0.0  # rank q's first backward's
         tail_wait = self.waits[q] - waits[q]  # rank q's backwards' before its last
-        end = ended(q, total - 2)
+        e0, e1, e2 = ended(q, total - 2)
+        d0, d1, d2 = deltas
+        (s0, s1, s2), (c0, c1, c2) = start, self.clocks
         low = q
+        # Each twin below q, the three recurrences written out: its first two backwards after the cut (from its
+        # clock at the cut and rank r + 1's backwards), checked to end rank r + 1's plus the deltas (_shifted).
         for r in range(q - 1, -1, -1):
-            if key[r] != key[q]:
+            if key[r] != base:
                 break
             j = first[r]
-            up, nxt = ended(r + 1, j), ended(r + 1, j + 1)  # rank r + 1's last steady backward, first after the cut
-            one = [max(start[k][r], up[k] + pre[k]) + post[k] for k in range(3)]
-            two = [max(one[k], nxt[k] + pre[k]) + post[k] for k in range(3)]
-            w1, w2 = max(up[0] + pre[0] - start[0][r], 0.0), max(nxt[0] + pre[0] - one[0], 0.0)
-            if any(abs(t - n - d) > _REL_TOL * abs(t) for t, n, d in zip(two, nxt, deltas, strict=True)):  # _shifted
+            u0, u1, u2 = ended(r + 1, j)  # rank r + 1's last steady backward
+            n0, n1, n2 = ended(r + 1, j + 1)  # and its first after the cut
+            one = (max(s0[r], u0 + pre0) + post0, max(s1[r], u1 + pre1) + post1, max(s2[r], u2 + pre2) + post2)
+            t0, t1, t2 = two = (max(one[0], n0 + pre0) + post0, max(one[1], n1 + pre1) + post1,
+                                max(one[2], n2 + pre2) + post2)
+            if (abs(t0 - n0 - d0) > _REL_TOL * abs(t0) or abs(t1 - n1 - d1) > _REL_TOL * abs(t1)
+                    or abs(t2 - n2 - d2) > _REL_TOL * abs(t2)):
                 break
-            arrival[((j * p + r) << 1) | 1] = tuple(one)
-            arrival[(((j + 1) * p + r) << 1) | 1] = tuple(two)
+            w1, w2 = max(u0 + pre0 - s0[r], 0.0), max(n0 + pre0 - one[0], 0.0)
+            arrival[((j * p + r) << 1) | 1] = one
+            arrival[(((j + 1) * p + r) << 1) | 1] = two
             tail_wait, first_wait = w1 + w2 + tail_wait - first_wait, w1
             n = q - r
-            for clock, e, d in zip(self.clocks, end, deltas, strict=True):
-                clock[r] = e + n * d
+            c0[r], c1[r], c2[r] = e0 + n * d0, e1 + n * d1, e2 + n * d2
             self.waits[r] = waits[r] + tail_wait
             self.pos[r] = last
             self.shifted += last - cut[r]
