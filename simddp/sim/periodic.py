@@ -405,8 +405,11 @@ class ScheduleRun:
         2,016 warm-up forwards are shifts.
         """
         p, consts, arrival = len(self.ops), self._consts, self.arrival
-        clear = [all(i >= w for i in c) for c, w in zip(self._specials, warm, strict=True)]
-        key = [(tuple(c[2 * r] for c in consts) if clear[r] else None) for r in range(p)]
+        k0, k1, k2, k3, k4, k5 = consts
+        # A rank's forward-slot constants, or None where a special operation is among its warm-up forwards (its
+        # specials ascend: the first says).
+        key = [((k0[i], k1[i], k2[i], k3[i], k4[i], k5[i]) if not sp or sp[0] >= w else None)
+               for w, sp, i in zip(warm, self._specials, range(0, 2 * p, 2), strict=True)]
         q = 1
         for _ in range(3):  # bases tried
             while q + 1 < p and not (warm[q + 1] and key[q + 1] is not None and key[q + 1] == key[q]):
@@ -433,16 +436,19 @@ class ScheduleRun:
             if a0 > t0:
                 wait += a0 - t0
             waited.append(wait)
-        for r in range(q + 1, end + 1):
+        d0, d1, d2 = deltas
+        c0, c1, c2 = self.clocks
+        for r in range(q + 1, end + 1):  # the three recurrences written out
             k, n = r - q, warm[r]
-            shift = [k * d for d in deltas]
-            for clock, x, d in zip(self.clocks, g[n - 1], shift, strict=True):
-                clock[r] = x + d
-            self.waits[r] = waited[n] + shift[0]
+            e0, e1, e2 = k * d0, k * d1, k * d2
+            x0, x1, x2 = g[n - 1]
+            c0[r], c1[r], c2[r] = x0 + e0, x1 + e1, x2 + e2
+            self.waits[r] = waited[n] + e0
             self.pos[r] = n
             self.shifted += n
             for m in range(n) if r == end else (n - 1,):
-                arrival[(m * p + r) << 1] = tuple(x + d for x, d in zip(g[m], shift, strict=True))
+                x0, x1, x2 = g[m]
+                arrival[(m * p + r) << 1] = (x0 + e0, x1 + e1, x2 + e2)
 
     def _shift_drains(self, warm: list[int]) -> None:
         """Time the 1F1B drains of twin ranks from one rank's, not backward by backward (after the jump).
