@@ -326,6 +326,18 @@ class ScheduleRun:
         otherwise make 384 rows of 128 slots each).
         """
         two, delta = 2 * self.num_vs, self._delta
+        recurrences = self.recurrences
+        if all(len(set(map(id, rows))) == 1 for s in recurrences for rows in (s.pre, s.mid, s.hold, s.tail)):
+            # Every rank holds the same four rows of each recurrence (the fast engine's and the bounds' steps do):
+            # they are the shared rows, slot by slot.
+            pres = [list(s.pre[0]) for s in recurrences]
+            posts = [[(m if d else 0.0) + h + t for m, d, h, t in zip(s.mid[0], delta, s.hold[0], s.tail[0],
+                                                                       strict=True)] for s in recurrences]
+            s0 = recurrences[0]
+            specials = [sorted({*s0.extra[r], *recurrences[1].extra[r], *recurrences[2].extra[r],
+                                *(s0.on_start[r] if s0.on_start is not None else ())})
+                        for r in range(len(self.ops))]
+            return (*pres, *posts), specials
         rows = [[0.0] * two for _ in range(6)]
         specials = []
         for r, ops in enumerate(self.ops):
