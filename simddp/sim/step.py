@@ -798,49 +798,41 @@ def bound_steps(plan: StepPlan) -> tuple[Linear, Linear]:
     i = plan.interference
     first_release = [min(last.values(), default=len(ops)) for last, ops in zip(last_backwards(plan), plan.ops,
                                                                               strict=True)]
-    costs: list[dict[tuple[str, int], tuple[float, float]]] = []
+    two, ranks, p2p = 2 * num_vs, len(plan.ranks), plan.p2p
+    # By slot (2 virtual stage + 1 if backward): one row each for every rank (a slot is one rank's, and each
+    # reads its own, periodic.Linear). An operation's comm: its TP time (the plan's, plan._stage_passes), its
+    # send and the gather of what it received.
+    works, comms, lates = [0.0] * two, [0.0] * two, [0.0] * two
+    gather = plan.p2p_gather.time_s if plan.p2p_gather is not None else 0.0
     for rp in plan.ranks:
-        per: dict[tuple[str, int], tuple[float, float]] = {}
-        for vs in rp.fwd_work_s:  # each virtual stage's TP time per kind: the plan's (plan._stage_passes)
-            for kind in ("F", "B"):
-                send = plan.p2p.get(vs if kind == "F" else vs - 1)
-                received = (vs > 0) if kind == "F" else (vs < num_vs - 1)
-                gather = plan.p2p_gather.time_s if (plan.p2p_gather is not None and received) else 0.0
-                tp = (rp.fwd_tp_s if kind == "F" else rp.bwd_tp_s)[vs]
-                comm = tp + (send.time_s if send is not None else 0.0) + gather
-                per[(kind, vs)] = ((rp.fwd_work_s if kind == "F" else rp.bwd_work_s)[vs], comm)
-        costs.append(per)
-    late: dict[tuple[str, int], float] = {}  # (kind, receiving virtual stage) -> extra arrival delay
+        for vs in rp.fwd_work_s:
+            send, back = p2p.get(vs), p2p.get(vs - 1)
+            works[2 * vs], works[2 * vs + 1] = rp.fwd_work_s[vs], rp.bwd_work_s[vs]
+            comms[2 * vs] = rp.fwd_tp_s[vs] + (send.time_s if send is not None else 0.0) + (gather if vs > 0 else 0.0)
+            comms[2 * vs + 1] = (rp.bwd_tp_s[vs] + (back.time_s if back is not None else 0.0)
+                                 + (gather if vs < num_vs - 1 else 0.0))
+    late = False  # whether a send delays what receives it (the lates row)
     if par.pp_p2p_overlap:
-        for r, rp in enumerate(plan.ranks):
+        for rp in plan.ranks:
             # Its layers' TP parts are never negative, so their per-stage sums (the plan's) show whether any is.
             tp_stream = plan.p2p_gather is not None or any(rp.fwd_tp_s.values()) or any(rp.bwd_tp_s.values())
             dp_stream = rp.overlap and any(b.reduce.time_s > 0 for b in rp.buckets)
             shared = int(tp_stream) + int(dp_stream)  # streams besides the send's own
             for vs in rp.fwd_work_s:
-                for kind, receiver, boundary in (("F", vs + 1, vs), ("B", vs - 1, vs - 1)):
-                    send = plan.p2p.get(boundary)
+                for slot, receiver, boundary in ((2 * vs, vs + 1, vs), (2 * vs + 1, vs - 1, vs - 1)):
+                    send = p2p.get(boundary)
                     if send is not None and 0 <= receiver < num_vs:
-                        late[(kind, receiver)] = shared * send.time_s
+                        late = True
+                        lates[2 * receiver + (slot & 1)] = shared * send.time_s  # the receiver's operation
                         # the sender's next kernels run slowed while the send is in flight (at most k sends long)
-                        work, comm = costs[r][(kind, vs)]
-                        costs[r][(kind, vs)] = (work, comm + i * (shared + 1) * send.time_s)
+                        comms[slot] += i * (shared + 1) * send.time_s
 
-    two, ranks = 2 * num_vs, len(plan.ranks)
     zeros = [0.0] * two  # read only, shared by every rank's lists that are all zero
-    serial = Linear(pre=[], mid=[zeros] * ranks, hold=[], tail=[], extra=[])
+    serial = Linear(pre=[lates if late else zeros] * ranks, mid=[zeros] * ranks, hold=[works] * ranks,
+                    tail=[comms] * ranks, extra=[])
     kernels = Linear(pre=[zeros] * ranks, mid=[zeros] * ranks, hold=serial.hold, tail=[zeros] * ranks,
                      extra=[{} for _ in range(ranks)])
-    # By slot (2 virtual stage + 1 if backward): one row each for every rank (a slot is one rank's, and each
-    # reads its own, periodic.Linear).
-    works, comms, lates = [0.0] * two, [0.0] * two, [0.0] * two
-    serial.pre.extend([lates if late else zeros] * ranks)
-    serial.hold.extend([works] * ranks)
-    serial.tail.extend([comms] * ranks)
     for r, rp in enumerate(plan.ranks):
-        for (kind, vs), (w, c) in costs[r].items():
-            slot = 2 * vs + (kind == "B")
-            works[slot], comms[slot], lates[slot] = w, c, late.get((kind, vs), 0.0)
         reduce = _reductions(plan, rp.buckets)[1] if rp.overlap else 0.0
         if reduce > 0:  # a reduction in flight beside the rank's operations (none with dp = 1: nothing to reduce)
             ops, start = plan.ops[r], first_release[r]
