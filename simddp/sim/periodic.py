@@ -330,14 +330,14 @@ class ScheduleRun:
         if all(len(set(map(id, rows))) == 1 for s in recurrences for rows in (s.pre, s.mid, s.hold, s.tail)):
             # Every rank holds the same four rows of each recurrence (the fast engine's and the bounds' steps do):
             # they are the shared rows, slot by slot.
-            pres = [list(s.pre[0]) for s in recurrences]
-            posts = [[(m if d else 0.0) + h + t for m, d, h, t in zip(s.mid[0], delta, s.hold[0], s.tail[0],
+            before = [list(s.pre[0]) for s in recurrences]
+            after = [[(m if d else 0.0) + h + t for m, d, h, t in zip(s.mid[0], delta, s.hold[0], s.tail[0],
                                                                        strict=True)] for s in recurrences]
             s0 = recurrences[0]
             specials = [sorted({*s0.extra[r], *recurrences[1].extra[r], *recurrences[2].extra[r],
                                 *(s0.on_start[r] if s0.on_start is not None else ())})
                         for r in range(len(self.ops))]
-            return (*pres, *posts), specials
+            return (*before, *after), specials
         rows = [[0.0] * two for _ in range(6)]
         specials = []
         for r, ops in enumerate(self.ops):
@@ -495,8 +495,8 @@ class ScheduleRun:
         # backward (its specials ascend: the first at or after the cut says).
         key: list[tuple[float, ...] | None] = []
         for r, (k, sp) in enumerate(zip(cut, self._specials, strict=True)):
-            i, x = 2 * r + 1, bisect_left(sp, k)
-            key.append((k0[i], k1[i], k2[i], k3[i], k4[i], k5[i]) if x == len(sp) or sp[x] >= last else None)
+            i, at = 2 * r + 1, bisect_left(sp, k)
+            key.append((k0[i], k1[i], k2[i], k3[i], k4[i], k5[i]) if at == len(sp) or sp[at] >= last else None)
 
         def ended(r: int, j: int) -> tuple[float, ...]:
             return arrival[((j * p + r) << 1) | 1]
