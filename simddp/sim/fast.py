@@ -282,9 +282,9 @@ def _finish(out: Outcome, comm_end: float) -> None:
 
 # ---------------------------------------------------------------------------------------- pipelines
 #: A rank's gradient releases (:func:`_rank_releases`): per virtual stage (less the rank's index), the
-#: buckets its last backward completes with their ready times after that backward starts, and the
-#: backward's TP transfers per link tier.
-Releases = dict[int, tuple[list[tuple[int, float]], dict[str, float]]]
+#: buckets its last backward completes (as ``Outcome.ready_at`` keys them) with their ready times after that
+#: backward starts, and the backward's TP transfers per link tier.
+Releases = dict[int, tuple[list[tuple[tuple[int, int], float]], dict[str, float]]]
 
 
 def _rank_releases(p: RankPlan, positions: dict[int, list[int]], order: list[int], overlap: str,
@@ -302,7 +302,7 @@ def _rank_releases(p: RankPlan, positions: dict[int, list[int]], order: list[int
     out: Releases = {}
     for vs in order:
         t = 0.0
-        done: list[tuple[int, float]] = []
+        done: list[tuple[tuple[int, int], float]] = []
         transfers: dict[str, float] = {}
         for k in reversed(positions.get(vs, ())):
             plan = plans[k]
@@ -323,18 +323,19 @@ def _rank_releases(p: RankPlan, positions: dict[int, list[int]], order: list[int
             for b in bucket_of_layer[k]:
                 left[b] -= 1
                 if not left[b]:
-                    done.append((b, ready))
+                    done.append(((0, b), ready))
         out[vs - p.index] = (done, transfers)
     return out
 
 
-def _release(out: Outcome, released: tuple[list[tuple[int, float]], dict[str, float]], start: float) -> None:
+def _release(out: Outcome, released: tuple[list[tuple[tuple[int, int], float]], dict[str, float]],
+             start: float) -> None:
     """A rank's last backward of a virtual stage starts at ``start``: the buckets it completes are ready
     (:func:`_rank_releases`), and its TP transfers go on the links."""
     ready_at, busy, work = out.ready_at, out.link_busy_s, out.link_work_s
     done, transfers = released
-    for b, offset in done:
-        ready_at[(0, b)] = start + offset
+    for bucket, offset in done:
+        ready_at[bucket] = start + offset
     for tier, transfer in transfers.items():  # Outcome.transfer, inline
         busy[tier] += transfer
         work[tier] += transfer
