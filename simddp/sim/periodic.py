@@ -241,9 +241,14 @@ class ScheduleRun:
         # in them and its special positions (an ``extra`` or ``on_start``) among them; and its state: three
         # clocks, its waits and its index in its codes. The per-slot constants are every rank's rows.
         specials, none = self._specials, frozenset[int]()
-        fixed = {r: (codes[r], limits[r] - base,
-                     {i - base for i in specials[r] if base <= i < limits[r]} if specials[r] else none)
-                 for r, base in bases.items()}
+        fixed: dict[int, tuple[list[int], int, frozenset[int] | set[int]]] = {}
+        for r, base in bases.items():
+            # A rank's specials ascend: where the first at or after its base is at or past its limit (most
+            # resumes), none is in range and no set is made.
+            sp, lim = specials[r], limits[r]
+            at = bisect_left(sp, base)
+            fixed[r] = (codes[r], lim - base,
+                        {i - base for i in sp[at:] if i < lim} if at < len(sp) and sp[at] < lim else none)
         c0, c1, c2 = clocks
         waits = self.waits
         state = {r: (c0[r], c1[r], c2[r], waits[r], 0) for r in active}
