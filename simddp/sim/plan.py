@@ -570,8 +570,13 @@ def _twin(scenario: Scenario, workload: Workload, first: RankPlan, delta: int, r
     # the rank's own.
     fields = {**first.__dict__}
     fields["index"], fields["layers"], fields["grads"] = r, layers, grads
-    for name in _PASS_FIELDS:
-        fields[name] = {vs + shift: value for vs, value in fields[name].items()}
+    if len(first.fwd_alone_s) == 1:  # one virtual stage (1F1B): each pass dict holds one item
+        (stage,) = first.fwd_alone_s
+        for name in _PASS_FIELDS:
+            fields[name] = {stage + shift: fields[name][stage]}
+    else:
+        for name in _PASS_FIELDS:
+            fields[name] = {vs + shift: value for vs, value in fields[name].items()}
     rank = object.__new__(RankPlan)
     rank.__dict__ = fields
     return rank
