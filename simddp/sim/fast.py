@@ -413,7 +413,7 @@ def _run_pipeline(plan: StepPlan, max_operations: int | None = None) -> list[Out
         its gradients become ready."""
         rp, last = plan.ranks[r], last_b[r]
         order = sorted(last, key=last.__getitem__)
-        key = (id(rp.plans), id(rp.buckets), id(rp.bucket_of_layer), tuple(vs - r for vs in order))
+        key = (id(rp.plans), id(rp.buckets), id(rp.bucket_of_layer), tuple(map(r.__rsub__, order)))  # vs - r
         kind = kinds.get(key)
         if kind is None:
             kind = kinds[key] = _rank_releases(rp, plan.workload.rank_stage_positions(r, par.pp), order,
