@@ -31,6 +31,7 @@ CASES = {
     "1t": ("1T", 1, "evaluation"),
     "sweep": ("sweep", 1, "200 points of bench_engine's sweep"),
     "3d": ("GPT-3 175B 3D", 2, "evaluation"),  # bench_engine's EXTRA: dp 16 pp 8 v2, overlapped reduction
+    "fsdp": ("Llama-2-70B FSDP", 2, "evaluation"),  # bench_engine's EXTRA: ZeRO-3, the fluid engine
 }
 
 _CHILD = """

@@ -145,6 +145,114 @@ class Layer:
         return self.block is not None
 
 
+class BlockParams(Sequence[Param]):
+    """A transformer's parameters in definition order: ``head`` (before the blocks), ``count`` blocks, then
+    ``tail``; block ``i``'s are block 0's (``first``: name after the block prefix, elements, dtype) renamed
+    ``block_name.format(i=i)`` + that name, made when one of them is first read (:meth:`take` makes a rank's
+    blocks at once). A pipeline's planned ranks read their own blocks only, twin ranks none (1T tp8 pp64: 6 of 128
+    blocks made per evaluation, where all 1,540 parameters were made before; GPT-3 tp8 pp8 v3: 36 of 96). Read as
+    a tuple of those parameters (indexing, slices, iteration, equality, hashing, pickling); iteration makes every
+    block, and :func:`indexable` gives whole-model walks a plain list."""
+
+    __slots__ = ("_block_name", "_count", "_first", "_flat", "_per", "_start", "_unmade")
+
+    def __init__(self, head: Sequence[Param], first: Sequence[tuple[str, int, str]], block_name: str, count: int,
+                 first_params: Sequence[Param], tail: Sequence[Param]) -> None:
+        self._first, self._block_name, self._count = list(first), block_name, count
+        self._start, self._per = len(head), len(self._first)
+        # Every parameter's place: block 0's made (first_params), the other blocks' None until made.
+        self._flat: list[Param | None] = [*head, *first_params, *[None] * (self._per * (count - 1)), *tail]
+        self._unmade = set(range(1, count))
+
+    def _fill(self, blocks: Iterable[int]) -> None:
+        """Make ``blocks`` (those not made yet)."""
+        make, flat, start, per = tuple.__new__, self._flat, self._start, self._per
+        for i in self._unmade.intersection(blocks):
+            renamed = self._block_name.format(i=i)
+            flat[start + i * per:start + (i + 1) * per] = [make(Param, (renamed + rest, numel, dtype))
+                                                         for rest, numel, dtype in self._first]
+            self._unmade.discard(i)
+
+    def _all(self) -> list[Param]:
+        if self._unmade:
+            self._fill(list(self._unmade))
+        return self._flat  # type: ignore[return-value]  # every place filled
+
+    def take(self, ids: Iterable[int]) -> list[Param]:
+        """``[self[g] for g in ids]`` (non-negative ids), their blocks made at once."""
+        if isinstance(ids, range) and ids.step == 1:  # a run (every parameter, with one stage): its blocks, a slice
+            if self._unmade and ids:
+                start, per = self._start, self._per
+                self._fill(range(max(0, (ids.start - start) // per), (ids.stop - 1 - start) // per + 1))
+            return self._flat[ids.start:ids.stop]  # type: ignore[return-value]  # those places are filled
+        ids = ids if isinstance(ids, (list, tuple, range)) else list(ids)
+        if self._unmade and ids:
+            # Each id's block, (g - start) // per, in C; the head's and the tail's are no block (none is unmade).
+            self._fill(set(map(self._per.__rfloordiv__, map(self._start.__rsub__, ids))))
+        return list(map(self._flat.__getitem__, ids))  # type: ignore[arg-type]
+
+    def __len__(self) -> int:
+        return len(self._flat)
+
+    @overload
+    def __getitem__(self, i: int) -> Param: ...
+
+    @overload
+    def __getitem__(self, i: slice) -> tuple[Param, ...]: ...
+
+    def __getitem__(self, i: int | slice) -> Param | tuple[Param, ...]:
+        if isinstance(i, slice):
+            return tuple(self._all()[i])
+        got = self._flat[i]
+        if got is None:
+            self._fill(((i % len(self._flat) - self._start) // self._per,))
+            got = self._flat[i]
+        return got  # type: ignore[return-value]
+
+    def __iter__(self) -> Iterator[Param]:
+        if not self._unmade:
+            return iter(self._flat)  # type: ignore[arg-type]  # every place filled
+        return self._blockwise()
+
+    def _blockwise(self) -> Iterator[Param]:
+        """The parameters in order, each block made as the iteration reaches it (a search that stops early, for
+        the word embedding, makes none)."""
+        flat, start, per = self._flat, self._start, self._per
+        yield from flat[:start]  # type: ignore[misc]
+        for i in range(self._count):
+            if i in self._unmade:
+                self._fill((i,))
+            yield from flat[start + i * per:start + (i + 1) * per]  # type: ignore[misc]
+        yield from flat[start + self._count * per:]  # type: ignore[misc]
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, BlockParams):
+            other = other._all()
+        return isinstance(other, (tuple, list)) and tuple(self._all()) == tuple(other)
+
+    def __hash__(self) -> int:
+        return hash(tuple(self._all()))
+
+    def __repr__(self) -> str:
+        return repr(tuple(self._all()))
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return tuple, (tuple(self._all()),)
+
+
+def indexable(parameters: Sequence[Param]) -> Sequence[Param]:
+    """``parameters`` for many reads by index, each in C: a :class:`BlockParams`' list of every parameter (its
+    blocks made), anything else as it is. For whole-model walks (FSDP's units read every parameter)."""
+    return parameters._all() if isinstance(parameters, BlockParams) else parameters
+
+
+def take_params(parameters: Sequence[Param], ids: Iterable[int]) -> list[Param]:
+    """``[parameters[g] for g in ids]``; a transformer's :class:`BlockParams` makes only the blocks read."""
+    if isinstance(parameters, BlockParams):
+        return parameters.take(ids)
+    return [parameters[g] for g in ids]
+
+
 class BlockLayers(Sequence[Layer]):
     """A transformer's layers in forward order: ``head`` (the embedding), ``count`` copies of one block, then
     ``tail`` (final norm, output layer, loss), each block's layers made when one of them is first read.
@@ -405,7 +513,7 @@ class RankLayers(Sequence[Layer]):
 class Workload:
     """Parameters (in definition order), gradient-ready order and layers (in forward order) of one GPU."""
 
-    parameters: tuple[Param, ...]
+    parameters: Sequence[Param]  # a tuple, or a transformer's BlockParams (read as one)
     grad_ready_order: tuple[int, ...]
     layers: Sequence[Layer]  # a tuple, or a transformer's BlockLayers
     tokens_per_micro_batch: int
@@ -504,10 +612,10 @@ class Workload:
             if len(ids) == len(parameters) and key[2] == tuple(range(len(ids))):
                 # Every parameter, in order (a rank without pipeline parallelism): positions are the parameters'
                 # own indices, and the ready order, a permutation of them, is already in ready order.
-                specs, order = list(parameters), list(self.grad_ready_order)
+                specs, order = take_params(parameters, range(len(ids))), list(self.grad_ready_order)
             else:
                 local = {g: k for k, g in enumerate(ids)}
-                specs, order = [parameters[g] for g in ids], [local[g] for g in self.ready_sorted(ids)]
+                specs, order = take_params(parameters, ids), [local[g] for g in self.ready_sorted(ids)]
             if reduce_in_fp32:  # without it every grad_reduce_spec is the parameter itself
                 specs = [grad_reduce_spec(p, reduce_in_fp32) for p in specs]
             got = self.shared[key] = (specs, order)
@@ -830,18 +938,20 @@ def _names(spec: TransformerSpec) -> _Names:
 
 def _transformer_params(
     spec: TransformerSpec, tp: int, dtype: str
-) -> tuple[list[Param], dict[str, list[int]]]:
-    """Per-GPU parameters in Hugging Face definition order, and the indices each module (layer name) owns, for
-    the modules outside the blocks and those of block 0 (block i's are block 0's shifted by i blocks)."""
+) -> tuple[BlockParams, dict[str, list[int]]]:
+    """Per-GPU parameters in Hugging Face definition order (blocks after the first made when read), and the
+    indices each module (layer name) owns, for the modules outside the blocks and those of block 0 (block i's
+    are block 0's shifted by i blocks)."""
     h, ffn, v = spec.hidden_size, spec.ffn_hidden_size, spec.vocab_size
     kv_shard = max(1, spec.kv_heads // tp) * (h // spec.num_heads)  # GQA with tp > kv_heads replicates
     q_shard = h // tp
     names = _names(spec)
     params: list[Param] = []
     groups: dict[str, list[int]] = {}
+    later = 0  # parameters before the next one added that are not in params (blocks 1 on: BlockParams)
 
     def add(module: str, name: str, numel: int) -> None:
-        groups.setdefault(module, []).append(len(params))
+        groups.setdefault(module, []).append(len(params) + later)
         params.append(Param(name, numel, dtype))
 
     def norm(module: str, prefix: str) -> None:
@@ -891,24 +1001,22 @@ def _transformer_params(
             if spec.bias:
                 add(mod["mlp_out"], f"{mod['mlp_out']}.bias", h)
 
-    # Blocks are identical but for their names: add the first, rename its parameters and modules for the rest.
+    # Blocks are identical but for their names: add the first; the others are its parameters renamed, made
+    # when read (BlockParams).
     start = len(params)
     if spec.num_layers:
         block(0)
     prefix = names.block.format(i=0)
     cut = len(prefix)
-    # (name after the block prefix, elements, dtype) of block 0's parameters; tuple.__new__ skips the named
-    # tuple's Python constructor (1,500 parameters for a 1T model).
+    # (name after the block prefix, elements, dtype) of block 0's parameters.
     first = [(q.name[cut:], q.numel, q.dtype) for q in params[start:]]
-    make = tuple.__new__
-    for i in range(1, spec.num_layers):
-        renamed = names.block.format(i=i)
-        params.extend([make(Param, (renamed + rest, numel, dtype)) for rest, numel, dtype in first])
+    end = len(params)
+    later = max(spec.num_layers - 1, 0) * len(first)
     if spec.final_norm:
         norm(names.final_norm, names.final_norm)
     if not spec.tied_embeddings:
         add("lm_head", "lm_head.weight", v // tp * h)
-    return params, groups
+    return BlockParams(params[:start], first, names.block, spec.num_layers, params[start:end], params[end:]), groups
 
 
 def _transformer_workload(scenario: Scenario, spec: TransformerSpec,
@@ -1096,7 +1204,7 @@ def _transformer_workload(scenario: Scenario, spec: TransformerSpec,
     if spec.kv_heads < tp:
         notes.append(f"num_kv_heads({spec.kv_heads}) < tp({tp}): K/V projections are replicated")
     return Workload(
-        parameters=tuple(params),
+        parameters=params,
         grad_ready_order=tuple(ready),
         layers=lazy,
         tokens_per_micro_batch=t,

@@ -436,6 +436,57 @@ def test_block_layers_read_as_the_tuple_of_every_layer(layers: int, pp: int, v: 
             assert all(parameters[g].name.startswith(prefix) for g in layer.param_indices), layer.name
 
 
+@pytest.mark.parametrize(("layers", "pp", "v", "tied"), [(12, 4, 1, True), (13, 4, 1, False), (7, 2, 3, True),
+                                                         (1, 1, 1, False)])
+def test_block_params_read_as_the_tuple_of_every_parameter(layers: int, pp: int, v: int, tied: bool) -> None:
+    """A transformer's parameters (BlockParams: block i's renamed copies of block 0's, made when first read) read
+    as the tuple of every parameter, however they are read: by index (negative too), slice, ``take`` of ids or of
+    a run, iteration, equality, hashing, pickling; reading makes only the blocks read; and against the layers,
+    block i's parameters are named for block i and sized as block 0's."""
+    import pickle
+    import random
+
+    from simddp.workload import BlockParams, fresh_workload, take_params
+
+    scenario = _small_pipeline(layers, pp, v)
+    assert scenario is not None
+    scenario = scenario.model_copy(update={"model": scenario.model.model_copy(update={
+        "transformer": scenario.model.transformer.model_copy(update={"tied_embeddings": tied})})})
+    lazy = fresh_workload(scenario).parameters
+    assert isinstance(lazy, BlockParams)
+    every = tuple(fresh_workload(scenario).parameters)  # iteration, block by block
+    n = len(every)
+    assert len(lazy) == n and len(lazy._unmade) == layers - 1
+    start, per, _ = fresh_workload(scenario).blocks or (0, 0, 0)
+    lazy[start + per * (layers - 1) + 1]  # a parameter of the last block: that block made, no other
+    assert len(lazy._unmade) == max(layers - 2, 0)
+    rnd = random.Random(layers * 10 + pp)
+    ids = sorted(rnd.sample(range(n), min(n, 9)))
+    assert take_params(lazy, ids) == [every[g] for g in ids]
+    assert take_params(lazy, range(3, n - 1)) == list(every[3:n - 1])  # a run: a slice of the made blocks
+    assert take_params(lazy, range(0)) == []
+    for _ in range(100):
+        i = rnd.randrange(-n, n)
+        assert lazy[i] == every[i]
+        lo, hi = sorted(rnd.randrange(-2, n + 3) for _ in range(2))
+        assert lazy[lo:hi] == every[lo:hi]
+    with pytest.raises(IndexError):
+        lazy[n]
+    with pytest.raises(IndexError):
+        lazy[-n - 1]
+    assert lazy == every and lazy == list(every) and hash(lazy) == hash(every) and tuple(lazy) == every
+    assert pickle.loads(pickle.dumps(fresh_workload(scenario).parameters)) == every
+    names = [p.name for p in every]
+    assert len(set(names)) == n  # every parameter once
+    layers_made = fresh_workload(scenario).layers
+    first = {g: every[g] for la in layers_made if la.block == 0 for g in la.param_indices}
+    for la in layers_made:
+        if la.block is not None:
+            assert all(every[g].name.startswith(f"transformer.h.{la.block}.") for g in la.param_indices), la.name
+            shift = la.block * len(first)  # a block's parameters: block 0's, shifted by whole blocks
+            assert [every[g][1:] for g in la.param_indices] == [first[g - shift][1:] for g in la.param_indices]
+
+
 def test_a_step_makes_no_block_until_its_layers_are_read() -> None:
     """The fast path reads a transformer's parameters and layer plans from block 0 and the blocks' layout, and
     plans a pipeline's twin ranks from their first rank's plan: GPT-3's 96 blocks on pp 8 with 3 chunks, and the
@@ -458,6 +509,11 @@ def test_a_step_makes_no_block_until_its_layers_are_read() -> None:
         assert isinstance(lazy, BlockLayers) and len(lazy._made) == blocks
         fast = simulate_step(scenario, trace=False)
         assert [i for i, made in enumerate(lazy._made) if made is not None] == [0]
+        # Parameters (BlockParams): the blocks of the ranks planned (GPT-3: 0, 1 and 7; 4 blocks a chunk, chunks
+        # r, r + 8, r + 16 on rank r), none of the twins 2-6; one stage reads all.
+        made = set(range(blocks)) - w.parameters._unmade
+        planned = {b for b in range(blocks) if b // 4 % 8 in (0, 1, 7)} if scenario is gpt3 else set(range(blocks))
+        assert made == planned
         pp = scenario.parallelism.pp
         rank = build_plan(scenario, w).ranks[pp // 2]
         assert len(rank.layers) == w.rank_layer_count(pp // 2, pp)  # its length, without making it

@@ -28,7 +28,7 @@ from simddp.memory.items import Item, MemoryBreakdown, MemoryItem
 from simddp.memory.states import OPTIMIZER_STATE_BYTES_PER_PARAM, model_states_bytes
 from simddp.scenario_io import as_scenario
 from simddp.units import fmt_bytes
-from simddp.workload import PRECISION_ACT_BYTES, BlockLayers, Workload, build_workload, uses_dropout
+from simddp.workload import PRECISION_ACT_BYTES, BlockLayers, Workload, build_workload, take_params, uses_dropout
 from simddp.zero import ZeroRule, describe, zero_rule
 
 _ITEM_LIST = TypeAdapter(list[MemoryItem])
@@ -209,7 +209,7 @@ def _fixed_items(scenario: Scenario, workload: Workload, stage: int,
     # A stage's parameter count and sizes, once per workload.
     sizes_key = ("stage sizes", stage, par.pp)
     if sizes_key not in workload.shared:
-        params = [workload.parameters[i] for i in ids]
+        params = take_params(workload.parameters, ids)
         workload.shared[sizes_key] = (params, sum(map(_NUMEL, params)), tuple(map(PARAM_SIZE, params)))
     params, num_params, sizes = workload.shared[sizes_key]
     key = ("states", sizes, tr.precision, tr.optimizer, zero, dp, fp32_grads)

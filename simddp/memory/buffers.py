@@ -28,7 +28,7 @@ from simddp.bucketing import ParamLike
 from simddp.config import Scenario
 from simddp.memory.items import Item
 from simddp.units import dtype_bytes
-from simddp.workload import PRECISION_ACT_BYTES, Layer, Workload
+from simddp.workload import PRECISION_ACT_BYTES, Layer, Workload, indexable
 from simddp.zero import ZeroRule, param_bytes, param_units, stage_gradient_buckets, zero_rule
 
 
@@ -100,7 +100,7 @@ def data_parallel_buffers(rule: ZeroRule, scenario: Scenario, workload: Workload
 
 def _unit_buffers(rule: ZeroRule, workload: Workload, layers: Sequence[Layer], ids: list[int],
                   dp: int) -> list[Item]:
-    params = workload.parameters
+    params = indexable(workload.parameters)  # every unit reads its parameters by index
     units = param_units(rule, layers, params)
     out = []
     gbytes = [param_bytes(params, u.param_ids) for u in units.units]

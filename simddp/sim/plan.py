@@ -39,6 +39,7 @@ from simddp.workload import (
     Workload,
     build_workload,
     grad_reduce_spec,
+    indexable,
 )
 from simddp.zero import (
     ParamUnit,
@@ -782,14 +783,15 @@ def _fsdp_plans(workload: Workload, rank: RankPlan, dp: CommGroup,
                 rule: ZeroRule) -> tuple[list[FsdpUnitPlan], FsdpUnitPlan | None]:
     """Per-unit all-gather (parameters in their own dtype) and reduce-scatter (gradients in the reduction
     dtype) of the units of :func:`simddp.zero.param_units`, the rule the memory model sizes them by."""
-    units = param_units(rule, rank.layers, workload.parameters)
+    params = indexable(workload.parameters)  # every unit reads its parameters by index
+    units = param_units(rule, rank.layers, params)
 
     def plan(u: ParamUnit) -> FsdpUnitPlan:
-        grads = [grad_reduce_spec(workload.parameters[g], rule.reduce_in_fp32) for g in u.reduce_ids]
+        grads = [grad_reduce_spec(params[g], rule.reduce_in_fp32) for g in u.reduce_ids]
         grad_bytes = sum(p.numel * dtype_bytes(p.dtype) for p in grads)
         reduce = collective_cost("reduce-scatter", grad_bytes, dp) if u.reduce_ids else None
         return FsdpUnitPlan(u.index, u.name, u.positions,
-                            collective_cost("all-gather", param_bytes(workload.parameters, u.param_ids), dp),
+                            collective_cost("all-gather", param_bytes(params, u.param_ids), dp),
                             reduce, grad_bytes, u.gather_bwd, u.prefetch_fwd, u.prefetch_bwd, not rule.overlap,
                             u.reduce_ids)
 
