@@ -186,10 +186,12 @@ class BlockParams(Sequence[Param]):
                 self._fill(range(max(0, (ids.start - start) // per), (ids.stop - 1 - start) // per + 1))
             return self._flat[ids.start:ids.stop]  # type: ignore[return-value]  # those places are filled
         ids = ids if isinstance(ids, (list, tuple, range)) else list(ids)
-        if self._unmade and ids:
+        got = list(map(self._flat.__getitem__, ids))
+        if self._unmade and None in got:  # a block not made yet (a second read of a rank's ids finds them made)
             # Each id's block, (g - start) // per, in C; the head's and the tail's are no block (none is unmade).
             self._fill(set(map(self._per.__rfloordiv__, map(self._start.__rsub__, ids))))
-        return list(map(self._flat.__getitem__, ids))  # type: ignore[arg-type]
+            got = list(map(self._flat.__getitem__, ids))
+        return got  # type: ignore[return-value]  # every place read is filled
 
     def __len__(self) -> int:
         return len(self._flat)
@@ -1193,7 +1195,8 @@ def _transformer_workload(scenario: Scenario, spec: TransformerSpec,
     ready.extend(itertools.chain.from_iterable(zip(*columns, strict=True)))
     ready.extend(reversed(embedding[0].param_indices))
     ready = list(dict.fromkeys(ready))  # each parameter at its first appearance (a tied weight is in two layers)
-    if sorted(ready) != list(range(len(params))):
+    # n distinct indices, all in range(n): a permutation of the parameters (without sorting them).
+    if len(ready) != len(params) or (ready and (min(ready) < 0 or max(ready) >= len(params))):
         raise AssertionError("every parameter belongs to one layer")  # a bug in this module, not user input
 
     # Summed in layer order, as over every layer (the same additions, bit for bit): the blocks' values are block
