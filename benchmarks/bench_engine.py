@@ -85,7 +85,7 @@ def host_reference_ms(repeats: int = 7) -> float:
     """Median milliseconds of a fixed pure-Python loop (10^6 additions in a function's locals): the host's own
     speed at the time, printed beside the engine's timings. The same code's wall times differ up to 2x between this
     project's 2-core machines and between minutes on one (the default evaluation read 1.9-2.0 ms on the
-    twenty-third pass's host and 3.2-5.1 ms on the twenty-fourth's, where this loop read 39-66 ms within the hour),
+    twenty-third pass's host and 2.8-6.2 ms on the twenty-fourth's, where this loop read 39-66 ms within the hour),
     so a timing is read against this figure; instruction counts (``bench_instructions.py``) are the host-free
     measure."""
     samples = []

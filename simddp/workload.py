@@ -228,9 +228,13 @@ class BlockParams(Sequence[Param]):
         yield from flat[start + self._count * per:]  # type: ignore[misc]
 
     def __eq__(self, other: object) -> bool:
+        """Equal to a tuple (or BlockParams) of the same parameters, as the tuple of its parameters would be (as
+        :meth:`BlockLayers.__eq__`)."""
         if isinstance(other, BlockParams):
-            other = other._all()
-        return isinstance(other, (tuple, list)) and tuple(self._all()) == tuple(other)
+            other = tuple(other._all())
+        if not isinstance(other, tuple):
+            return NotImplemented
+        return tuple(self._all()) == other
 
     def __hash__(self) -> int:
         return hash(tuple(self._all()))
