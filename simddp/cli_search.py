@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -189,10 +190,15 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         written.append(safeio.write_text(args.html, sweep_html(sweep), inputs, "--html"))
     if args.json:
         print(safeio.json_text({"scenario": sweep.scenario, "paths": sweep.paths, "points": rows}, indent=2))
-        return 0
-    print("\n".join(sweep_lines(sweep)))
-    for path in written:
-        print(f"written: {safeio.shown_path(path)}")
+    else:
+        print("\n".join(sweep_lines(sweep)))
+        for path in written:
+            print(f"written: {safeio.shown_path(path)}")
+    if sweep.points and not any(p.ok for p in sweep.points):
+        # Every row is kept and written, but nothing was answered: a script must not take that for a result.
+        first = safeio.one_line(sweep.points[0].error, 200)
+        print(f"simddp: error: every point of the sweep is invalid (the first: {first})", file=sys.stderr)
+        return 2
     return 0
 
 

@@ -230,6 +230,13 @@ def test_sweep_cli_keeps_invalid_rows_and_writes_reports(capsys: pytest.CaptureF
     assert json.loads(path.read_text()) == _small()
     assert main(["sweep", str(path), "--vary", "training.nope=1"]) == 2
     assert "--vary training.nope" in capsys.readouterr().err
+    # every point invalid: the rows are still printed and written, with their reasons, and the exit says no answer
+    assert main(["sweep", str(path), "--vary", "ddp.bucket_cap_mb=-1,0", "--csv", str(csv_path)]) == 2
+    out, err = capsys.readouterr()
+    assert "2 points (2 invalid" in out and len(csv_path.read_text().splitlines()) == 3
+    assert err.count("\n") == 1 and "every point of the sweep is invalid (the first: ddp.bucket_cap_mb" in err
+    assert main(["sweep", str(path), "--vary", "ddp.bucket_cap_mb=-1", "--json"]) == 2
+    assert json.loads(capsys.readouterr().out)["points"][0]["error"]
 
 
 def test_sweep_jobs_give_the_same_points() -> None:
