@@ -87,8 +87,17 @@ def pp_boundary_crosses_nodes(scenario: Scenario, stage: int) -> bool:
     pp = scenario.parallelism.pp
     if not 0 <= stage < pp - 1:
         raise ValueError(f"stage({stage}) must be in 0..{pp - 2}: pp({pp}) has {pp - 1} stage boundaries")
-    span = scenario.parallelism.tp * scenario.dp
-    gpus = scenario.cluster.gpus_per_node
+    return _span_crosses(stage, scenario.parallelism.tp * scenario.dp, scenario.cluster.gpus_per_node)
+
+
+def pp_boundaries_crossing_nodes(scenario: Scenario) -> list[bool]:
+    """:func:`pp_boundary_crosses_nodes` of every stage boundary, ``0 .. pp - 2``."""
+    span, gpus = scenario.parallelism.tp * scenario.dp, scenario.cluster.gpus_per_node
+    return [_span_crosses(stage, span, gpus) for stage in range(scenario.parallelism.pp - 1)]
+
+
+def _span_crosses(stage: int, span: int, gpus: int) -> bool:
+    """Whether global ranks [stage x span, (stage + 2) x span) lie on more than one node of ``gpus`` GPUs."""
     return stage * span // gpus != ((stage + 2) * span - 1) // gpus
 
 
@@ -117,6 +126,7 @@ __all__ = [
     "Network",
     "dp_group",
     "group",
+    "pp_boundaries_crossing_nodes",
     "pp_boundary_crosses_nodes",
     "pp_boundary_group",
     "tp_group",

@@ -18,7 +18,15 @@ from simddp.collectives import (
     tree_all_reduce_s,
 )
 from simddp.config import Cluster, CollectiveFit, Link, Network, Scenario
-from simddp.topology import CommGroup, group, pp_boundary_crosses_nodes, pp_boundary_group, world_group
+from simddp.sim.plan import boundary_group, boundary_groups
+from simddp.topology import (
+    CommGroup,
+    group,
+    pp_boundaries_crossing_nodes,
+    pp_boundary_crosses_nodes,
+    pp_boundary_group,
+    world_group,
+)
 from simddp.units import GB, MS, US, GiB, MiB
 
 
@@ -285,6 +293,12 @@ def test_pp_boundary_closed_form_matches_brute_force(tp: int, dp: int, pp: int, 
         model={"preset": "gpt2"}, parallelism={"tp": tp, "dp": dp, "pp": pp}))
     for stage in range(pp - 1):
         assert pp_boundary_crosses_nodes(sc, stage) == _brute_force_crosses(tp, dp, stage, gpus)
+    assert pp_boundaries_crossing_nodes(sc) == [pp_boundary_crosses_nodes(sc, s) for s in range(pp - 1)]
+    # The plan's boundaries, interleaved (three chunks: the last rank's pairs wrap to the first): each is
+    # boundary_group's, and equal pairs are one shared object.
+    groups = boundary_groups(sc, 3 * pp - 1)
+    assert groups == [boundary_group(sc, vs) for vs in range(3 * pp - 1)]
+    assert len({id(g) for g in groups}) == len({(g, vs % pp == pp - 1) for vs, g in enumerate(groups)})
 
 
 def test_multi_node_nvls_is_nvls_tree_with_log_latency() -> None:

@@ -332,6 +332,35 @@ def test_sequence_parallel_never_raises_activations(data, recompute):
     assert memory_breakdown(sp).total_bytes <= memory_breakdown(plain).total_bytes
 
 
+@pytest.mark.parametrize("grows", [False, True])
+def test_every_stage_total_of_a_parameter_list_pipeline_is_its_own_lines(grows: bool) -> None:
+    """Each stage's total (worked out once per kind of stage: twins share their fixed sums) equals its own
+    lines' sum, for middle stages that are twins (equal layers) and for stages whose layers' activations grow
+    (a layer's kernels move its activations, so those are no twins)."""
+    layers = 8
+    data = {
+        "cluster": {"preset": "dgx-a100-80gb", "num_nodes": 1},
+        "model": {
+            "parameters": [{"name": f"w{i}", "numel": 1024} for i in range(layers)],
+            "layers": [{"name": f"l{i}", "param_indices": [i], "fwd_time_s": 1e-3, "bwd_time_s": 2e-3,
+                        "activation_numel_per_sample": 1000 * (i + 1 if grows else 1)} for i in range(layers)],
+        },
+        "parallelism": {"pp": 8, "dp": 1},
+        "training": {"precision": "fp32", "optimizer": "sgd", "seq_len": 1, "micro_batch_size": 1,
+                     "global_batch_size": 16},
+    }
+    sc = scenario_from_dict(data)
+    twins = [first for first, _ in build_workload(sc).rank_twins(8)]
+    assert twins == ([0, 1, 2, 3, 4, 5, 6, 7] if grows else [0, 1, 1, 1, 1, 1, 1, 7])
+    m = memory_breakdown(sc)
+    for stage, total in enumerate(m.stage_total_bytes):
+        one = memory_breakdown(sc, stage=stage)
+        assert one.total_bytes == total == sum(i.size_bytes for i in one.items)
+    # 1F1B: stage s holds 8 - s micro-batches of its layer's 1000 (s + 1) (or 1000) fp32 elements
+    assert [memory_breakdown(sc, stage=s).activations_bytes for s in range(8)] == [
+        4 * 1000 * (s + 1 if grows else 1) * (8 - s) for s in range(8)]
+
+
 @settings(max_examples=60, deadline=None)
 @given(data=transformer_scenarios(), stage=st.sampled_from([1, 2, 3]), more=st.sampled_from([2, 4]))
 def test_scenario_model_states_never_grow_with_dp(data, stage, more):

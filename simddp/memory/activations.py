@@ -207,13 +207,27 @@ def in_flight_micro_batches(
     flight, capped at mv, in units of whole micro-batches (chunks / v); on the first stage this is
     p(1 + (p - 1)/(pv)) (Korthikanti et al. 2022, sec. 4.2.3).
     """
+    _check_schedule(schedule, pp, num_micro_batches, virtual_stages)
+    if not 0 <= stage < pp:
+        raise ValueError(f"stage({stage}) must be in 0..{pp - 1} for pp({pp})")
+    return _in_flight(schedule, pp, stage, num_micro_batches, virtual_stages)
+
+
+def in_flight_per_stage(schedule: str, pp: int, num_micro_batches: int, virtual_stages: int = 1) -> list[float]:
+    """:func:`in_flight_micro_batches` of every stage, ``0 .. pp - 1`` (the inputs checked once)."""
+    _check_schedule(schedule, pp, num_micro_batches, virtual_stages)
+    return [_in_flight(schedule, pp, stage, num_micro_batches, virtual_stages) for stage in range(pp)]
+
+
+def _check_schedule(schedule: str, pp: int, num_micro_batches: int, virtual_stages: int) -> None:
     if schedule not in _SCHEDULES:
         raise ValueError(f"unknown pipeline schedule {schedule!r}; expected one of {list(_SCHEDULES)}")
     for name, value in (("pp", pp), ("num_micro_batches", num_micro_batches), ("virtual_stages", virtual_stages)):
         if value < 1:
             raise ValueError(f"{name}({value}) must be >= 1")
-    if not 0 <= stage < pp:
-        raise ValueError(f"stage({stage}) must be in 0..{pp - 1} for pp({pp})")
+
+
+def _in_flight(schedule: str, pp: int, stage: int, num_micro_batches: int, virtual_stages: int) -> float:
     if pp == 1:
         return 1.0
     if schedule == "gpipe":

@@ -18,6 +18,7 @@ from simddp.config import Scenario
 from simddp.errors import pipeline_stage
 from simddp.memory.activations import (
     in_flight_micro_batches,
+    in_flight_per_stage,
     recompute_working_set_bytes,
     transformer_embedding_activation_bytes,
     transformer_layer_activation_bytes,
@@ -144,13 +145,26 @@ def _stage_totals(scenario: Scenario, workload: Workload, rule: ZeroRule, same: 
     stages and reports one. Twin stages differ only in their micro-batches in flight; their fixed part is
     summed once. One loop over the stages, each line's bytes by :func:`_line_bytes`, as the lines have them."""
     context, fraction = _overhead(scenario, same)
+    par = scenario.parallelism
+    flights = in_flight_per_stage(par.pipeline_schedule, par.pp, scenario.num_micro_batches, par.virtual_stages)
+    # A transformer's twin stage has the fixed sums and activation lines of the first stage of its kind (as
+    # many blocks, neither the first nor the last stage): found once per kind, not per stage. A parameter-list
+    # model's lines stay per stage: twins compare kernels, not activation sizes (a layer's kernel bytes carry
+    # them today, so its twins hold the same; nothing here relies on that).
+    kinds: dict[tuple[int, bool, bool], tuple[int, int, list[tuple[str, float, int, str]]]] = {}
+    per_stage = scenario.model.transformer is None
     totals = []
     for stage, twin in enumerate(twins):
-        fixed, buffers_transient = _fixed_sums(scenario, workload, stage, rule, same, twin)
-        in_flight = _in_flight(scenario, stage, same)
+        kind = (stage if per_stage else twin[0], stage == 0, stage == par.pp - 1)
+        got = kinds.get(kind)
+        if got is None:
+            got = kinds[kind] = (*_fixed_sums(scenario, workload, stage, rule, same, twin),
+                                 _activation_parts(scenario, workload, stage, same))
+        fixed, buffers_transient, parts = got
+        in_flight = flights[stage]
         out_flight = _output_in_flight(scenario, in_flight)
         activations = 0
-        for _, per_mb, scale, _ in _activation_parts(scenario, workload, stage, same):
+        for _, per_mb, scale, _ in parts:
             activations += _line_bytes(per_mb, scale, in_flight, out_flight)
         totals.append(fixed + activations + context.size_bytes + round(fraction * (activations + buffers_transient)))
     return totals

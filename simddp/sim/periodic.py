@@ -36,6 +36,11 @@ MAX_CYCLE = 3
 #: Relative tolerance of "the same state plus a constant" (float rounding of sums of times, not modelling).
 _REL_TOL = 1e-12
 
+#: What :meth:`ScheduleRun.advance` holds for a rank with no work (never read).
+_NO_CODES: list[int] = []
+_NO_STATE: list[object] = []
+
+
 class TooManyOperations(Exception):
     """More operations would run one by one than the caller allows (no repeating steady state was found)."""
 
@@ -220,38 +225,43 @@ class ScheduleRun:
         A rank runs until it needs an arrival that is not there yet; it then waits on that operation, and
         the rank that completes it wakes it up, so every operation is read about once.
         """
-        pos = self.pos
-        active = [r for r, (p, lim) in enumerate(zip(pos, limits, strict=True)) if p < lim]  # ranks with work
-        fns = self._code_fns
-        codes = {r: fns[r](pos[r], limits[r]) for r in active}  # codes[r][k]: the operation at pos[r] + k
-        self._pairs.update(((r, limits[r]), rc[-2:]) for r, rc in codes.items() if len(rc) >= 2)
+        pos, fns, pairs = self.pos, self._code_fns, self._pairs
+        active: list[int] = []  # ranks with work
+        codes: list[list[int]] = [_NO_CODES] * len(pos)  # codes[r][k]: the operation at pos[r] + k
+        for r, lim in enumerate(limits):
+            base = pos[r]
+            if base < lim:
+                rc = codes[r] = fns[r](base, lim)
+                if len(rc) >= 2:  # the two codes before the limit (a 1F1B cut reads exactly those: no copy)
+                    pairs[(r, lim)] = rc if len(rc) == 2 else rc[-2:]
+                active.append(r)
         self._advance_linear(limits, active, codes)
         if any(p < lim for p, lim in zip(pos, limits, strict=True)):
             raise RuntimeError("pipeline schedule deadlocks")  # a schedule bug, not user input
 
-    def _advance_linear(self, limits: Sequence[int], active: list[int], codes: dict[int, list[int]]) -> None:
-        arrival, delta, clocks = self.arrival, self._delta, self.clocks
+    def _advance_linear(self, limits: Sequence[int], active: list[int], codes: list[list[int]]) -> None:
+        arrival, delta = self.arrival, self._delta
         pre0, pre1, pre2, post0, post1, post2 = self._consts
         two = 2 * self.num_vs
         pre = self._pre
         waiting: dict[int, int] = {}
         ready = deque(active)
-        bases = {r: self.pos[r] for r in active}
-        # Per rank, what each of its resumes reads in one unpack: its codes from ``bases[r]`` on, where to stop
-        # in them and its special positions (an ``extra`` or ``on_start``) among them; and its state: three
-        # clocks, its waits and its index in its codes. The per-slot constants are every rank's rows.
-        specials, none = self._specials, frozenset[int]()
-        fixed: dict[int, tuple[list[int], int, frozenset[int] | set[int]]] = {}
-        for r, base in bases.items():
+        specials = self._specials
+        c0, c1, c2 = self.clocks
+        waits, pos = self.waits, self.pos
+        # Per rank, what each of its resumes reads in one unpack, as a list the rank's resume writes back: its
+        # codes from its base on, where to stop in them, its next special position (an ``extra`` or
+        # ``on_start``) as an index in its codes (-1: none before the limit) and where that is in its specials,
+        # its base, then its state: three clocks, its waits and its index in its codes. The per-slot constants
+        # are every rank's rows.
+        state: list[list] = [_NO_STATE] * len(pos)  # type: ignore[type-arg]
+        for r in active:
+            base, lim, sp = pos[r], limits[r], specials[r]
             # A rank's specials ascend: where the first at or after its base is at or past its limit (most
-            # resumes), none is in range and no set is made.
-            sp, lim = specials[r], limits[r]
-            at = bisect_left(sp, base)
-            fixed[r] = (codes[r], lim - base,
-                        {i - base for i in sp[at:] if i < lim} if at < len(sp) and sp[at] < lim else none)
-        c0, c1, c2 = clocks
-        waits = self.waits
-        state = {r: (c0[r], c1[r], c2[r], waits[r], 0) for r in active}
+            # resumes), none is in range.
+            at = bisect_left(sp, base) if sp else 0
+            nxt = sp[at] - base if at < len(sp) and sp[at] < lim else -1
+            state[r] = [codes[r], lim - base, nxt, at, base, c0[r], c1[r], c2[r], waits[r], 0]
         # Every rank once in order, then the woken ranks, last woken first. In a drain, the rank that has just
         # run all its backwards wakes the one below it, which then finds every backward it waits for and runs
         # its own at once; first in, first out, the ranks would take turns one operation each.
@@ -262,8 +272,8 @@ class ScheduleRun:
                 r = ready.popleft()
             else:
                 r = ready.pop()
-            rc, stop, special = fixed[r]
-            t0, t1, t2, w, first = state[r]
+            rs = state[r]
+            rc, stop, nxt, at, base, t0, t1, t2, w, first = rs
             j = first
             for j in range(first, stop):  # j: where the rank stops
                 code = rc[j]
@@ -286,8 +296,11 @@ class ScheduleRun:
                         t1 = a1
                     if a2 > t2:
                         t2 = a2
-                if j in special:
-                    t0, t1, t2 = self._special(r, bases[r] + j, slot, d != 0, t0, t1, t2)
+                if j == nxt:
+                    t0, t1, t2 = self._special(r, base + j, slot, d != 0, t0, t1, t2)
+                    sp = specials[r]
+                    at += 1
+                    nxt = sp[at] - base if at < len(sp) and sp[at] < base + stop else -1
                 else:
                     t0 += post0[slot]
                     t1 += post1[slot]
@@ -297,11 +310,10 @@ class ScheduleRun:
                     ready.append(waiting.pop(code))
             else:
                 j = stop
-            state[r] = (t0, t1, t2, w, j)
-        pos = self.pos
-        for r, (t0, t1, t2, w, j) in state.items():
-            c0[r], c1[r], c2[r], waits[r] = t0, t1, t2, w
-            pos[r] = bases[r] + j
+            rs[2:] = nxt, at, base, t0, t1, t2, w, j
+        for r in active:
+            _, _, _, _, base, c0[r], c1[r], c2[r], waits[r], j = state[r]
+            pos[r] = base + j
             self.ran += j
 
     def _special(self, r: int, i: int, slot: int, dependent: bool, t0: float, t1: float,

@@ -27,7 +27,7 @@ from simddp.config import Scenario
 from simddp.errors import ScenarioError
 from simddp.sim.layers import LayerPlan, layer_alone, layer_tp_s
 from simddp.sim.pipeline import PipeOp, last_backward, schedule
-from simddp.topology import CommGroup, dp_group, group, pp_boundary_group, tp_group
+from simddp.topology import CommGroup, dp_group, group, pp_boundaries_crossing_nodes, pp_boundary_group, tp_group
 from simddp.units import dtype_bytes
 from simddp.workload import (
     LAYER_KIND,
@@ -405,6 +405,25 @@ def boundary_group(scenario: Scenario, virtual_stage: int) -> CommGroup:
     return group(cluster, 2, stride=cluster.gpus_per_node if crosses else 1)
 
 
+def boundary_groups(scenario: Scenario, num_boundaries: int) -> list[CommGroup]:
+    """:func:`boundary_group` of virtual stages ``0 .. num_boundaries - 1``, each distinct pair made once and
+    shared (a pair depends only on whether it crosses nodes and whether it wraps from the last rank to the
+    first): a 1T pipeline's 63 boundaries hold two."""
+    par, cluster = scenario.parallelism, scenario.cluster
+    crossing = pp_boundaries_crossing_nodes(scenario)
+    wraps = par.pp * par.tp * scenario.dp > cluster.gpus_per_node  # the last rank's pair to the first's next chunk
+    made: dict[tuple[bool, bool], CommGroup] = {}
+    groups = []
+    for vs in range(num_boundaries):
+        rank = vs % par.pp
+        key = (False, crossing[rank]) if rank < par.pp - 1 else (True, wraps)
+        pair = made.get(key)
+        if pair is None:
+            pair = made[key] = boundary_group(scenario, vs)
+        groups.append(pair)
+    return groups
+
+
 def last_backwards(plan: StepPlan) -> list[dict[int, int]]:
     """Each rank's :func:`simddp.sim.pipeline.last_backward` (virtual stage -> position), once per plan: the fast
     engine's releases and tail and the bounds' schedules all start from them. Shared: callers must not change
@@ -531,13 +550,11 @@ def build_plan(scenario: Scenario, workload: Workload | None = None) -> StepPlan
     p2p: dict[int, CollectiveCost] = {}
     gather = None
     if mode == "pipeline" and workload.boundary_activation_bytes:
-        sends: dict[tuple[int, int, int], CollectiveCost] = {}  # one cost per distinct pair: 2 or 3 of 63 (1T)
-        for vs in range(workload.num_stages - 1):
-            pair = boundary_group(scenario, vs)
-            shape = (pair.num_ranks, pair.num_nodes, pair.ranks_per_node)  # the cluster's links are the same
-            send = sends.get(shape)
+        sends: dict[int, CollectiveCost] = {}  # one cost per distinct pair: 2 of 63 (1T)
+        for vs, pair in enumerate(boundary_groups(scenario, workload.num_stages - 1)):
+            send = sends.get(id(pair))
             if send is None:
-                send = sends[shape] = collective_cost("send-recv", workload.boundary_activation_bytes, pair)
+                send = sends[id(pair)] = collective_cost("send-recv", workload.boundary_activation_bytes, pair)
             p2p[vs] = send
         if workload.boundary_gather_bytes:
             gather = collective_cost("all-gather", workload.boundary_gather_bytes, tp_group(scenario))
