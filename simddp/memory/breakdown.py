@@ -13,7 +13,6 @@ from typing import Any
 
 from pydantic import TypeAdapter
 
-from simddp.bucketing import PARAM_SIZE
 from simddp.config import Scenario
 from simddp.errors import pipeline_stage
 from simddp.memory.activations import (
@@ -26,7 +25,7 @@ from simddp.memory.activations import (
 )
 from simddp.memory.buffers import buffer_items
 from simddp.memory.items import Item, MemoryBreakdown, MemoryItem
-from simddp.memory.states import OPTIMIZER_STATE_BYTES_PER_PARAM, model_states_bytes
+from simddp.memory.states import OPTIMIZER_STATE_BYTES_PER_PARAM, model_states_of_sizes, param_size_counts
 from simddp.scenario_io import as_scenario
 from simddp.units import fmt_bytes
 from simddp.workload import PRECISION_ACT_BYTES, BlockLayers, Workload, build_workload, take_params, uses_dropout
@@ -220,16 +219,18 @@ def _fixed_items(scenario: Scenario, workload: Workload, stage: int,
     # reduces in: the ZeRO paper's 16 bytes per parameter (states.py); reduce_in_fp32 adds no gradient bytes.
     fp32_grads = rule.reduce_in_fp32 and not (rule.implementation == "torch" and zero >= 2)
     ids = _stage_params(scenario, workload, stage)
-    # A stage's parameter count and sizes, once per workload.
+    # A stage's parameter count and how many parameters have each size (a few distinct sizes: a short key),
+    # once per workload.
     sizes_key = ("stage sizes", stage, par.pp)
     if sizes_key not in workload.shared:
         params = take_params(workload.parameters, ids)
-        workload.shared[sizes_key] = (params, sum(map(_NUMEL, params)), tuple(map(PARAM_SIZE, params)))
-    params, num_params, sizes = workload.shared[sizes_key]
-    key = ("states", sizes, tr.precision, tr.optimizer, zero, dp, fp32_grads)
+        workload.shared[sizes_key] = (sum(map(_NUMEL, params)), param_size_counts(params))
+    num_params, counts = workload.shared[sizes_key]
+    key = ("states", counts, tr.precision, tr.optimizer, zero, dp, fp32_grads)
     states = workload.shared.get(key)
     if states is None:
-        states = workload.shared[key] = model_states_bytes(params, tr.precision, tr.optimizer, zero, dp, fp32_grads)
+        states = workload.shared[key] = model_states_of_sizes(counts, tr.precision, tr.optimizer, zero, dp,
+                                                              fp32_grads)
     shard = f" / {dp} dp ranks" if dp > 1 else ""
     items = [
         Item(category="params", name="parameters", size_bytes=states.params_bytes,

@@ -80,6 +80,24 @@ def model_states_bytes(
 
     ZeRO shards flat buffers by element, so a shard is ``ceil(bytes / dp)`` (Rajbhandari et al., SC'20).
     """
+    return model_states_of_sizes(param_size_counts(params), precision, optimizer, zero_stage, dp, reduce_in_fp32)
+
+
+def param_size_counts(params: Iterable[ParamLike]) -> tuple[tuple[tuple[int, str], int], ...]:
+    """How many of ``params`` have each (elements, dtype), in order of first appearance: all
+    :func:`model_states_of_sizes` reads of them (a block's parameters repeat once per block)."""
+    return tuple(Counter(map(PARAM_SIZE, params)).items())
+
+
+def model_states_of_sizes(
+    counts: Iterable[tuple[tuple[int, str], int]],
+    precision: str,
+    optimizer: str,
+    zero_stage: int = 0,
+    dp: int = 1,
+    reduce_in_fp32: bool = False,
+) -> ModelStatesBytes:
+    """:func:`model_states_bytes` of parameters given as :func:`param_size_counts`."""
     if precision not in PRECISION_ACT_BYTES:
         raise ValueError(f"unknown precision {precision!r}; expected one of {sorted(PRECISION_ACT_BYTES)}")
     if optimizer not in OPTIMIZER_STATE_BYTES_PER_PARAM:
@@ -90,7 +108,7 @@ def model_states_bytes(
         raise ValueError(f"dp({dp}) must be >= 1")
     p_bytes = g_bytes = master = state = 0
     # Integer sums, so parameters of one size and dtype (every block's) are counted together.
-    for (numel, dtype), count in Counter(map(PARAM_SIZE, params)).items():
+    for (numel, dtype), count in counts:
         width = dtype_bytes(dtype)
         p_bytes += count * numel * width
         g_bytes += count * numel * (max(width, _FP32_BYTES) if reduce_in_fp32 else width)
