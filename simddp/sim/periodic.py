@@ -28,6 +28,8 @@ from bisect import bisect_left
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from itertools import repeat
+from operator import sub
 
 from simddp.sim.pipeline import PipeOp, Schedule, last_backward, op_codes
 
@@ -571,7 +573,8 @@ class ScheduleRun:
             for j in range(first[low] + 2, total - 1):
                 s = min(q, low + j - first[low])  # the rank that timed its backward j first (or q)
                 n = s - low
-                arrival[((j * p + low) << 1) | 1] = tuple(e + n * d for e, d in zip(ended(s, j), deltas, strict=True))
+                x0, x1, x2 = arrival[((j * p + s) << 1) | 1]
+                arrival[((j * p + low) << 1) | 1] = (x0 + n * d0, x1 + n * d1, x2 + n * d2)
 
     def _jump(self, shape: Steady, units: int, cycle: int, moves: list[int], deltas: list[float],
               increment: list[float]) -> None:
@@ -617,8 +620,11 @@ def _moves(shape: Steady, units: int, cycle: int) -> list[int]:
 
 def _shifted(before: list[float], now: list[float], delta: float) -> bool:
     """Whether ``now`` is ``before`` plus ``delta`` everywhere, up to float rounding."""
-    tol = _REL_TOL * max(abs(x) for x in now)
-    return all(abs(b - a - delta) <= tol for a, b in zip(before, now, strict=True))
+    if len(before) != len(now):
+        raise ValueError("states of different sizes")  # a runner bug, not user input
+    tol = _REL_TOL * max(map(abs, now))
+    # all(abs(b - a - delta) <= tol), each step in C: (b - a) - delta, its size, compared (False for a NaN).
+    return all(map(tol.__ge__, map(abs, map(sub, map(sub, now, before), repeat(delta)))))
 
 
 __all__ = ["MAX_CYCLE", "Linear", "ScheduleRun", "Steady", "TooManyOperations", "steady"]
