@@ -376,8 +376,26 @@ def _run_pipeline(plan: StepPlan, max_operations: int | None = None) -> list[Out
     # alone, then its blocking send). Everything but the waits is the same for each of the operations, so it
     # is booked once, times their number, below; the run books only the waits.
     per = [0.0] * two  # one row for every rank: a slot is one rank's, and each reads its own (periodic.Linear)
+    # Twin ranks (the first of their kind's pass values, shifted by virtual stages) that time as many operations
+    # of each slot and send over the same pairs book the same sums: the first of them books them, the others
+    # copy its (fresh) outcome's dicts and its slots' holds (a 1T pipeline's 64 ranks book 3 or 4 kinds).
+    twins: list[tuple[int, int]] | None = plan.cache.get("rank twins")  # build_plan's copies
+    booked: dict[tuple[Any, ...], tuple[Outcome, list[tuple[int, float]]]] = {}
+    p2p = plan.p2p
     for r, rp in enumerate(plan.ranks):
         out = outs[r]
+        sig = None
+        if twins is not None:
+            sig = (twins[r][0], id(timed[r]), *[(vs - r, id(p2p.get(vs)), id(p2p.get(vs - 1)), vs > 0,
+                                                 vs < num_vs - 1) for vs in rp.fwd_alone_s])
+            got = booked.get(sig)
+            if got is not None:
+                first, holds = got
+                out.acct, out.link_busy_s, out.link_work_s = (dict(first.acct), dict(first.link_busy_s),
+                                                              dict(first.link_work_s))
+                for shift, hold_s in holds:
+                    per[shift + 2 * r] = hold_s
+                continue
         acct, busy_s, work_s = out.acct, out.link_busy_s, out.link_work_s  # Outcome.add and .transfer, inline
         get = acct.get
         for vs in rp.fwd_alone_s:
@@ -402,6 +420,8 @@ def _run_pipeline(plan: StepPlan, max_operations: int | None = None) -> list[Out
                     busy_s[send.tier] += n * send.transfer_s
                     work_s[send.tier] += n * send.transfer_s
                 per[slot] = alone + sent
+        if sig is not None:
+            booked[sig] = (out, [(2 * (vs - r) + b, per[2 * vs + b]) for vs in rp.fwd_alone_s for b in (0, 1)])
     hold = [per] * len(outs)
     seen: dict[int, tuple[float, float, list[tuple[str, float]]]] = {}
     # Each kind of rank's releases, worked out once: twin ranks share layer plans, buckets and the order of

@@ -558,8 +558,10 @@ def build_plan(scenario: Scenario, workload: Workload | None = None) -> StepPlan
             p2p[vs] = send
         if workload.boundary_gather_bytes:
             gather = collective_cost("all-gather", workload.boundary_gather_bytes, tp_group(scenario))
-    return StepPlan(scenario, workload, ranks, m, mode, ops, p2p, gather, par.tp_comm_overlap,
+    plan = StepPlan(scenario, workload, ranks, m, mode, ops, p2p, gather, par.tp_comm_overlap,
                     cluster.comm_compute_interference, rule)
+    plan.cache["rank twins"] = twins  # which ranks were planned as copies of which (None: each its own)
+    return plan
 
 
 def _twin(scenario: Scenario, workload: Workload, first: RankPlan, delta: int, r: int,
