@@ -1268,19 +1268,20 @@ def _block_twins(num_layers: int, pp: int, v: int, per_block: int) -> list[tuple
     first = block_stage_starts(num_layers, pp, v)  # first block of each stage (and the end)
     if pp < 2 or any(b >= e for b, e in itertools.pairwise(first)):
         return None
-    kinds: list[tuple[int, tuple[int, ...], tuple[int, ...]]] = []  # (rank, blocks per chunk, first blocks)
+    # The first rank of each shape: (blocks per chunk, first blocks less the rank's first) -> (rank, its first).
+    kinds: dict[tuple[tuple[int, ...], tuple[int, ...]], tuple[int, int]] = {}
     twins = [(0, 0)]
+    if v == 1:  # one chunk: a shape is the rank's block count
+        for r in range(1, pp - 1):
+            start = first[r]
+            got = kinds.setdefault(((first[r + 1] - start,), ()), (r, start))
+            twins.append((got[0], (start - got[1]) * per_block))
+        return [*twins, (pp - 1, 0)]
     for r in range(1, pp - 1):
-        starts = tuple(first[c * pp + r] for c in range(v))
-        counts = tuple(first[c * pp + r + 1] - first[c * pp + r] for c in range(v))
-        for other, other_counts, other_starts in kinds:
-            shift = starts[0] - other_starts[0]
-            if counts == other_counts and all(a - b == shift for a, b in zip(starts, other_starts, strict=True)):
-                twins.append((other, shift * per_block))
-                break
-        else:
-            kinds.append((r, counts, starts))
-            twins.append((r, 0))
+        starts = [first[c * pp + r] for c in range(v)]
+        counts = tuple(first[c * pp + r + 1] - s for c, s in enumerate(starts))
+        got = kinds.setdefault((counts, tuple(s - starts[0] for s in starts)), (r, starts[0]))
+        twins.append((got[0], (starts[0] - got[1]) * per_block))
     return [*twins, (pp - 1, 0)]
 
 

@@ -261,8 +261,9 @@ def test_hostile_plan_and_sweep_inputs_of_the_twentieth_pass(tmp_path: Path, cap
     assert safeio.parse_yaml("0100", "x") == 100 and safeio.parse_yaml("1:10", "x") == "1:10"
     assert safeio.parse_yaml("0x10", "x") == 16 and safeio.parse_yaml("1_000", "x") == 1000
     assert safeio.parse_yaml(".inf", "x") == math.inf and safeio.parse_yaml("1.5e+3", "x") == 1500.0
-    rc, out, _ = run(capsys, "sweep", str(small), "--vary", "training.seq_len=1:10", "--json")
-    assert rc == 0 and "valid integer" in _strict(out)["points"][0]["error"]
+    rc, out, err = run(capsys, "sweep", str(small), "--vary", "training.seq_len=1:10", "--json")
+    # its one point invalid: the JSON still printed with the reason, and exit 2 (nothing answered)
+    assert rc == 2 and "valid integer" in _strict(out)["points"][0]["error"] and "every point" in err
     rc, out, _ = run(capsys, "simulate", str(small), "--set", "training.seq_len=0100", "--json")
     assert rc == 0 and _strict(out)["tokens_per_s"] == pytest.approx(100 * _strict(out)["samples_per_s"])
     # An output's name is shown with its control characters escaped.

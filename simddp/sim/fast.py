@@ -432,8 +432,14 @@ def _run_pipeline(plan: StepPlan, max_operations: int | None = None) -> list[Out
         """At a rank's last backward of each virtual stage (once what it waited for arrived and was gathered):
         its gradients become ready."""
         rp, last = plan.ranks[r], last_b[r]
-        order = sorted(last, key=last.__getitem__)
-        key = (id(rp.plans), id(rp.buckets), id(rp.bucket_of_layer), tuple(map(r.__rsub__, order)))  # vs - r
+        shifted: tuple[int, ...]  # the virtual stages, in order, less the rank's index
+        if len(last) == 1:  # one virtual stage (1F1B): nothing to order
+            (vs,) = last
+            order, shifted = [vs], (vs - r,)
+        else:
+            order = sorted(last, key=last.__getitem__)
+            shifted = tuple(map(r.__rsub__, order))
+        key = (id(rp.plans), id(rp.buckets), id(rp.bucket_of_layer), shifted)
         kind = kinds.get(key)
         if kind is None:
             kind = kinds[key] = _rank_releases(rp, plan.workload.rank_stage_positions(r, par.pp), order,

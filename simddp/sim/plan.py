@@ -84,10 +84,12 @@ def rank_gradients(scenario: Scenario, workload: Workload, index: int = 0,
     return grads  # type: ignore[no-any-return]
 
 
-def _rank_gradients_key(scenario: Scenario, index: int, rule: ZeroRule) -> tuple[Any, ...]:
+def _rank_gradients_key(scenario: Scenario, index: int, rule: ZeroRule,
+                        unused: bool | None = None) -> tuple[Any, ...]:
     """Where :func:`rank_gradients` keeps rank ``index``'s gradients in the workload's shared memo (its last
-    item: whether torch DDP searches for unused parameters)."""
-    return ("rank gradients", index, scenario.parallelism.pp, rule, searches_unused(scenario))
+    item: whether torch DDP searches for unused parameters, :func:`searches_unused`, where not given)."""
+    return ("rank gradients", index, scenario.parallelism.pp, rule,
+            searches_unused(scenario) if unused is None else unused)
 
 
 def _rank_gradients(workload: Workload, index: int, pp: int, rule: ZeroRule, unused: bool) -> RankGradients:
@@ -472,10 +474,12 @@ def build_plan(scenario: Scenario, workload: Workload | None = None) -> StepPlan
     # Pipeline ranks of one shape (a pipeline's middle ranks: the same blocks, their parameters shifted) plan
     # alike: the first of each shape is planned, the others are copies of it (_twin).
     twins = workload.rank_twins(par.pp) if mode == "pipeline" and not unused else None
+    searched = searches_unused(scenario)  # in every rank's gradients' key
     for r in range(par.pp):
         if twins is not None and twins[r][0] != r:
             first, shift = twins[r]
-            ranks.append(_twin(scenario, workload, ranks[first], shift, r, RankLayers(workload, r, par.pp), rule))
+            ranks.append(_twin(scenario, workload, ranks[first], shift, r, RankLayers(workload, r, par.pp), rule,
+                               searched))
             continue
         layers = workload.held_layers(r, par.pp)
         grads = rank_gradients(scenario, workload, r, rule)
@@ -565,7 +569,7 @@ def build_plan(scenario: Scenario, workload: Workload | None = None) -> StepPlan
 
 
 def _twin(scenario: Scenario, workload: Workload, first: RankPlan, delta: int, r: int,
-          layers: Sequence[Layer], rule: ZeroRule) -> RankPlan:
+          layers: Sequence[Layer], rule: ZeroRule, searched: bool) -> RankPlan:
     """The plan of middle pipeline rank ``r``, alike ``first`` with parameter indices shifted by ``delta``
     (:meth:`simddp.workload.Workload.rank_twins`): ``first``'s plan with its own index, layers, gradients and
     virtual stages.
@@ -573,9 +577,9 @@ def _twin(scenario: Scenario, workload: Workload, first: RankPlan, delta: int, r
     Everything else the plan holds (layer plans, buckets and their collectives, optimizer, parameter sync,
     gradient clipping, per-stage pass times) depends only on the layers' shape and the parameters' sizes and
     order, so it is ``first``'s. The gradients are stored where :func:`rank_gradients` keeps them, for the
-    memory model and the exports to find.
+    memory model and the exports to find (``searched``: :func:`searches_unused`, once per plan).
     """
-    key = _rank_gradients_key(scenario, r, rule)
+    key = _rank_gradients_key(scenario, r, rule, searched)
     grads = workload.shared.get(key)
     if grads is None:
         src = first.grads
