@@ -496,10 +496,13 @@ def _run_pipeline(plan: StepPlan, max_operations: int | None = None) -> list[Out
         t = 0.0 if overlap else clock[r]
         ready_at, reduced, link_busy, link_work = out.ready_at, out.reduced, out.link_busy_s, out.link_work_s
         for b in out.plan.buckets:
-            cost = b.reduce
             bucket = (0, b.index)
-            start = max(t, ready_at[bucket]) if overlap else t
-            t = start
+            if overlap:  # start at max(t, ready)
+                ready = ready_at[bucket]
+                if ready > t:
+                    t = ready
+            start = t
+            cost = b.reduce
             if cost.time_s > 0:
                 t += cost.time_s
                 out.dp_comm_s += cost.time_s

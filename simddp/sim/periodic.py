@@ -40,7 +40,8 @@ _REL_TOL = 1e-12
 
 #: What :meth:`ScheduleRun.advance` holds for a rank with no work (never read).
 _NO_CODES: list[int] = []
-_NO_STATE: list[object] = []
+_NO_FIXED: tuple[list[int], int, int] = ([], 0, 0)
+_NO_STATE: tuple[int, int, float, float, float, float, int] = (-1, 0, 0.0, 0.0, 0.0, 0.0, 0)
 
 
 class TooManyOperations(Exception):
@@ -251,19 +252,20 @@ class ScheduleRun:
         specials = self._specials
         c0, c1, c2 = self.clocks
         waits, pos = self.waits, self.pos
-        # Per rank, what each of its resumes reads in one unpack, as a list the rank's resume writes back: its
-        # codes from its base on, where to stop in them, its next special position (an ``extra`` or
-        # ``on_start``) as an index in its codes (-1: none before the limit) and where that is in its specials,
-        # its base, then its state: three clocks, its waits and its index in its codes. The per-slot constants
-        # are every rank's rows.
-        state: list[list] = [_NO_STATE] * len(pos)  # type: ignore[type-arg]
+        # Per rank, what each of its resumes reads: what stays (its codes from its base on, where to stop in
+        # them, its base), and its state, which each resume writes back: its next special position (an ``extra``
+        # or ``on_start``) as an index in its codes (-1: none before the limit) and where that is in its
+        # specials, three clocks, its waits and its index in its codes. The per-slot constants are every rank's
+        # rows.
+        fixed: list[tuple[list[int], int, int]] = [_NO_FIXED] * len(pos)
+        state: list[tuple[int, int, float, float, float, float, int]] = [_NO_STATE] * len(pos)
         for r in active:
             base, lim, sp = pos[r], limits[r], specials[r]
             # A rank's specials ascend: where the first at or after its base is at or past its limit (most
             # resumes), none is in range.
             at = bisect_left(sp, base) if sp else 0
-            nxt = sp[at] - base if at < len(sp) and sp[at] < lim else -1
-            state[r] = [codes[r], lim - base, nxt, at, base, c0[r], c1[r], c2[r], waits[r], 0]
+            fixed[r] = (codes[r], lim - base, base)
+            state[r] = (sp[at] - base if at < len(sp) and sp[at] < lim else -1, at, c0[r], c1[r], c2[r], waits[r], 0)
         # Every rank once in order, then the woken ranks, last woken first. In a drain, the rank that has just
         # run all its backwards wakes the one below it, which then finds every backward it waits for and runs
         # its own at once; first in, first out, the ranks would take turns one operation each.
@@ -274,8 +276,8 @@ class ScheduleRun:
                 r = ready.popleft()
             else:
                 r = ready.pop()
-            rs = state[r]
-            rc, stop, nxt, at, base, t0, t1, t2, w, first = rs
+            rc, stop, base = fixed[r]
+            nxt, at, t0, t1, t2, w, first = state[r]
             j = first
             for j in range(first, stop):  # j: where the rank stops
                 code = rc[j]
@@ -312,10 +314,10 @@ class ScheduleRun:
                     ready.append(waiting.pop(code))
             else:
                 j = stop
-            rs[2:] = nxt, at, base, t0, t1, t2, w, j
+            state[r] = (nxt, at, t0, t1, t2, w, j)
         for r in active:
-            _, _, _, _, base, c0[r], c1[r], c2[r], waits[r], j = state[r]
-            pos[r] = base + j
+            _, _, c0[r], c1[r], c2[r], waits[r], j = state[r]
+            pos[r] += j
             self.ran += j
 
     def _special(self, r: int, i: int, slot: int, dependent: bool, t0: float, t1: float,
