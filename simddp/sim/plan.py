@@ -409,16 +409,15 @@ def boundary_group(scenario: Scenario, virtual_stage: int) -> CommGroup:
 
 def boundary_groups(scenario: Scenario, num_boundaries: int) -> list[CommGroup]:
     """:func:`boundary_group` of virtual stages ``0 .. num_boundaries - 1``, each distinct pair made once and
-    shared (a pair depends only on whether it crosses nodes and whether it wraps from the last rank to the
-    first): a 1T pipeline's 63 boundaries hold two."""
-    par, cluster = scenario.parallelism, scenario.cluster
+    shared: a rank's pair to the next depends only on whether it crosses nodes, and every pair from the last
+    rank to the first's next chunk is one: a 1T pipeline's 63 boundaries hold two."""
+    pp = scenario.parallelism.pp
     crossing = pp_boundaries_crossing_nodes(scenario)
-    wraps = par.pp * par.tp * scenario.dp > cluster.gpus_per_node  # the last rank's pair to the first's next chunk
-    made: dict[tuple[bool, bool], CommGroup] = {}
+    made: dict[bool | None, CommGroup] = {}  # by crossing nodes; None: the last rank's pairs
     groups = []
     for vs in range(num_boundaries):
-        rank = vs % par.pp
-        key = (False, crossing[rank]) if rank < par.pp - 1 else (True, wraps)
+        rank = vs % pp
+        key = crossing[rank] if rank < pp - 1 else None
         pair = made.get(key)
         if pair is None:
             pair = made[key] = boundary_group(scenario, vs)
