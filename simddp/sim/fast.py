@@ -28,11 +28,9 @@ Three cases are covered:
 
 from __future__ import annotations
 
-import functools
 from collections import deque
-from collections.abc import Callable
 from dataclasses import replace
-from typing import Any, cast
+from typing import Any, NamedTuple, cast
 
 from simddp.results import StepResult
 from simddp.sim import fluid
@@ -328,19 +326,6 @@ def _rank_releases(p: RankPlan, positions: dict[int, list[int]], order: list[int
     return out
 
 
-def _release(out: Outcome, released: tuple[list[tuple[tuple[int, int], float]], dict[str, float]],
-             start: float) -> None:
-    """A rank's last backward of a virtual stage starts at ``start``: the buckets it completes are ready
-    (:func:`_rank_releases`), and its TP transfers go on the links."""
-    ready_at, busy, work = out.ready_at, out.link_busy_s, out.link_work_s
-    done, transfers = released
-    for bucket, offset in done:
-        ready_at[bucket] = start + offset
-    for tier, transfer in transfers.items():  # Outcome.transfer, inline
-        busy[tier] += transfer
-        work[tier] += transfer
-
-
 def _run_pipeline(plan: StepPlan, max_operations: int | None = None) -> list[Outcome]:
     """The pipeline step: the schedule's max-plus recurrence, then each rank's reduction, sync, step, gather.
 
@@ -349,7 +334,7 @@ def _run_pipeline(plan: StepPlan, max_operations: int | None = None) -> list[Out
     in flight before a rank's first release, so the recurrence times every operation before it exactly, and
     the fluid engine runs the rest (the *tail*: the cool-down backwards from there, a few per rank) from
     the recurrence's state (:func:`simddp.sim.fluid.pipeline_tail`)."""
-    from simddp.sim.step import bound_steps, record_pipeline_ends
+    from simddp.sim.step import bound_steps, record_pipeline_ends, reported_state
 
     par = plan.scenario.parallelism
     num_vs = par.pp * par.virtual_stages
@@ -423,33 +408,11 @@ def _run_pipeline(plan: StepPlan, max_operations: int | None = None) -> list[Out
         if sig is not None:
             booked[sig] = (out, [(2 * (vs - r) + b, per[2 * vs + b]) for vs in rp.fwd_alone_s for b in (0, 1)])
     hold = [per] * len(outs)
-    seen: dict[int, tuple[float, float, list[tuple[str, float]]]] = {}
-    # Each kind of rank's releases, worked out once: twin ranks share layer plans, buckets and the order of
-    # their virtual stages' last backwards (keys: virtual stages less the rank's index).
-    kinds: dict[tuple[int, int, int, tuple[int, ...]], Releases] = {}
-
-    def releases_of(r: int) -> dict[int, Callable[[float], None]]:
-        """At a rank's last backward of each virtual stage (once what it waited for arrived and was gathered):
-        its gradients become ready."""
-        rp, last = plan.ranks[r], last_b[r]
-        shifted: tuple[int, ...]  # the virtual stages, in order, less the rank's index
-        if len(last) == 1:  # one virtual stage (1F1B): nothing to order
-            (vs,) = last
-            order, shifted = [vs], (vs - r,)
-        else:
-            order = sorted(last, key=last.__getitem__)
-            shifted = tuple(map(r.__rsub__, order))
-        key = (id(rp.plans), id(rp.buckets), id(rp.bucket_of_layer), shifted)
-        kind = kinds.get(key)
-        if kind is None:
-            kind = kinds[key] = _rank_releases(rp, plan.workload.rank_stage_positions(r, par.pp), order,
-                                               plan.overlap, plan.interference, seen)
-        return {i: functools.partial(_release, outs[r], kind[vs - r]) for vs, i in last.items()}
-
     zeros = [0.0] * two
-    releases = [{} if overlapped else releases_of(r) for r in range(len(outs))]
+    # Without overlap, each rank's last backward of a virtual stage releases its gradients (its start is kept:
+    # watched, run.started); with it, the fluid tail runs them.
     step = Linear(pre=[zeros] * len(outs), mid=[[gather] * two] * len(outs), hold=hold, tail=[zeros] * len(outs),
-                  extra=[{} for _ in outs], on_start=releases)
+                  extra=[{} for _ in outs], watch=None if overlapped else [last.values() for last in last_b])
     # The two bounds' schedules (simddp.sim.step._bounds) ride along: same operations, same traversal.
     serial, kernels = bound_steps(plan)
     run = ScheduleRun(plan.ops, num_vs, [step, serial, kernels], max_operations=max_operations)
@@ -486,33 +449,84 @@ def _run_pipeline(plan: StepPlan, max_operations: int | None = None) -> list[Out
         return outs
     for out, w in zip(outs, run.waits, strict=True):
         out.add("pipeline_wait", w)
-    clock = run.clock
+    clock, started = run.clock, run.started
+    seen: dict[int, tuple[float, float, list[tuple[str, float]]]] = {}
+    # Each kind of rank's releases, worked out once: twin ranks share layer plans, buckets and the order of
+    # their virtual stages' last backwards (keys: virtual stages less the rank's index).
+    kinds: dict[tuple[int, int, int, tuple[int, ...]], _Released] = {}
+    released: list[tuple[_Released, dict[int, float]]] = []  # per rank: its kind, its releases' starts
     for r, out in enumerate(outs):
+        rp, last = out.plan, last_b[r]
+        shifted: tuple[int, ...]  # the virtual stages, in the order of their last backwards, less the rank's index
+        if len(last) == 1:  # one virtual stage (1F1B): nothing to order
+            ((vs, i),) = last.items()
+            order, shifted, mine = [vs], (vs - r,), {vs - r: started[(r, i)]}
+        else:
+            order = sorted(last, key=last.__getitem__)
+            shifted, mine = tuple(map(r.__rsub__, order)), {vs - r: started[(r, last[vs])] for vs in order}
+        kind_key = (id(rp.plans), id(rp.buckets), id(rp.bucket_of_layer), shifted)
+        rel = kinds.get(kind_key)
+        if rel is None:
+            rel = kinds[kind_key] = _released(rp, _rank_releases(rp, plan.workload.rank_stage_positions(r, par.pp),
+                                                             order, plan.overlap, plan.interference, seen))
+        released.append((rel, mine))
         out.compute_end_s = clock[r]
+        link_busy, link_work = out.link_busy_s, out.link_work_s
+        for tier, transfer in rel.transfers:  # the releases' TP transfers (Outcome.transfer, inline)
+            link_busy[tier] += transfer
+            link_work[tier] += transfer
         # Buckets one after another on the DP stream: after the schedule, or (overlap on, with nothing to
-        # reduce: a zero-cost reduction) each as soon as it is ready. The lookups are locals (a 1T pipeline's
-        # 64 ranks reduce 577 buckets), the transfers Outcome.transfer's, inline.
-        overlap = out.plan.overlap
-        t = 0.0 if overlap else clock[r]
-        ready_at, reduced, link_busy, link_work = out.ready_at, out.reduced, out.link_busy_s, out.link_work_s
-        for b in out.plan.buckets:
-            bucket = (0, b.index)
-            if overlap:  # start at max(t, ready)
-                ready = ready_at[bucket]
-                if ready > t:
-                    t = ready
-            start = t
-            cost = b.reduce
-            if cost.time_s > 0:
-                t += cost.time_s
-                out.dp_comm_s += cost.time_s
-                link_busy[cost.tier] += cost.transfer_s
-                link_work[cost.tier] += cost.transfer_s
-            reduced[bucket] = (start, t)
+        # reduce: a zero-cost reduction) each as soon as it is ready.
+        for time_s, tier, transfer in rel.paid:
+            out.dp_comm_s += time_s
+            link_busy[tier] += transfer
+            link_work[tier] += transfer
+        t = _reduce_buckets(rel.buckets, mine, 0.0 if rp.overlap else clock[r], rp.overlap)
         _finish(out, max(t, clock[r]))
+    # Only the reported rank's bucket times are read (simddp.sim.step._result): its ready and reduction times,
+    # the same sums again.
+    r = outs.index(reported_state(outs))
+    rel, mine = released[r]
+    out = outs[r]
+    _reduce_buckets(rel.buckets, mine, 0.0 if out.plan.overlap else clock[r], out.plan.overlap, out)
     return outs
 
 
+class _Released(NamedTuple):
+    """What a kind of rank's last backwards release (:func:`_rank_releases`), as :func:`_run_pipeline` reads it:
+    its TP transfers in the order they run, each bucket as (virtual stage less the rank's index of the backward
+    that completes it, its ready time after that backward starts, its reduction's time, its index) in bucket
+    order, and the (time, tier, transfer) of each reduction that takes time."""
+
+    transfers: list[tuple[str, float]]
+    buckets: list[tuple[int, float, float, int]]
+    paid: list[tuple[float, str, float]]
+
+
+def _released(p: RankPlan, releases: Releases) -> _Released:
+    where = {bucket[1]: (shift, offset) for shift, (done, _) in releases.items() for bucket, offset in done}
+    return _Released([item for _, transfers in releases.values() for item in transfers.items()],
+                     [(*where[b.index], b.reduce.time_s, b.index) for b in p.buckets],
+                     [(b.reduce.time_s, b.reduce.tier, b.reduce.transfer_s) for b in p.buckets if b.reduce.time_s > 0])
+
+
+def _reduce_buckets(buckets: list[tuple[int, float, float, int]], starts: dict[int, float], t: float,
+                    overlap: bool, out: Outcome | None = None) -> float:
+    """When a rank's buckets are reduced, one after another from ``t`` on the DP stream (with ``overlap``, each
+    once it is ready: its releasing backward's start in ``starts`` plus its offset): the last one's end. With
+    ``out``, each bucket's ready time and (start, end) go into it."""
+    ready_at, reduced = (out.ready_at, out.reduced) if out is not None else ({}, None)
+    for shift, offset, time_s, index in buckets:
+        ready = starts[shift] + offset
+        if overlap and ready > t:
+            t = ready
+        start = t
+        if time_s > 0:
+            t += time_s
+        if reduced is not None:
+            ready_at[(0, index)] = ready
+            reduced[(0, index)] = (start, t)
+    return t
 def _tail_needs(plan: StepPlan, cut: list[int]) -> dict[int, tuple[int, int]]:
     """The operations before the cut whose arrival an operation after it waits for: code -> (rank, position).
 

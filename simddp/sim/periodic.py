@@ -26,7 +26,7 @@ from __future__ import annotations
 import functools
 from bisect import bisect_left
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from itertools import repeat
 from operator import sub
@@ -127,9 +127,10 @@ class Linear:
 
     An operation of rank r in slot s (:func:`simddp.sim.pipeline.op_code`) that has a dependency starts at
     ``max(clock, arrival + pre[r][s])``, else at its rank's clock; then ``mid[r][s]`` is added (operations
-    with a dependency only), ``on_start[r][position]`` is called with that time, and ``hold[r][s]``,
-    ``tail[r][s]`` and ``extra[r][position]`` are added, in that order. Where neither ``on_start`` nor
-    ``extra`` applies (all but a few operations) the runner adds ``mid + hold + tail`` summed once per slot:
+    with a dependency only), the first recurrence's time is kept in :attr:`ScheduleRun.started` where its
+    ``watch[r]`` holds the position, and ``hold[r][s]``, ``tail[r][s]`` and ``extra[r][position]`` are added,
+    in that order. Where neither ``watch`` nor ``extra`` applies (all but a few operations) the runner adds
+    ``mid + hold + tail`` summed once per slot:
     one addition per operation instead of three, at the cost of float rounding (about 1e-16 relative per
     operation, where the engines book the three apart; the tests compare at 1e-9). A slot's lists run over
     ``2 V`` slots, V virtual stages. A slot is one rank's and a rank reads only its own, so ranks may share
@@ -141,7 +142,7 @@ class Linear:
     hold: list[list[float]]
     tail: list[list[float]]
     extra: list[dict[int, float]]
-    on_start: list[dict[int, Callable[[float], None]]] | None = None
+    watch: list[Collection[int]] | None = None
 
 
 class ScheduleRun:
@@ -174,9 +175,12 @@ class ScheduleRun:
         two = 2 * num_virtual_stages
         self._delta = [(-2 if s % 2 == 0 else 2) for s in range(two)]
         self._delta[0] = self._delta[two - 1] = 0
-        # Once per run, not at each resume: the per-slot constants and each rank's special positions.
-        # Every rank reads the same six rows, each at its own slots only.
-        self._consts, self._specials = self._slot_consts()
+        # Once per run, not at each resume: the per-slot constants, their parts (for the special operations) and
+        # each rank's special positions. Every rank reads the same rows, each at its own slots only.
+        self._consts, self._parts, self._specials = self._slot_consts()
+        #: (rank, position) -> the start (after ``mid``) in the first recurrence of each operation its ``watch``
+        #: holds (and of each with an ``extra``).
+        self.started: dict[tuple[int, int], float] = {}
         # Whether any operation waits longer than its dependency's arrival (the bounds' late sends): where none
         # does (most steps: pp_p2p_overlap is off), the loop adds no pre constant.
         self._pre = any(map(any, self._consts[:3]))
@@ -249,12 +253,14 @@ class ScheduleRun:
         pre = self._pre
         waiting: dict[int, int] = {}
         ready = deque(active)
-        specials = self._specials
+        specials, started = self._specials, self.started
+        mid0, hold0, tail0, mid1, hold1, tail1, mid2, hold2, tail2 = self._parts
+        extra0, extra1, extra2 = (s.extra for s in self.recurrences)
         c0, c1, c2 = self.clocks
         waits, pos = self.waits, self.pos
         # Per rank, what each of its resumes reads: what stays (its codes from its base on, where to stop in
         # them, its base), and its state, which each resume writes back: its next special position (an ``extra``
-        # or ``on_start``) as an index in its codes (-1: none before the limit) and where that is in its
+        # or a ``watch``) as an index in its codes (-1: none before the limit) and where that is in its
         # specials, three clocks, its waits and its index in its codes. The per-slot constants are every rank's
         # rows.
         fixed: list[tuple[list[int], int, int]] = [_NO_FIXED] * len(pos)
@@ -300,8 +306,16 @@ class ScheduleRun:
                         t1 = a1
                     if a2 > t2:
                         t2 = a2
-                if j == nxt:
-                    t0, t1, t2 = self._special(r, base + j, slot, d != 0, t0, t1, t2)
+                if j == nxt:  # an operation where a watch or an extra applies: the recurrences' terms one by one
+                    if d:
+                        t0 += mid0[slot]
+                        t1 += mid1[slot]
+                        t2 += mid2[slot]
+                    i = base + j
+                    started[(r, i)] = t0
+                    t0 = t0 + hold0[slot] + tail0[slot] + extra0[r].get(i, 0.0)
+                    t1 = t1 + hold1[slot] + tail1[slot] + extra1[r].get(i, 0.0)
+                    t2 = t2 + hold2[slot] + tail2[slot] + extra2[r].get(i, 0.0)
                     sp = specials[r]
                     at += 1
                     nxt = sp[at] - base if at < len(sp) and sp[at] < base + stop else -1
@@ -320,46 +334,33 @@ class ScheduleRun:
             pos[r] += j
             self.ran += j
 
-    def _special(self, r: int, i: int, slot: int, dependent: bool, t0: float, t1: float,
-                 t2: float) -> tuple[float, float, float]:
-        """Rank ``r``'s operation at position ``i`` where an ``extra`` or ``on_start`` applies, from its start
-        (the max of its clock and its dependency's arrival): the recurrences' terms one by one."""
-        s0, s1, s2 = self.recurrences
-        if dependent:
-            t0 += s0.mid[r][slot]
-            t1 += s1.mid[r][slot]
-            t2 += s2.mid[r][slot]
-        if s0.on_start is not None and i in s0.on_start[r]:
-            s0.on_start[r][i](t0)
-        return (t0 + s0.hold[r][slot] + s0.tail[r][slot] + s0.extra[r].get(i, 0.0),
-                t1 + s1.hold[r][slot] + s1.tail[r][slot] + s1.extra[r].get(i, 0.0),
-                t2 + s2.hold[r][slot] + s2.tail[r][slot] + s2.extra[r].get(i, 0.0))
-
-    def _slot_consts(self) -> tuple[tuple[list[float], ...], list[list[int]]]:
+    def _slot_consts(self) -> tuple[tuple[list[float], ...], tuple[list[float], ...], list[list[int]]]:
         """The per-slot constants of the three recurrences (their ``pre``, then what each adds after an
-        operation's start) and each rank's special positions, ascending (where an ``extra`` or ``on_start``
+        operation's start), their parts (``mid``, ``hold``, ``tail`` of each recurrence, which a special operation
+        adds one by one) and each rank's special positions, ascending (where an ``extra`` or a ``watch``
         applies): read once per run, not each time a rank resumes. An operation that is not special adds one
         constant per recurrence after its start: ``mid + hold + tail`` where it has a dependency, else ``hold +
         tail``.
 
         A slot (a virtual stage's forward or backward) is one rank's: each row holds, at every slot, the
-        constant of the rank that runs it, so all ranks share six rows (a 1T pipeline's 64 ranks would
+        constant of the rank that runs it, so all ranks share the rows (a 1T pipeline's 64 ranks would
         otherwise make 384 rows of 128 slots each).
         """
         two, delta = 2 * self.num_vs, self._delta
         recurrences = self.recurrences
+        watch = recurrences[0].watch
         if all(len(set(map(id, rows))) == 1 for s in recurrences for rows in (s.pre, s.mid, s.hold, s.tail)):
             # Every rank holds the same four rows of each recurrence (the fast engine's and the bounds' steps do):
             # they are the shared rows, slot by slot.
             before = [list(s.pre[0]) for s in recurrences]
             after = [[(m if d else 0.0) + h + t for m, d, h, t in zip(s.mid[0], delta, s.hold[0], s.tail[0],
                                                                        strict=True)] for s in recurrences]
-            s0 = recurrences[0]
-            specials = [sorted({*s0.extra[r], *recurrences[1].extra[r], *recurrences[2].extra[r],
-                                *(s0.on_start[r] if s0.on_start is not None else ())})
-                        for r in range(len(self.ops))]
-            return (*before, *after), specials
-        rows = [[0.0] * two for _ in range(6)]
+            parts = tuple(row for s in recurrences for row in (s.mid[0], s.hold[0], s.tail[0]))
+            s1, s2 = recurrences[1], recurrences[2]
+            specials = [sorted({*s0_extra, *s1.extra[r], *s2.extra[r], *(watch[r] if watch is not None else ())})
+                        for r, s0_extra in enumerate(recurrences[0].extra)]
+            return (*before, *after), parts, specials
+        rows = [[0.0] * two for _ in range(15)]
         specials = []
         for r, ops in enumerate(self.ops):
             # The rank's own slots: virtual stages r, r + p, ... of a Schedule; those of its operations otherwise.
@@ -370,15 +371,15 @@ class ScheduleRun:
             for n, s in enumerate(self.recurrences):
                 special.update(s.extra[r])
                 pre, mid, hold, tail = s.pre[r], s.mid[r], s.hold[r], s.tail[r]
-                pres, posts = rows[n], rows[3 + n]
+                pres, posts, mids, holds, tails = rows[n], rows[3 + n], *rows[6 + 3 * n:9 + 3 * n]
                 for k in slots:
                     pres[k] = pre[k]
                     posts[k] = (mid[k] if delta[k] else 0.0) + hold[k] + tail[k]
-            s0 = self.recurrences[0]
-            if s0.on_start is not None:
-                special.update(s0.on_start[r])
+                    mids[k], holds[k], tails[k] = mid[k], hold[k], tail[k]
+            if watch is not None:
+                special.update(watch[r])
             specials.append(sorted(special))
-        return tuple(rows), specials
+        return tuple(rows[:6]), tuple(rows[6:]), specials
 
     def _cut(self, shape: Steady, units: int) -> list[int]:
         pairs = units * shape.unit + shape.phase

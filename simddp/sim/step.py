@@ -599,6 +599,11 @@ def _pipeline_parts(plan: StepPlan, st: Any) -> tuple[float, float]:
     return bubble, waits - bubble
 
 
+def reported_state(states: list[Any]) -> Any:
+    """The rank a result reports: the one that ends last (the most kernel time among those), the first such."""
+    return max(states, key=lambda s: (s.end_s, s.plan.kernel_s))
+
+
 def _result(plan: StepPlan, states: list[Any], spans: list[Span] | None) -> StepResult:
     """The typed result of a run; ``states`` are the engine's per-rank outcomes (see :class:`_Rank`'s fields:
     plan, acct, ready_at, reduced, compute_end_s, end_s, dp_comm_s, link_busy_s, link_work_s)."""
@@ -608,7 +613,7 @@ def _result(plan: StepPlan, states: list[Any], spans: list[Span] | None) -> Step
     step_s = max(st.end_s for st in states) + host
     if step_s <= 0:
         raise ValueError("the step takes no time: every layer has zero FLOP and no measured time")
-    st = max(states, key=lambda s: (s.end_s, s.plan.kernel_s))
+    st = reported_state(states)
     rp = st.plan
     m = plan.num_micro_batches
     bubble, imbalance = _pipeline_parts(plan, st)
