@@ -585,24 +585,34 @@ def _twin(scenario: Scenario, workload: Workload, first: RankPlan, delta: int, r
         # Both made when something reads them (the fast engine reads neither: a 1T pipeline's 62 middle ranks).
         global_ids = _ShiftedIds(src.global_ids, delta)
         reduced = _TwinParams(workload.parameters, global_ids, src.params if rule.reduce_in_fp32 else None)
-        grads = workload.shared[key] = RankGradients(global_ids, reduced, src.ready_order, src.buckets)
-    grads.memo.setdefault("bucket of layer", first.bucket_of_layer)
+        grads = workload.shared[key] = _without_init(RankGradients, {
+            "global_ids": global_ids, "params": reduced, "ready_order": src.ready_order, "buckets": src.buckets,
+            "memo": {"bucket of layer": first.bucket_of_layer}})
+    else:
+        grads.memo.setdefault("bucket of layer", first.bucket_of_layer)
     shift = r - first.index  # virtual stage vs of first is vs + shift here
-    # dataclasses.replace's result (every other field the same object), without its call through __init__:
-    # first's fields copied whole into a plain dict (a copy of its key-sharing dict would read slower), then
-    # the rank's own.
+    # dataclasses.replace's result (every other field the same object): first's fields copied whole into a
+    # plain dict (a copy of its key-sharing dict would read slower), then the rank's own.
     fields = {**first.__dict__}
     fields["index"], fields["layers"], fields["grads"] = r, layers, grads
     if len(first.fwd_alone_s) == 1:  # one virtual stage (1F1B): each pass dict holds one item
         (stage,) = first.fwd_alone_s
+        k = stage + shift
         for name in _PASS_FIELDS:
-            fields[name] = {stage + shift: fields[name][stage]}
+            fields[name] = {k: fields[name][stage]}
     else:
         for name in _PASS_FIELDS:
             fields[name] = {vs + shift: value for vs, value in fields[name].items()}
-    rank = object.__new__(RankPlan)
-    rank.__dict__ = fields
-    return rank
+    return _without_init(RankPlan, fields)
+
+
+def _without_init(cls: type[_T], fields: dict[str, Any]) -> _T:
+    """An instance of dataclass ``cls`` holding ``fields`` (every field), made without its ``__init__``: what
+    the constructor would make (no field has a check; a frozen one sets each field through
+    ``object.__setattr__``), for the 61 twin ranks of a 1T pipeline. ``fields`` becomes its ``__dict__``."""
+    made = object.__new__(cls)
+    object.__setattr__(made, "__dict__", fields)
+    return made
 
 
 class _Made(Sequence[_T]):
@@ -640,7 +650,7 @@ class _ShiftedIds(_Made[int]):
     __slots__ = ("_from",)
 
     def __init__(self, ids: Sequence[int], delta: int) -> None:
-        super().__init__()
+        self._items = None
         self._from = (ids, delta)
 
     def _make(self) -> list[int]:
@@ -659,7 +669,7 @@ class _TwinParams(_Made[Param]):
     __slots__ = ("_from",)
 
     def __init__(self, parameters: Sequence[Param], global_ids: Sequence[int], like: Sequence[Param] | None) -> None:
-        super().__init__()
+        self._items = None  # _Made's, set here: one call less for each of a 1T pipeline's 61 twins
         self._from = (parameters, global_ids, like)
 
     def _make(self) -> list[Param]:
