@@ -488,6 +488,52 @@ def test_block_params_read_as_the_tuple_of_every_parameter(layers: int, pp: int,
             assert [every[g][1:] for g in la.param_indices] == [first[g - shift][1:] for g in la.param_indices]
 
 
+@pytest.mark.parametrize(("layers", "pp", "v", "tied"), [(12, 4, 1, True), (13, 4, 1, False), (7, 2, 3, True),
+                                                         (1, 1, 1, False), (5, 1, 1, True)])
+def test_block_ready_order_is_the_reverse_of_the_made_layers(layers: int, pp: int, v: int, tied: bool) -> None:
+    """A transformer's gradient-ready order (BlockReady: the blocks' parts made only when read whole) is the
+    layers' parameters in reverse execution order, each at its first appearance (the tied weight at the output
+    layer), however it is read (index, slice, iteration, equality, hashing, pickling, repr); and a pipeline rank's
+    parameters, or any subset (a block read in part), sort by it as by the whole order's positions."""
+    import pickle
+    import random
+
+    from simddp.workload import BlockReady, fresh_workload
+
+    scenario = _small_pipeline(layers, pp, v)
+    assert scenario is not None
+    scenario = scenario.model_copy(update={"model": scenario.model.model_copy(update={
+        "transformer": scenario.model.transformer.model_copy(update={"tied_embeddings": tied})})})
+    w = fresh_workload(scenario)
+    lazy = w.grad_ready_order
+    assert isinstance(lazy, BlockReady)
+    expected = tuple(dict.fromkeys(g for la in reversed(tuple(w.layers)) for g in reversed(la.param_indices)))
+    assert sorted(expected) == list(range(len(w.parameters)))
+    assert len(lazy) == len(expected)
+    assert lazy.sorted_ids(range(len(expected))) == list(expected)  # before anything makes the whole order
+    rnd = random.Random(layers * 10 + pp)
+    position = {g: k for k, g in enumerate(expected)}
+    for r in range(pp):  # each rank's own parameters, as the plan sorts them
+        ids = fresh_workload(scenario).rank_param_ids(r, pp)
+        assert lazy.sorted_ids(ids) == sorted(ids, key=position.__getitem__)
+    for _ in range(30):  # any subset, blocks in part among them
+        ids = rnd.sample(range(len(expected)), rnd.randrange(len(expected) + 1))
+        assert lazy.sorted_ids(ids) == sorted(ids, key=position.__getitem__)
+    n = len(expected)
+    for _ in range(50):
+        i = rnd.randrange(-n, n)
+        assert lazy[i] == expected[i]
+        lo, hi = sorted(rnd.randrange(-2, n + 3) for _ in range(2))
+        assert lazy[lo:hi] == expected[lo:hi]
+    assert lazy == expected and hash(lazy) == hash(expected) and tuple(lazy) == expected
+    assert lazy != list(expected) and repr(lazy) == repr(expected)
+    assert pickle.loads(pickle.dumps(lazy)) == expected
+    assert not BlockReady([0], [1, 2], 2, [0]).is_permutation(5)  # an index twice
+    assert not BlockReady([6], [1, 2], 2, [0]).is_permutation(6)  # one out of range
+    assert not BlockReady([3], [1, 2], 2, [0]).is_permutation(6)  # one inside the blocks
+    assert BlockReady([5], [2, 1], 2, [0]).is_permutation(6)
+
+
 def test_a_step_makes_no_block_until_its_layers_are_read() -> None:
     """The fast path reads a transformer's parameters and layer plans from block 0 and the blocks' layout, and
     plans a pipeline's twin ranks from their first rank's plan: GPT-3's 96 blocks on pp 8 with 3 chunks, and the
