@@ -34,7 +34,6 @@ from __future__ import annotations
 import functools
 import itertools
 from bisect import bisect_left
-from collections import Counter
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from operator import attrgetter
@@ -280,13 +279,23 @@ class BlockReady(Sequence[int]):
         a, b = bisect_left(ids, lo), bisect_left(ids, hi)
         inner, outer = ids[a:b], {*ids[:a], *ids[b:]}
         out = [g for g in self._head if g in outer]
-        # Each id's block, (g - lo) // per, in C; a block all of whose parameters are asked for is block 0's
-        # order shifted (a rank holds whole blocks).
-        counts = Counter(map(per.__rfloordiv__, map(lo.__rsub__, inner)))
+        # The blocks among them, each a run of the sorted ids: whole where its first and last ids are the
+        # block's (the ids are distinct), and then block 0's order shifted (a rank holds whole blocks).
+        blocks: list[tuple[int, bool]] = []
+        k = 0
+        while k < len(inner):
+            i = (inner[k] - lo) // per
+            first = lo + i * per
+            if inner[k] == first and k + per <= len(inner) and inner[k + per - 1] == first + per - 1:
+                blocks.append((i, True))
+                k += per
+            else:
+                blocks.append((i, False))
+                k = bisect_left(inner, first + per, k)
         have: set[int] | None = None
-        for i in sorted(counts, reverse=True):
+        for i, whole in reversed(blocks):
             shifted = map((i * per).__add__, self._block)
-            if counts[i] == per:
+            if whole:
                 out += shifted
             else:
                 have = set(inner) if have is None else have
