@@ -390,9 +390,9 @@ class ScheduleRun:
         return [code for r, c in enumerate(cut) for code in self._last_pair(r, c)]
 
     def _state(self, cut: list[int]) -> list[list[float]]:
-        """Per recurrence: the clocks, then the frontier's arrivals."""
-        frontier = [self.arrival[k] for k in self._frontier(cut)]
-        return [list(c) + [a[k] for a in frontier] for k, c in enumerate(self.clocks)]
+        """Per recurrence: the frontier's arrivals. They hold the clocks too: a rank's clock after the cut is
+        the arrival of its last operation before it (every steady cut has two on every rank)."""
+        return list(map(list, zip(*map(self.arrival.__getitem__, self._frontier(cut)))))
 
     def _extend(self, shape: Steady) -> None:
         """Run cut by cut until the state repeats up to a constant, then jump over the repeating units."""
@@ -410,7 +410,8 @@ class ScheduleRun:
             history.append((state, acc))
             for c in range(1, min(MAX_CYCLE, len(history) - 1) + 1):
                 before, acc_a = history[-1 - c]
-                deltas = [now[0] - then[0] for now, then in zip(state, before, strict=True)]
+                # How far rank 0's clock moved: its last operation's arrival (the second of its frontier)
+                deltas = [now[1] - then[1] for now, then in zip(state, before, strict=True)]
                 if all(_shifted(then, now, d) for then, now, d in zip(before, state, deltas, strict=True)):
                     self.detected_at = (units, c)
                     moves = _moves(shape, units, c)
