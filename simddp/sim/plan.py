@@ -474,11 +474,15 @@ def build_plan(scenario: Scenario, workload: Workload | None = None) -> StepPlan
     # alike: the first of each shape is planned, the others are copies of it (_twin).
     twins = workload.rank_twins(par.pp) if mode == "pipeline" and not unused else None
     searched = searches_unused(scenario)  # in every rank's gradients' key
+    protos: dict[int, tuple[dict[str, Any], int | None, list[tuple[str, float]]]] = {}  # _prototype, by first
     for r in range(par.pp):
         if twins is not None and twins[r][0] != r:
             first, shift = twins[r]
-            ranks.append(_twin(scenario, workload, ranks[first], shift, r, RankLayers(workload, r, par.pp), rule,
-                               searched))
+            proto = protos.get(first)
+            if proto is None:  # first's fields in a plain dict, and its pass values (one virtual stage: each item)
+                proto = protos[first] = _prototype(ranks[first])
+            ranks.append(_twin(scenario, workload, ranks[first], proto, shift, r, RankLayers(workload, r, par.pp),
+                               rule, searched))
             continue
         layers = workload.held_layers(r, par.pp)
         grads = rank_gradients(scenario, workload, r, rule)
@@ -567,7 +571,19 @@ def build_plan(scenario: Scenario, workload: Workload | None = None) -> StepPlan
     return plan
 
 
-def _twin(scenario: Scenario, workload: Workload, first: RankPlan, delta: int, r: int,
+def _prototype(first: RankPlan) -> tuple[dict[str, Any], int | None, list[tuple[str, float]]]:
+    """What :func:`_twin` copies for each twin of ``first``: its fields in a plain dict (a copy of its
+    key-sharing instance dict would read slower; a plain dict copies whole), and where it has one virtual stage
+    (1F1B) that stage and its pass values, by field (else None and none)."""
+    fields = {**first.__dict__}
+    if len(first.fwd_alone_s) != 1:
+        return fields, None, []
+    (stage,) = first.fwd_alone_s
+    return fields, stage, [(name, fields[name][stage]) for name in _PASS_FIELDS]
+
+
+def _twin(scenario: Scenario, workload: Workload, first: RankPlan,
+          proto: tuple[dict[str, Any], int | None, list[tuple[str, float]]], delta: int, r: int,
           layers: Sequence[Layer], rule: ZeroRule, searched: bool) -> RankPlan:
     """The plan of middle pipeline rank ``r``, alike ``first`` with parameter indices shifted by ``delta``
     (:meth:`simddp.workload.Workload.rank_twins`): ``first``'s plan with its own index, layers, gradients and
@@ -591,15 +607,15 @@ def _twin(scenario: Scenario, workload: Workload, first: RankPlan, delta: int, r
     else:
         grads.memo.setdefault("bucket of layer", first.bucket_of_layer)
     shift = r - first.index  # virtual stage vs of first is vs + shift here
-    # dataclasses.replace's result (every other field the same object): first's fields copied whole into a
-    # plain dict (a copy of its key-sharing dict would read slower), then the rank's own.
-    fields = {**first.__dict__}
+    # dataclasses.replace's result (every other field the same object): first's fields (_prototype), then the
+    # rank's own.
+    fields, stage, values = proto
+    fields = fields.copy()
     fields["index"], fields["layers"], fields["grads"] = r, layers, grads
-    if len(first.fwd_alone_s) == 1:  # one virtual stage (1F1B): each pass dict holds one item
-        (stage,) = first.fwd_alone_s
+    if stage is not None:  # one virtual stage (1F1B): each pass dict holds one item
         k = stage + shift
-        for name in _PASS_FIELDS:
-            fields[name] = {k: fields[name][stage]}
+        for name, value in values:
+            fields[name] = {k: value}
     else:
         for name in _PASS_FIELDS:
             fields[name] = {vs + shift: value for vs, value in fields[name].items()}
