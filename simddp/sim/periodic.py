@@ -71,17 +71,18 @@ class Steady:
         compare. Without it an interleaved schedule would run up to a unit less one pair per rank one by one
         after the jump (GPT-3 tp8 pp8 v3: 18 of its 24 pairs); with it the cut at 0 units is inside the steady
         pairs too, so the repeat is found a unit earlier where the steady state has set in by then."""
-        low = min(self.room(r) - o for r, o in enumerate(self.offset))
+        low = min(map(sub, self.rooms, self.offset))
         return low % self.unit if low > 0 else 0
 
     @functools.cached_property
     def max_units(self) -> int:
         """The last cut (in units) inside every rank's steady pairs and before its limit."""
-        return (min(self.room(r) - o for r, o in enumerate(self.offset)) - self.phase) // self.unit
+        return (min(map(sub, self.rooms, self.offset)) - self.phase) // self.unit
 
-    def room(self, r: int) -> int:
-        """How many steady pairs rank ``r`` may run before a jump's target: all, or up to its limit."""
-        return min(self.pairs[r], (self.limit[r] - self.start[r]) // 2)
+    @functools.cached_property
+    def rooms(self) -> list[int]:
+        """How many steady pairs each rank may run before a jump's target: all, or up to its limit."""
+        return [min(n, (lim - s) // 2) for n, lim, s in zip(self.pairs, self.limit, self.start, strict=True)]
 
 
 def steady(ops: Sequence[Sequence[PipeOp]], last: Sequence[dict[int, int]] | None = None) -> Steady | None:
@@ -392,7 +393,7 @@ class ScheduleRun:
     def _state(self, cut: list[int]) -> list[list[float]]:
         """Per recurrence: the frontier's arrivals. They hold the clocks too: a rank's clock after the cut is
         the arrival of its last operation before it (every steady cut has two on every rank)."""
-        return list(map(list, zip(*map(self.arrival.__getitem__, self._frontier(cut)))))
+        return list(map(list, zip(*map(self.arrival.__getitem__, self._frontier(cut)), strict=True)))
 
     def _extend(self, shape: Steady) -> None:
         """Run cut by cut until the state repeats up to a constant, then jump over the repeating units."""
@@ -617,7 +618,7 @@ def _moves(shape: Steady, units: int, cycle: int) -> list[int]:
     common = [(shape.max_units - units) // cycle] * len(shape.offset)
     if cycle != 1 or shape.unit != 1 or not any(shape.stagger):
         return common
-    target = min(shape.room(r) - o - g for r, (o, g) in enumerate(zip(shape.offset, shape.stagger, strict=True)))
+    target = min(map(sub, map(sub, shape.rooms, shape.offset), shape.stagger))
     moves = [target + g - units for g in shape.stagger]
     return moves if min(moves) >= 0 else common
 
