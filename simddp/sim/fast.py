@@ -504,6 +504,7 @@ class _Released(NamedTuple):
 
 
 def _released(p: RankPlan, releases: Releases) -> _Released:
+    """:func:`_rank_releases`' answer for rank ``p``'s kind, read per bucket in bucket order."""
     where = {bucket[1]: (shift, offset) for shift, (done, _) in releases.items() for bucket, offset in done}
     return _Released([item for _, transfers in releases.values() for item in transfers.items()],
                      [(*where[b.index], b.reduce.time_s, b.index) for b in p.buckets],
@@ -527,6 +528,8 @@ def _reduce_buckets(buckets: list[tuple[int, float, float, int]], starts: dict[i
             ready_at[(0, index)] = ready
             reduced[(0, index)] = (start, t)
     return t
+
+
 def _tail_needs(plan: StepPlan, cut: list[int]) -> dict[int, tuple[int, int]]:
     """The operations before the cut whose arrival an operation after it waits for: code -> (rank, position).
 
