@@ -279,14 +279,19 @@ def _finish(out: Outcome, comm_end: float) -> None:
 
 
 # ---------------------------------------------------------------------------------------- pipelines
-#: A rank's gradient releases (:func:`_rank_releases`): per virtual stage (less the rank's index), the
-#: buckets its last backward completes (as ``Outcome.ready_at`` keys them) with their ready times after that
-#: backward starts, and the backward's TP transfers per link tier.
-Releases = dict[int, tuple[list[tuple[tuple[int, int], float]], dict[str, float]]]
+class _Released(NamedTuple):
+    """What a kind of rank's last backwards release (:func:`_rank_releases`): their TP transfers per link tier,
+    in the order they run; each bucket as (virtual stage less the rank's index of the backward that completes
+    it, its ready time after that backward starts, its reduction's time, its index), in bucket order; and the
+    (time, tier, transfer) of each reduction that takes time."""
+
+    transfers: list[tuple[str, float]]
+    buckets: list[tuple[int, float, float, int]]
+    paid: list[tuple[float, str, float]]
 
 
 def _rank_releases(p: RankPlan, positions: dict[int, list[int]], order: list[int], overlap: str,
-                   interference: float, seen: dict[int, tuple[float, float, list[tuple[str, float]]]]) -> Releases:
+                   interference: float, seen: dict[int, tuple[float, float, list[tuple[str, float]]]]) -> _Released:
     """What rank ``p``'s last backward of each virtual stage releases, its virtual stages taken in ``order``
     (that of their last backwards in its schedule): that backward's layers (``positions[vs]`` in its layers)
     run alone, in reverse order, and a bucket is ready once the last of its gradients is.
@@ -294,14 +299,14 @@ def _rank_releases(p: RankPlan, positions: dict[int, list[int]], order: list[int
     ``seen`` keeps each distinct layer's (release offset, duration, TP transfers) across calls: layers of
     identical blocks share one timing object (as :func:`simddp.sim.layers.pass_alone` relies on). Twin ranks
     (:meth:`simddp.workload.Workload.rank_twins`) share their layer plans and buckets, so one answer serves
-    them all: its keys are virtual stages less the rank's index."""
+    them all: its stages are virtual stages less the rank's index."""
     plans, bucket_of_layer = p.plans, p.bucket_of_layer
     left = {b.index: b.num_params for b in p.buckets}
-    out: Releases = {}
+    where: dict[int, tuple[int, float]] = {}  # bucket -> (its releasing stage less p.index, its offset)
+    all_transfers: list[tuple[str, float]] = []
     for vs in order:
         t = 0.0
-        done: list[tuple[tuple[int, int], float]] = []
-        transfers: dict[str, float] = {}
+        transfers: dict[str, float] = {}  # this backward's, per tier
         for k in reversed(positions.get(vs, ())):
             plan = plans[k]
             got = seen.get(id(plan.timing))
@@ -321,9 +326,10 @@ def _rank_releases(p: RankPlan, positions: dict[int, list[int]], order: list[int
             for b in bucket_of_layer[k]:
                 left[b] -= 1
                 if not left[b]:
-                    done.append(((0, b), ready))
-        out[vs - p.index] = (done, transfers)
-    return out
+                    where[b] = (vs - p.index, ready)
+        all_transfers += transfers.items()
+    return _Released(all_transfers, [(*where[b.index], b.reduce.time_s, b.index) for b in p.buckets],
+                     [(b.reduce.time_s, b.reduce.tier, b.reduce.transfer_s) for b in p.buckets if b.reduce.time_s > 0])
 
 
 def _run_pipeline(plan: StepPlan, max_operations: int | None = None) -> list[Outcome]:
@@ -467,8 +473,8 @@ def _run_pipeline(plan: StepPlan, max_operations: int | None = None) -> list[Out
         kind_key = (id(rp.plans), id(rp.buckets), id(rp.bucket_of_layer), shifted)
         rel = kinds.get(kind_key)
         if rel is None:
-            rel = kinds[kind_key] = _released(rp, _rank_releases(rp, plan.workload.rank_stage_positions(r, par.pp),
-                                                             order, plan.overlap, plan.interference, seen))
+            rel = kinds[kind_key] = _rank_releases(rp, plan.workload.rank_stage_positions(r, par.pp), order,
+                                                   plan.overlap, plan.interference, seen)
         released.append((rel, mine))
         out.compute_end_s = clock[r]
         link_busy, link_work = out.link_busy_s, out.link_work_s
@@ -490,25 +496,6 @@ def _run_pipeline(plan: StepPlan, max_operations: int | None = None) -> list[Out
     out = outs[r]
     _reduce_buckets(rel.buckets, mine, 0.0 if out.plan.overlap else clock[r], out.plan.overlap, out)
     return outs
-
-
-class _Released(NamedTuple):
-    """What a kind of rank's last backwards release (:func:`_rank_releases`), as :func:`_run_pipeline` reads it:
-    its TP transfers in the order they run, each bucket as (virtual stage less the rank's index of the backward
-    that completes it, its ready time after that backward starts, its reduction's time, its index) in bucket
-    order, and the (time, tier, transfer) of each reduction that takes time."""
-
-    transfers: list[tuple[str, float]]
-    buckets: list[tuple[int, float, float, int]]
-    paid: list[tuple[float, str, float]]
-
-
-def _released(p: RankPlan, releases: Releases) -> _Released:
-    """:func:`_rank_releases`' answer for rank ``p``'s kind, read per bucket in bucket order."""
-    where = {bucket[1]: (shift, offset) for shift, (done, _) in releases.items() for bucket, offset in done}
-    return _Released([item for _, transfers in releases.values() for item in transfers.items()],
-                     [(*where[b.index], b.reduce.time_s, b.index) for b in p.buckets],
-                     [(b.reduce.time_s, b.reduce.tier, b.reduce.transfer_s) for b in p.buckets if b.reduce.time_s > 0])
 
 
 def _reduce_buckets(buckets: list[tuple[int, float, float, int]], starts: dict[int, float], t: float,
