@@ -29,7 +29,7 @@ from simddp.memory import memory_breakdown
 from simddp.results import StepResult
 from simddp.sanity import MAX_STEP_TIME_S, check_range
 from simddp.sim.layers import LayerPlan, pass_alone
-from simddp.sim.plan import boundary_groups, rank_layer_plans
+from simddp.sim.plan import boundary_sends, rank_layer_plans
 from simddp.sim.step import PUBLISHED_FSDP_ERROR, published_fsdp_gap, simulate_step
 from simddp.topology import tp_group
 from simddp.workload import Workload, build_workload
@@ -320,12 +320,9 @@ def step_lower_bound(scenario: Scenario, workload: Workload) -> float:
     if par.pp > 1 and workload.boundary_activation_bytes:
         gather = (collective_cost("all-gather", workload.boundary_gather_bytes, tp_group(scenario)).time_s
                   if workload.boundary_gather_bytes else 0.0)
-        sends: dict[int, float] = {}  # per distinct pair (boundary_groups shares them)
-        for vs, pair in enumerate(boundary_groups(scenario, num_vs - 1)):
-            send = sends.get(id(pair))
-            if send is None:
-                send = sends[id(pair)] = 0.0 if par.pp_p2p_overlap else collective_cost(
-                    "send-recv", workload.boundary_activation_bytes, pair).time_s
+        sends = ([0.0] * (num_vs - 1) if par.pp_p2p_overlap else
+                 [c.time_s for c in boundary_sends(scenario, num_vs - 1, workload.boundary_activation_bytes)])
+        for vs, send in enumerate(sends):
             fwd[vs] += send  # sent by stage vs, forward
             bwd[vs + 1] += send  # sent by stage vs + 1, backward
             fwd[vs + 1] += gather  # received by stage vs + 1

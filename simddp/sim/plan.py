@@ -425,6 +425,19 @@ def boundary_groups(scenario: Scenario, num_boundaries: int) -> list[CommGroup]:
     return groups
 
 
+def boundary_sends(scenario: Scenario, num_boundaries: int, size_bytes: int) -> list[CollectiveCost]:
+    """The send-recv of ``size_bytes`` over each of :func:`boundary_groups`' pairs, each distinct pair costed
+    once (2 of a 1T pipeline's 63)."""
+    costs: dict[int, CollectiveCost] = {}
+    sends = []
+    for pair in boundary_groups(scenario, num_boundaries):
+        send = costs.get(id(pair))
+        if send is None:
+            send = costs[id(pair)] = collective_cost("send-recv", size_bytes, pair)
+        sends.append(send)
+    return sends
+
+
 def last_backwards(plan: StepPlan) -> list[dict[int, int]]:
     """Each rank's :func:`simddp.sim.pipeline.last_backward` (virtual stage -> position), once per plan: the fast
     engine's releases and tail and the bounds' schedules all start from them. Shared: callers must not change
@@ -557,12 +570,7 @@ def build_plan(scenario: Scenario, workload: Workload | None = None) -> StepPlan
     p2p: dict[int, CollectiveCost] = {}
     gather = None
     if mode == "pipeline" and workload.boundary_activation_bytes:
-        sends: dict[int, CollectiveCost] = {}  # one cost per distinct pair: 2 of 63 (1T)
-        for vs, pair in enumerate(boundary_groups(scenario, workload.num_stages - 1)):
-            send = sends.get(id(pair))
-            if send is None:
-                send = sends[id(pair)] = collective_cost("send-recv", workload.boundary_activation_bytes, pair)
-            p2p[vs] = send
+        p2p = dict(enumerate(boundary_sends(scenario, workload.num_stages - 1, workload.boundary_activation_bytes)))
         if workload.boundary_gather_bytes:
             gather = collective_cost("all-gather", workload.boundary_gather_bytes, tp_group(scenario))
     plan = StepPlan(scenario, workload, ranks, m, mode, ops, p2p, gather, par.tp_comm_overlap,
