@@ -12,6 +12,8 @@ import threading
 from collections import OrderedDict
 from collections.abc import Callable, Hashable, Iterator
 from contextlib import contextmanager
+from dataclasses import fields
+from operator import attrgetter
 from typing import Any, TypeVar
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -112,4 +114,30 @@ def collector_paused() -> Iterator[None]:
                 gc.enable()
 
 
-__all__ = ["KeyedCache", "cached", "clear", "collector_paused"]
+def kept_fields_hash(self: Any) -> int:
+    """A frozen dataclass's ``__hash__`` (its fields' hash, as the generated one) kept after the first call,
+    for objects that key the engine's caches many times per evaluation: a :class:`simddp.zero.ZeroRule` (25
+    fields, hashed 128 times by a 1T pipeline's 64 ranks) and a :class:`simddp.topology.CommGroup` (its link
+    tiers are pydantic models: about 9,500 instructions per hash, 48 hashes of 12 groups per GPT-3 step).
+    Assign it in the class body (``__hash__ = kept_fields_hash``; dataclass replaces an inherited one), with
+    :func:`state_without_hash` as ``__getstate__``: a string's hash differs between processes, so the kept
+    hash is never pickled."""
+    got: int | None = self.__dict__.get("_hash")
+    if got is None:
+        values = _FIELD_VALUES.get(type(self))
+        if values is None:  # the fields' values as one tuple, in C (fields() per call cost more than the hash)
+            values = _FIELD_VALUES[type(self)] = attrgetter(*(f.name for f in fields(self)))
+        got = hash(values(self))
+        object.__setattr__(self, "_hash", got)
+    return got
+
+
+_FIELD_VALUES: dict[type, Callable[[Any], tuple[Any, ...]]] = {}
+
+
+def state_without_hash(self: Any) -> dict[str, Any]:
+    """``__getstate__`` of a class whose hash is :func:`kept_fields_hash`: its fields, not the kept hash."""
+    return {k: v for k, v in self.__dict__.items() if k != "_hash"}
+
+
+__all__ = ["KeyedCache", "cached", "clear", "collector_paused", "kept_fields_hash", "state_without_hash"]

@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from simddp.config import Cluster, CollectiveFit, Link, Network, Scenario
+from simddp.engine_caches import kept_fields_hash, state_without_hash
 
 
 @dataclass(frozen=True)
@@ -24,6 +25,10 @@ class CommGroup:
     intra: Link
     inter: Network
     fits: tuple[CollectiveFit, ...] = ()
+
+    # A group keys the collective costs' caches; its link tiers are pydantic models, whose hash is the cost.
+    __hash__ = kept_fields_hash
+    __getstate__ = state_without_hash
 
     @property
     def intra_bus_bandwidth_bytes_per_s(self) -> float:

@@ -46,8 +46,8 @@ Defaults are what a user of the named framework gets; every one is a ``ddp`` key
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, fields, replace
-from typing import Any, Literal
+from dataclasses import dataclass, replace
+from typing import Literal
 
 from simddp.bucketing import PARAM_SIZE, BucketSpec, ParamLike, bucket_assignment
 from simddp.config import (
@@ -58,7 +58,7 @@ from simddp.config import (
     default_overlap,
     default_reduce_in_fp32,
 )
-from simddp.engine_caches import KeyedCache
+from simddp.engine_caches import KeyedCache, kept_fields_hash, state_without_hash
 from simddp.units import MiB, dtype_bytes
 from simddp.workload import Layer, Workload, fsdp_unit_layers
 
@@ -149,18 +149,8 @@ class ZeroRule:
     def gradient_dtype_bytes(self) -> int:
         return 4 if self.reduce_in_fp32 else 2
 
-    def __hash__(self) -> int:
-        """The fields' hash, kept after the first call: a rule keys the memos of every rank's gradients (a 1T
-        pipeline's 64 ranks hash it 128 times per step, 25 fields each). Not pickled (a string's hash differs
-        between processes): :meth:`__getstate__`."""
-        got: int | None = self.__dict__.get("_hash")
-        if got is None:
-            got = hash(tuple(getattr(self, f.name) for f in fields(self)))
-            object.__setattr__(self, "_hash", got)
-        return got
-
-    def __getstate__(self) -> dict[str, Any]:
-        return {k: v for k, v in self.__dict__.items() if k != "_hash"}
+    __hash__ = kept_fields_hash  # a rule keys the memos of every rank's gradients
+    __getstate__ = state_without_hash
 
 
 #: Rules by every input :func:`zero_rule` reads (a step asks for its rule from the plan, the memory model and

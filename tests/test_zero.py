@@ -213,22 +213,27 @@ def test_every_implementation_steps_within_its_bounds_on_parameter_lists(sizes, 
     assert r.memory is not None and r.memory.total_bytes > 0
 
 
-def test_rule_hash_is_its_fields_and_is_not_pickled() -> None:
-    """A rule keeps its hash after the first call (it keys every rank's gradient memo), as the hash of its
-    fields, and leaves it out of a pickle: a string's hash differs between processes (`--jobs` workers)."""
+@pytest.mark.parametrize("kind", ["rule", "group"])
+def test_kept_hash_is_the_fields_hash_and_is_not_pickled(kind: str) -> None:
+    """A rule or a communicator keeps its hash after the first call (they key the gradient memos and the
+    collective caches; engine_caches.kept_fields_hash), as the hash of its fields, and leaves it out of a
+    pickle: a string's hash differs between processes (`--jobs` workers)."""
     import dataclasses
     import pickle
     import subprocess
     import sys
 
-    rule = zero_rule(scenario_from_dict(base_scenario(parallelism={"zero_stage": 1})))
-    fields = tuple(getattr(rule, f.name) for f in dataclasses.fields(rule))
-    assert hash(rule) == hash(fields) == hash(rule)  # the second from the kept value
-    other = dataclasses.replace(rule, stage=2)
-    assert other != rule and hash(other) == hash(tuple(getattr(other, f.name) for f in dataclasses.fields(other)))
-    data = pickle.dumps(rule)
-    assert b"_hash" not in data and pickle.loads(data) == rule
-    # In another process (another string hash seed) the unpickled rule hashes as that process's fields do.
+    from simddp.topology import dp_group
+
+    scenario = scenario_from_dict(base_scenario(parallelism={"zero_stage": 1}))
+    obj = zero_rule(scenario) if kind == "rule" else dp_group(scenario)
+    fields = tuple(getattr(obj, f.name) for f in dataclasses.fields(obj))
+    assert hash(obj) == hash(fields) == hash(obj)  # the second from the kept value
+    other = dataclasses.replace(obj, **({"stage": 2} if kind == "rule" else {"num_ranks": obj.num_ranks + 1}))
+    assert other != obj and hash(other) == hash(tuple(getattr(other, f.name) for f in dataclasses.fields(other)))
+    data = pickle.dumps(obj)
+    assert b"_hash" not in data and pickle.loads(data) == obj
+    # In another process (another string hash seed) the unpickled object hashes as that process's fields do.
     code = ("import dataclasses, pickle, sys; r = pickle.loads(sys.stdin.buffer.read()); "
             "print(hash(r) == hash(tuple(getattr(r, f.name) for f in dataclasses.fields(r))))")
     done = subprocess.run([sys.executable, "-c", code], input=data, capture_output=True, check=True,
