@@ -49,7 +49,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Literal
 
-from simddp.bucketing import PARAM_SIZE, BucketSpec, ParamLike, bucket_assignment
+from simddp.bucketing import PARAM_SIZE, BucketSpec, ParamLike, assign_in_order, bucket_assignment
 from simddp.config import (
     SUPPORTED_ZERO_STAGES,
     DDPConfig,
@@ -230,20 +230,23 @@ def _param_dtype(precision: str) -> str:
 
 # -------------------------------------------------------------------------------------- buckets
 def gradient_buckets(rule: ZeroRule, grads: Sequence[ParamLike], ready_order: Sequence[int],
-                     layers: Sequence[Layer] = (), global_ids: Sequence[int] = ()) -> list[BucketSpec]:
+                     layers: Sequence[Layer] = (), global_ids: Sequence[int] = (), *,
+                     order_checked: bool = False) -> list[BucketSpec]:
     """The gradient buckets of ``rule`` over ``grads`` (as reduction sees them), in reduction order.
 
-    ``ready_order`` lists local indices in gradient-ready order. ``layers`` and ``global_ids`` (the global
-    index of each local parameter) are needed by the FSDP-with-pipeline rule, whose buckets are its units.
+    ``ready_order`` lists local indices in gradient-ready order (``order_checked``: known to list each once,
+    :func:`simddp.bucketing.assign_in_order`). ``layers`` and ``global_ids`` (the global index of each local
+    parameter) are needed by the FSDP-with-pipeline rule, whose buckets are its units.
     """
     if not grads:
         return []
+    assign = assign_in_order if order_checked else bucket_assignment
     if rule.bucket_rule == "torch":
-        return bucket_assignment(grads, ready_order, rule.bucket_cap_mb)
+        return assign(grads, ready_order, rule.bucket_cap_mb)
     if rule.bucket_rule == "megatron":
         total = sum(p.numel * dtype_bytes(p.dtype) for p in grads)
         cap = total if rule.bucket_numel is None else rule.bucket_numel * rule.gradient_dtype_bytes
-        return bucket_assignment(grads, ready_order, max(cap, 1) / MiB)
+        return assign(grads, ready_order, max(cap, 1) / MiB)
     if rule.bucket_rule == "deepspeed":
         assert rule.bucket_numel is not None
         # Stage 0 and stage 1 without overlap_comm walk the parameters in definition order after backward;
@@ -284,7 +287,10 @@ def stage_gradient_buckets(rule: ZeroRule, workload: Workload, stage: int, ids: 
     if key not in memo:
         content = ("gradient buckets", *rule_key, tuple(map(PARAM_SIZE, grads)), tuple(order))
         if content not in memo:
-            memo[content] = gradient_buckets(rule, grads, order)
+            # ``order`` lists every local index once (the plan asks with a full order, the memory model pads its
+            # own): a restriction of the workload's ready order, checked when it was made. One of another length
+            # is checked again, and refused with bucket_assignment's error.
+            memo[content] = gradient_buckets(rule, grads, order, order_checked=len(order) == len(grads))
         memo[key] = memo[content]
     return memo[key]  # type: ignore[no-any-return]
 

@@ -14,6 +14,7 @@ from simddp.bucketing import (
     Bucket,
     _bucket_key_hash,
     _unordered_map_order,
+    assign_in_order,
     bucket_assignment,
     bucket_size_limits,
     buckets_to_json,
@@ -277,3 +278,29 @@ def test_one_dtype_shortcut_equals_the_per_dtype_walk(inputs, dtype, data):
     spelt = [True, False, *data.draw(st.lists(st.booleans(), min_size=rest, max_size=rest))][:len(params)]
     two = [p.model_copy(update={"dtype": f"torch.{dtype}" if s else dtype}) for p, s in zip(one, spelt, strict=True)]
     assert bucket_assignment(one, order, cap) == bucket_assignment(two, order, cap)
+
+
+@settings(max_examples=200, deadline=None)
+@given(bucketing_inputs())
+def test_assign_in_order_is_bucket_assignment_without_the_check(inputs):
+    """The engine's path (an order already checked) gives bucket_assignment's buckets, one dtype or several."""
+    params, order, cap = inputs
+    order = list(range(len(params) - 1, -1, -1)) if order is None else order
+    assert assign_in_order(params, order, cap) == bucket_assignment(params, order, cap)
+
+
+def test_stage_buckets_check_an_order_of_another_length():
+    """stage_gradient_buckets trusts a full-length order only: a shorter one is refused, as bucket_assignment
+    refuses it, not bucketed without the parameters it leaves out."""
+    from scenarios import base_scenario
+
+    from simddp.errors import ScenarioError
+    from simddp.scenario_io import scenario_from_dict
+    from simddp.workload import Param, build_workload
+    from simddp.zero import stage_gradient_buckets, zero_rule
+
+    scenario = scenario_from_dict(base_scenario())
+    workload = build_workload(scenario)
+    grads = [Param(f"p{i}", MiB, "float32") for i in range(3)]
+    with pytest.raises(ScenarioError, match="must list each of the 3 parameters once"):
+        stage_gradient_buckets(zero_rule(scenario), workload, 0, [0, 1, 2], grads, [2, 1], ())
