@@ -87,8 +87,10 @@ def recomputed(layer: Layer, recompute: str) -> float:
     return 0.0
 
 
-def layer_timing(layer: Layer, gpu: GPU, training: Training, compute_efficiency: float = 1.0) -> LayerTiming:
-    """Timing of one layer: measured when the layer carries times, else its kernels."""
+def layer_timing(layer: Layer, gpu: GPU, training: Training, compute_efficiency: float = 1.0,
+                 accumulate_s: float = 0.0) -> LayerTiming:
+    """Timing of one layer: measured when the layer carries times, else its kernels. ``accumulate_s``: the
+    gradient accumulation added to its weight-gradient time (:func:`grad_accumulation_s`)."""
     p = training.precision
     if layer.fwd_time_s is not None and layer.bwd_time_s is not None:
         total = layer.dgrad_flop + layer.wgrad_flop
@@ -101,6 +103,8 @@ def layer_timing(layer: Layer, gpu: GPU, training: Training, compute_efficiency:
         wgrad = pass_s(layer.wgrad, gpu, p, compute_efficiency)
     share = recomputed(layer, training.recompute)
     recompute = fwd * share if share else 0.0  # never inf x 0: an overflowing forward recomputes nothing
+    if accumulate_s:
+        wgrad += accumulate_s
     return LayerTiming(layer.name, fwd, dgrad, wgrad, recompute)
 
 

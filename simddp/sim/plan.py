@@ -9,7 +9,7 @@ from __future__ import annotations
 import functools
 from collections import Counter, deque
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from operator import attrgetter
 from typing import Any, TypeVar
 
@@ -344,11 +344,9 @@ def layer_plans(scenario: Scenario, layers: Sequence[Layer], parameters: Sequenc
         key = (id(fwd), id(dgrad), id(wgrad), id(colls), recompute, fwd_time_s, bwd_time_s, shapes)
         plan = seen.get(key)
         if plan is None:
-            t: LayerTiming = layer_timing(layer, gpu, tr, eff)
             accumulate = grad_accumulation_s([parameters[g] for g in layer.param_indices], rule.grad_accumulation,
                                              m, rule.reduce_in_fp32, gpu)
-            if accumulate:
-                t = replace(t, wgrad_s=t.wgrad_s + accumulate)
+            t: LayerTiming = layer_timing(layer, gpu, tr, eff, accumulate)
             if par.tp > 1 and colls:
                 plan = seen[key] = LayerPlan(
                     t, fwd_pre=_tp_costs(colls, "fwd-pre", tp), fwd_post=_tp_costs(colls, "fwd-post", tp),
