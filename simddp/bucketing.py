@@ -55,10 +55,9 @@ from simddp.units import MiB, dtype_bytes, mib_to_bytes
 
 
 class ParamLike(Protocol):
-    """What bucketing needs of a parameter (a ``ParameterSpec`` or the engine's ``workload.Param``)."""
+    """What bucketing needs of a parameter (a ``ParameterSpec``, the engine's ``workload.Param`` or its
+    ``workload.ParamSize``)."""
 
-    @property
-    def name(self) -> str: ...
     @property
     def numel(self) -> int: ...
     @property

@@ -70,6 +70,18 @@ class Param(NamedTuple):
     dtype: str = "float32"
 
 
+class ParamSize(NamedTuple):
+    """A parameter as data-parallel reduction, the optimizer and the memory model size it: elements and torch
+    dtype name, without its name (:meth:`Workload.param_sizes`; the workload's ``parameters`` have the names).
+    Equal to the tuple ``(numel, dtype)``."""
+
+    numel: int
+    dtype: str
+
+
+_P = TypeVar("_P", Param, ParamSize)
+
+
 @dataclass(frozen=True)
 class Kernel:
     """One GPU kernel: a GEMM (shape), a fused attention kernel (FLOP, parallel tiles) or a memory-bound op.
@@ -149,11 +161,11 @@ class Layer:
 class BlockParams(Sequence[Param]):
     """A transformer's parameters in definition order: ``head`` (before the blocks), ``count`` blocks, then
     ``tail``; block ``i``'s are block 0's (``first``: name after the block prefix, elements, dtype) renamed
-    ``block_name.format(i=i)`` + that name, made when one of them is first read (:meth:`take` makes a rank's
-    blocks at once). A pipeline's planned ranks read their own blocks only, twin ranks none (1T tp8 pp64: 6 of 128
-    blocks made per evaluation, where all 1,540 parameters were made before; GPT-3 tp8 pp8 v3: 36 of 96). Read as
-    a tuple of those parameters (indexing, slices, iteration, equality, hashing, pickling); iteration makes every
-    block, and :func:`indexable` gives whole-model walks a plain list."""
+    ``block_name.format(i=i)`` + that name, made when one of them is first read. A step reads none: what it
+    reads of the parameters is their sizes (:meth:`sizes`, every block's block 0's; the names are the exports'),
+    where GPT-3 tp8 pp8 v3 made 36 of its 96 blocks' named parameters per evaluation. Read as a tuple of those
+    parameters (indexing, slices, iteration, equality, hashing, pickling); iteration makes every block, and
+    :func:`indexable` gives whole-model walks a plain list."""
 
     __slots__ = ("_block_name", "_count", "_first", "_flat", "_per", "_start", "_unmade")
 
@@ -174,25 +186,17 @@ class BlockParams(Sequence[Param]):
                                                          for rest, numel, dtype in self._first]
             self._unmade.discard(i)
 
+    def sizes(self) -> list[ParamSize]:
+        """Each parameter's :class:`ParamSize`, in order: every block's are block 0's objects (no block made)."""
+        flat, start, per = self._flat, self._start, self._per
+        made = [*flat[:start + per], *flat[start + self._count * per:]]  # the head, block 0 and the tail
+        size = [ParamSize(p.numel, p.dtype) for p in made]  # type: ignore[union-attr]  # those are made
+        return size[:start] + size[start:start + per] * self._count + size[start + per:]
+
     def _all(self) -> list[Param]:
         if self._unmade:
             self._fill(list(self._unmade))
         return self._flat  # type: ignore[return-value]  # every place filled
-
-    def take(self, ids: Iterable[int]) -> list[Param]:
-        """``[self[g] for g in ids]`` (non-negative ids), their blocks made at once."""
-        if isinstance(ids, range) and ids.step == 1:  # a run (every parameter, with one stage): its blocks, a slice
-            if self._unmade and ids:
-                start, per = self._start, self._per
-                self._fill(range(max(0, (ids.start - start) // per), (ids.stop - 1 - start) // per + 1))
-            return self._flat[ids.start:ids.stop]  # type: ignore[return-value]  # those places are filled
-        ids = ids if isinstance(ids, (list, tuple, range)) else list(ids)
-        got = list(map(self._flat.__getitem__, ids))
-        if self._unmade and None in got:  # a block not made yet (a second read of a rank's ids finds them made)
-            # Each id's block, (g - start) // per, in C; the head's and the tail's are no block (none is unmade).
-            self._fill(set(map(self._per.__rfloordiv__, map(self._start.__rsub__, ids))))
-            got = list(map(self._flat.__getitem__, ids))
-        return got  # type: ignore[return-value]  # every place read is filled
 
     def __len__(self) -> int:
         return len(self._flat)
@@ -349,13 +353,6 @@ def indexable(parameters: Sequence[Param]) -> Sequence[Param]:
     """``parameters`` for many reads by index, each in C: a :class:`BlockParams`' list of every parameter (its
     blocks made), anything else as it is. For whole-model walks (FSDP's units read every parameter)."""
     return parameters._all() if isinstance(parameters, BlockParams) else parameters
-
-
-def take_params(parameters: Sequence[Param], ids: Iterable[int]) -> list[Param]:
-    """``[parameters[g] for g in ids]``; a transformer's :class:`BlockParams` makes only the blocks read."""
-    if isinstance(parameters, BlockParams):
-        return parameters.take(ids)
-    return [parameters[g] for g in ids]
 
 
 class BlockLayers(Sequence[Layer]):
@@ -645,7 +642,18 @@ class Workload:
 
     @property
     def num_params(self) -> int:
-        return sum(p.numel for p in self.parameters)
+        return sum(p.numel for p in self.param_sizes())
+
+    def param_sizes(self) -> list[ParamSize]:
+        """Each parameter's :class:`ParamSize`, in definition order, once per workload structure: what the
+        gradients, buckets, optimizer and memory model read of the parameters, without making a transformer's
+        blocks' named parameters (:meth:`BlockParams.sizes`). Shared: callers must not change the list."""
+        sizes = self.shared.get(("param sizes",))
+        if sizes is None:
+            params = self.parameters
+            sizes = self.shared[("param sizes",)] = (
+                params.sizes() if isinstance(params, BlockParams) else [ParamSize(p.numel, p.dtype) for p in params])
+        return sizes  # type: ignore[no-any-return]
 
     def stage_layers(self, stage: int) -> tuple[Layer, ...]:
         """Layers of one virtual stage, in forward order."""
@@ -707,7 +715,7 @@ class Workload:
             return None
         return [piece for lo, hi in self._rank_walk(pp)[0][rank] for piece in layers.run_pieces(lo, hi)]
 
-    def reduced_gradients(self, ids: Sequence[int], reduce_in_fp32: bool) -> tuple[list[Param], list[int]]:
+    def reduced_gradients(self, ids: Sequence[int], reduce_in_fp32: bool) -> tuple[list[ParamSize], list[int]]:
         """The parameters ``ids`` as data-parallel reduction sees their gradients (:func:`grad_reduce_spec`),
         and their positions in ``ids`` in gradient-ready order (those the order lists). Once per workload
         structure, ids and dtype rule: the plan's rank gradients and the memory model's buffers ask alike.
@@ -715,16 +723,17 @@ class Workload:
         key = ("reduced gradients", reduce_in_fp32, tuple(ids))
         got = self.shared.get(key)
         if got is None:
-            parameters = self.parameters
-            if len(ids) == len(parameters) and key[2] == tuple(range(len(ids))):
+            sizes = self.param_sizes()
+            if len(ids) == len(sizes) and key[2] == tuple(range(len(ids))):
                 # Every parameter, in order (a rank without pipeline parallelism): positions are the parameters'
                 # own indices, and the ready order, a permutation of them, is already in ready order.
-                specs, order = take_params(parameters, range(len(ids))), list(self.grad_ready_order)
+                specs, order = list(sizes), list(self.grad_ready_order)
             else:
                 local = {g: k for k, g in enumerate(ids)}
-                specs, order = take_params(parameters, ids), [local[g] for g in self.ready_sorted(ids)]
-            if reduce_in_fp32:  # without it every grad_reduce_spec is the parameter itself
-                specs = [grad_reduce_spec(p, reduce_in_fp32) for p in specs]
+                specs, order = list(map(sizes.__getitem__, ids)), [local[g] for g in self.ready_sorted(ids)]
+            if reduce_in_fp32:  # without it every grad_reduce_spec is the size itself; a few distinct sizes
+                reduced: dict[ParamSize, ParamSize] = {}
+                specs = [reduced.get(p) or reduced.setdefault(p, grad_reduce_spec(p, True)) for p in specs]
             got = self.shared[key] = (specs, order)
         return got  # type: ignore[no-any-return]
 
@@ -851,11 +860,13 @@ LAYER_KIND = attrgetter("fwd", "dgrad", "wgrad", "collectives", "recompute", "fw
 NARROW_FLOAT_DTYPES = ("bfloat16", "float16", "float8_e4m3fn", "float8_e5m2")
 
 
-def grad_reduce_spec(p: Param, reduce_in_fp32: bool) -> Param:
-    """The parameter as data-parallel reduction sees its gradient (Megatron ``grad_reduce_in_fp32``)."""
+def grad_reduce_spec(p: _P, reduce_in_fp32: bool) -> _P:
+    """The parameter (or its size) as data-parallel reduction sees its gradient (Megatron
+    ``grad_reduce_in_fp32``)."""
     if reduce_in_fp32 and p.dtype in NARROW_FLOAT_DTYPES:
-        return Param(p.name, p.numel, "float32")
+        return p._replace(dtype="float32")
     return p
+
 
 
 def uses_dropout(scenario: Scenario) -> bool:

@@ -440,13 +440,13 @@ def test_block_layers_read_as_the_tuple_of_every_layer(layers: int, pp: int, v: 
                                                          (1, 1, 1, False)])
 def test_block_params_read_as_the_tuple_of_every_parameter(layers: int, pp: int, v: int, tied: bool) -> None:
     """A transformer's parameters (BlockParams: block i's renamed copies of block 0's, made when first read) read
-    as the tuple of every parameter, however they are read: by index (negative too), slice, ``take`` of ids or of
-    a run, iteration, equality, hashing, pickling; reading makes only the blocks read; and against the layers,
-    block i's parameters are named for block i and sized as block 0's."""
+    as the tuple of every parameter, however they are read: by index (negative too), slice, iteration, equality,
+    hashing, pickling; reading makes only the blocks read, their sizes none; and against the layers, block i's
+    parameters are named for block i and sized as block 0's."""
     import pickle
     import random
 
-    from simddp.workload import BlockParams, fresh_workload, take_params
+    from simddp.workload import BlockParams, fresh_workload
 
     scenario = _small_pipeline(layers, pp, v)
     assert scenario is not None
@@ -461,10 +461,10 @@ def test_block_params_read_as_the_tuple_of_every_parameter(layers: int, pp: int,
     lazy[start + per * (layers - 1) + 1]  # a parameter of the last block: that block made, no other
     assert len(lazy._unmade) == max(layers - 2, 0)
     rnd = random.Random(layers * 10 + pp)
-    ids = sorted(rnd.sample(range(n), min(n, 9)))
-    assert take_params(lazy, ids) == [every[g] for g in ids]
-    assert take_params(lazy, range(3, n - 1)) == list(every[3:n - 1])  # a run: a slice of the made blocks
-    assert take_params(lazy, range(0)) == []
+    made = set(lazy._unmade)
+    sizes = lazy.sizes()  # every parameter's (numel, dtype), without making a block
+    assert sizes == [(p.numel, p.dtype) for p in every] and lazy._unmade == made
+    assert fresh_workload(scenario).param_sizes() == sizes
     for _ in range(100):
         i = rnd.randrange(-n, n)
         assert lazy[i] == every[i]
@@ -537,8 +537,9 @@ def test_block_ready_order_is_the_reverse_of_the_made_layers(layers: int, pp: in
 def test_a_step_makes_no_block_until_its_layers_are_read() -> None:
     """The fast path reads a transformer's parameters and layer plans from block 0 and the blocks' layout, and
     plans a pipeline's twin ranks from their first rank's plan: GPT-3's 96 blocks on pp 8 with 3 chunks, and the
-    7B model's 32 on one stage, make none but block 0. Asking a rank's layers (RankLayers) makes them then,
-    equal to the walk's; a trace (spans named after layers) makes every block, with the same step."""
+    7B model's 32 on one stage, make none but block 0, of layers or parameters. Asking a rank's layers
+    (RankLayers) makes them then, equal to the walk's; a trace (spans named after layers) makes every block, with
+    the same step."""
     from simddp import engine_caches
     from simddp.sim.plan import build_plan
     from simddp.sim.step import simulate_step
@@ -556,11 +557,8 @@ def test_a_step_makes_no_block_until_its_layers_are_read() -> None:
         assert isinstance(lazy, BlockLayers) and len(lazy._made) == blocks
         fast = simulate_step(scenario, trace=False)
         assert [i for i, made in enumerate(lazy._made) if made is not None] == [0]
-        # Parameters (BlockParams): the blocks of the ranks planned (GPT-3: 0, 1 and 7; 4 blocks a chunk, chunks
-        # r, r + 8, r + 16 on rank r), none of the twins 2-6; one stage reads all.
-        made = set(range(blocks)) - w.parameters._unmade
-        planned = {b for b in range(blocks) if b // 4 % 8 in (0, 1, 7)} if scenario is gpt3 else set(range(blocks))
-        assert made == planned
+        # Parameters (BlockParams): none but block 0 either; the step reads their sizes (Workload.param_sizes).
+        assert set(range(blocks)) - w.parameters._unmade == {0}
         pp = scenario.parallelism.pp
         rank = build_plan(scenario, w).ranks[pp // 2]
         assert len(rank.layers) == w.rank_layer_count(pp // 2, pp)  # its length, without making it

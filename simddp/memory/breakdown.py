@@ -28,7 +28,7 @@ from simddp.memory.items import Item, MemoryBreakdown, MemoryItem
 from simddp.memory.states import OPTIMIZER_STATE_BYTES_PER_PARAM, model_states_of_sizes, param_size_counts
 from simddp.scenario_io import as_scenario
 from simddp.units import fmt_bytes
-from simddp.workload import PRECISION_ACT_BYTES, BlockLayers, Workload, build_workload, take_params, uses_dropout
+from simddp.workload import PRECISION_ACT_BYTES, BlockLayers, Workload, build_workload, uses_dropout
 from simddp.zero import ZeroRule, describe, zero_rule
 
 _ITEM_LIST = TypeAdapter(list[MemoryItem])
@@ -223,7 +223,8 @@ def _fixed_items(scenario: Scenario, workload: Workload, stage: int,
     # once per workload.
     sizes_key = ("stage sizes", stage, par.pp)
     if sizes_key not in workload.shared:
-        params = take_params(workload.parameters, ids)
+        sizes = workload.param_sizes()
+        params = list(map(sizes.__getitem__, ids))
         workload.shared[sizes_key] = (sum(map(_NUMEL, params)), param_size_counts(params))
     num_params, counts = workload.shared[sizes_key]
     key = ("states", counts, tr.precision, tr.optimizer, zero, dp, fp32_grads)

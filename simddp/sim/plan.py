@@ -35,6 +35,7 @@ from simddp.workload import (
     Collective,
     Layer,
     Param,
+    ParamSize,
     RankLayers,
     Workload,
     build_workload,
@@ -59,7 +60,7 @@ class RankGradients:
     """What DDP on one pipeline rank sees: its parameters (in the reduction dtype), ready order, buckets."""
 
     global_ids: Sequence[int]  # a list (a twin rank's: made on first use, _ShiftedIds)
-    params: Sequence[Param]  # a list (a twin rank's: made on first use, _TwinParams)
+    params: Sequence[ParamSize]  # a list of sizes, as reduced (a twin rank's: its first's); names: the workload's
     ready_order: list[int]
     buckets: list[BucketSpec]
     #: Values derived from these gradients (and the inputs in their keys), computed once: rank_gradients keeps
@@ -510,8 +511,9 @@ def build_plan(scenario: Scenario, workload: Workload | None = None) -> StepPlan
             grads.memo["bucket of layer"] = bucket_of_layer
         working = grads.memo.get("working")
         if working is None:  # the parameters themselves: reduced in their own dtype, the gradients' specs are
+            sizes = workload.param_sizes()
             working = grads.memo["working"] = (grads.params if not rule.reduce_in_fp32
-                                               else [workload.parameters[g] for g in grads.global_ids])
+                                               else list(map(sizes.__getitem__, grads.global_ids)))
         # The buckets' collectives: once per gradients and everything dp_collective reads besides the size
         # (the points of a sweep over batch, cluster or ZeRO stage that share a group share them).
         gloo = scenario.cluster.gloo if ddp.backend == "gloo" else None
@@ -606,7 +608,8 @@ def _twin(scenario: Scenario, workload: Workload, first: RankPlan,
         src = first.grads
         # Both made when something reads them (the fast engine reads neither: a 1T pipeline's 62 middle ranks).
         global_ids = _ShiftedIds(src.global_ids, delta)
-        reduced = _TwinParams(workload.parameters, global_ids, src.params if rule.reduce_in_fp32 else None)
+        # Twins' parameters have the same sizes and dtypes in the same order: the first's sizes are theirs.
+        reduced = src.params
         grads = workload.shared[key] = _without_init(RankGradients, {
             "global_ids": global_ids, "params": reduced, "ready_order": src.ready_order, "buckets": src.buckets,
             "memo": {"bucket of layer": first.bucket_of_layer}})
@@ -681,29 +684,6 @@ class _ShiftedIds(_Made[int]):
 
     def __len__(self) -> int:
         return len(self._from[0])
-
-
-class _TwinParams(_Made[Param]):
-    """A twin rank's parameters in their reduction dtype: the parameters themselves (``like`` None), or each
-    :func:`simddp.workload.grad_reduce_spec`, the parameter's own name with the size and dtype of the first
-    rank's at its position (twins' parameters have the same sizes and dtypes in the same order)."""
-
-    __slots__ = ("_from",)
-
-    def __init__(self, parameters: Sequence[Param], global_ids: Sequence[int], like: Sequence[Param] | None) -> None:
-        self._items = None  # _Made's, set here: one call less for each of a 1T pipeline's 61 twins
-        self._from = (parameters, global_ids, like)
-
-    def _make(self) -> list[Param]:
-        parameters, global_ids, like = self._from
-        if like is None:
-            return [parameters[g] for g in global_ids]
-        make = tuple.__new__  # skips the named tuple's constructor
-        return [make(Param, (parameters[g].name, spec.numel, spec.dtype))
-                for g, spec in zip(global_ids, like, strict=True)]
-
-    def __len__(self) -> int:
-        return len(self._from[1])
 
 
 #: The RankPlan fields :func:`_stage_passes` fills (virtual stage -> seconds).
