@@ -49,7 +49,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from simddp.bucketing import PARAM_SIZE, BucketSpec, ParamLike, assign_in_order, bucket_assignment
+from simddp.bucketing import BucketSpec, ParamLike, assign_in_order, bucket_assignment
 from simddp.config import (
     SUPPORTED_ZERO_STAGES,
     DDPConfig,
@@ -287,7 +287,9 @@ def stage_gradient_buckets(rule: ZeroRule, workload: Workload, stage: int, ids: 
     key = ("stage buckets", stage, *rule_key, tuple(ids))  # the plan's and the memory model's question
     memo = workload.shared
     if key not in memo:
-        content = ("gradient buckets", *rule_key, tuple(map(PARAM_SIZE, grads)), tuple(order))
+        # The sizes as the plan and the memory model give them (Workload.reduced_gradients: ParamSize, the
+        # (numel, dtype) pair itself; named parameters would only make a finer key).
+        content = ("gradient buckets", *rule_key, tuple(grads), tuple(order))
         if content not in memo:
             # ``order`` lists every local index once (the plan asks with a full order, the memory model pads its
             # own): a restriction of the workload's ready order, checked when it was made. One of another length

@@ -7,7 +7,7 @@ tied output embedding keeps a copy of the word embedding on the last stage).
 
 from __future__ import annotations
 
-from operator import attrgetter
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -25,14 +25,13 @@ from simddp.memory.activations import (
 )
 from simddp.memory.buffers import buffer_items
 from simddp.memory.items import Item, MemoryBreakdown, MemoryItem
-from simddp.memory.states import OPTIMIZER_STATE_BYTES_PER_PARAM, model_states_of_sizes, param_size_counts
+from simddp.memory.states import OPTIMIZER_STATE_BYTES_PER_PARAM, model_states_of_sizes
 from simddp.scenario_io import as_scenario
 from simddp.units import fmt_bytes
 from simddp.workload import PRECISION_ACT_BYTES, BlockLayers, Workload, build_workload, uses_dropout
 from simddp.zero import ZeroRule, describe, zero_rule
 
 _ITEM_LIST = TypeAdapter(list[MemoryItem])
-_NUMEL = attrgetter("numel")
 
 
 def memory_breakdown(scenario: Scenario | dict[str, Any] | str | Path, workload: Workload | None = None,
@@ -223,9 +222,10 @@ def _fixed_items(scenario: Scenario, workload: Workload, stage: int,
     # once per workload.
     sizes_key = ("stage sizes", stage, par.pp)
     if sizes_key not in workload.shared:
-        sizes = workload.param_sizes()
-        params = list(map(sizes.__getitem__, ids))
-        workload.shared[sizes_key] = (sum(map(_NUMEL, params)), param_size_counts(params))
+        # param_size_counts of the stage's parameters: a ParamSize is the (numel, dtype) it counts by (equal, and
+        # hashed alike), so they are counted as they are, and the elements summed per distinct size.
+        counted = Counter(map(workload.param_sizes().__getitem__, ids))
+        workload.shared[sizes_key] = (sum(s.numel * n for s, n in counted.items()), tuple(counted.items()))
     num_params, counts = workload.shared[sizes_key]
     key = ("states", counts, tr.precision, tr.optimizer, zero, dp, fp32_grads)
     states = workload.shared.get(key)

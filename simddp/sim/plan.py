@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from operator import attrgetter
 from typing import Any, TypeVar
 
-from simddp.bucketing import PARAM_SIZE, BucketSpec, ParamLike, ddp_initial_buckets
+from simddp.bucketing import BucketSpec, ddp_initial_buckets
 from simddp.collectives import CollectiveCost, Op, collective_cost
 from simddp.compute import (
     LayerTiming,
@@ -777,7 +777,7 @@ def _ddp_options(scenario: Scenario, rank: RankPlan, unused: set[int], dp: CommG
     rank.clip_reduces = tuple(reduces)
 
 
-def _param_sync(rule: ZeroRule, working: Sequence[ParamLike], dp: CommGroup) -> CollectiveCost | None:
+def _param_sync(rule: ZeroRule, working: Sequence[ParamSize], dp: CommGroup) -> CollectiveCost | None:
     """The parameter sync after the optimizer step: an all-gather of the updated shards (DeepSpeed, Megatron,
     FSDP with pipelines), or torch ZeroRedundancyOptimizer's broadcast of every parameter from its owner
     (``_sync_params`` with ``parameters_as_bucket_view=False``), one after another on the DP communicator."""
@@ -788,7 +788,7 @@ def _param_sync(rule: ZeroRule, working: Sequence[ParamLike], dp: CommGroup) -> 
         # their sizes, times and hops add (each distinct size's times its count of parameters).
         costs: dict[int, CollectiveCost] = {}
         size_bytes, time_s, latency_s = 0, 0.0, 0.0
-        for (numel, dtype), n in Counter(map(PARAM_SIZE, working)).items():
+        for (numel, dtype), n in Counter(working).items():  # sizes (ParamSize: the (numel, dtype) pair)
             size = numel * dtype_bytes(dtype)
             cost = costs.get(size)
             if cost is None:
