@@ -286,17 +286,19 @@ def stage_gradient_buckets(rule: ZeroRule, workload: Workload, stage: int, ids: 
     rule_key = (rule.bucket_rule, rule.bucket_cap_mb, rule.bucket_numel, rule.gradient_dtype_bytes, rule.reduce_in_fp32)
     key = ("stage buckets", stage, *rule_key, tuple(ids))  # the plan's and the memory model's question
     memo = workload.shared
-    if key not in memo:
+    got: list[BucketSpec] | None = memo.get(key)
+    if got is None:  # each key hashed twice, not three times (a tuple's hash is not kept: one per parameter)
         # The sizes as the plan and the memory model give them (Workload.reduced_gradients: ParamSize, the
         # (numel, dtype) pair itself; named parameters would only make a finer key).
         content = ("gradient buckets", *rule_key, tuple(grads), tuple(order))
-        if content not in memo:
+        got = memo.get(content)
+        if got is None:
             # ``order`` lists every local index once (the plan asks with a full order, the memory model pads its
             # own): a restriction of the workload's ready order, checked when it was made. One of another length
             # is checked again, and refused with bucket_assignment's error.
-            memo[content] = gradient_buckets(rule, grads, order, order_checked=len(order) == len(grads))
-        memo[key] = memo[content]
-    return memo[key]  # type: ignore[no-any-return]
+            got = memo[content] = gradient_buckets(rule, grads, order, order_checked=len(order) == len(grads))
+        memo[key] = got
+    return got
 
 
 def _bucket(index: int, ids: list[int], grads: Sequence[ParamLike], cap: int) -> BucketSpec:
