@@ -716,10 +716,10 @@ class Workload:
         return [piece for lo, hi in self._rank_walk(pp)[0][rank] for piece in layers.run_pieces(lo, hi)]
 
     def reduced_gradients(self, ids: Sequence[int], reduce_in_fp32: bool) -> tuple[list[ParamSize], list[int]]:
-        """The parameters ``ids`` as data-parallel reduction sees their gradients (:func:`grad_reduce_spec`),
-        and their positions in ``ids`` in gradient-ready order (those the order lists). Once per workload
-        structure, ids and dtype rule: the plan's rank gradients and the memory model's buffers ask alike.
-        Shared: callers must not change the lists."""
+        """The sizes of parameters ``ids`` (:class:`ParamSize`) as data-parallel reduction sees their gradients
+        (:func:`grad_reduce_spec`), and their positions in ``ids`` in gradient-ready order (those the order
+        lists). Once per workload structure, ids and dtype rule: the plan's rank gradients and the memory model's
+        buffers ask alike. Shared: callers must not change the lists."""
         key = ("reduced gradients", reduce_in_fp32, tuple(ids))
         got = self.shared.get(key)
         if got is None:
@@ -866,7 +866,6 @@ def grad_reduce_spec(p: _P, reduce_in_fp32: bool) -> _P:
     if reduce_in_fp32 and p.dtype in NARROW_FLOAT_DTYPES:
         return p._replace(dtype="float32")
     return p
-
 
 
 def uses_dropout(scenario: Scenario) -> bool:

@@ -57,7 +57,7 @@ _T = TypeVar("_T")
 
 @dataclass(frozen=True)
 class RankGradients:
-    """What DDP on one pipeline rank sees: its parameters (in the reduction dtype), ready order, buckets."""
+    """What DDP on one pipeline rank sees: its parameters' sizes (in the reduction dtype), ready order, buckets."""
 
     global_ids: Sequence[int]  # a list (a twin rank's: made on first use, _ShiftedIds)
     params: Sequence[ParamSize]  # a list of sizes, as reduced (a twin rank's: its first's); names: the workload's
@@ -510,7 +510,7 @@ def build_plan(scenario: Scenario, workload: Workload | None = None) -> StepPlan
                 bucket_of_layer = [list(map(bucket_of, own)) if own else none for own in owned]
             grads.memo["bucket of layer"] = bucket_of_layer
         working = grads.memo.get("working")
-        if working is None:  # the parameters themselves: reduced in their own dtype, the gradients' specs are
+        if working is None:  # the parameters' own sizes: reduced in their own dtype, the gradients' are they
             sizes = workload.param_sizes()
             working = grads.memo["working"] = (grads.params if not rule.reduce_in_fp32
                                                else list(map(sizes.__getitem__, grads.global_ids)))
