@@ -307,6 +307,34 @@ class BlockReady(Sequence[int]):
         out += [g for g in self._rest if g in outer]
         return out
 
+    def positions(self, ids: Sequence[int]) -> list[int]:
+        """The positions in ``ids`` (ascending, each once) of :meth:`sorted_ids`'s entries: a pipeline rank's
+        parameters in this order as indices into its own, a whole block's read as block 0's order shifted (to
+        its place among ``ids``) rather than looked up id by id."""
+        lo, per = self._start, len(self._block)
+        hi = lo + per * self._count
+        a, b = bisect_left(ids, lo), bisect_left(ids, hi)
+        where = {g: k for k, g in enumerate(ids[:a])}  # the ids outside the blocks (a few) and their places
+        where.update(zip(ids[b:], range(b, len(ids)), strict=True))
+        out = [where[g] for g in self._head if g in where]
+        runs: list[tuple[int, int, bool]] = []  # (block, where its first id is in ids, whole)
+        k = a
+        while k < b:
+            i = (ids[k] - lo) // per
+            first = lo + i * per
+            whole = ids[k] == first and k + per <= b and ids[k + per - 1] == first + per - 1
+            runs.append((i, k, whole))
+            k = k + per if whole else bisect_left(ids, first + per, k, b)
+        for i, k, whole in reversed(runs):
+            if whole:  # block i's entry g + i per sits at k + (g - lo) for each g of block 0's order
+                out += map((k - lo).__add__, self._block)
+            else:
+                end = bisect_left(ids, lo + (i + 1) * per, k, b)
+                place = dict(zip(ids[k:end], range(k, end), strict=True))
+                out += [place[g] for g in map((i * per).__add__, self._block) if g in place]
+        out += [where[g] for g in self._rest if g in where]
+        return out
+
     def _all(self) -> tuple[int, ...]:
         if self._tuple is None:
             per, top = len(self._block), self._count - 1
@@ -675,6 +703,15 @@ class Workload:
         position = self.ready_position()
         return sorted((g for g in ids if g in position), key=position.__getitem__)
 
+    def _ready_positions(self, ids: Sequence[int]) -> list[int]:
+        """The positions in ``ids`` of :meth:`ready_sorted`'s entries (a rank's local ready order); a
+        transformer's from its blocks (:meth:`BlockReady.positions`) where ``ids`` ascend, as a rank's do."""
+        ready = self.grad_ready_order
+        if isinstance(ready, BlockReady) and isinstance(ids, list) and ids == sorted(ids):  # sorted: in C
+            return ready.positions(ids)
+        local = {g: k for k, g in enumerate(ids)}
+        return [local[g] for g in self.ready_sorted(ids)]
+
     def rank_param_ids(self, rank: int, pp: int) -> list[int]:
         """Global indices of the parameters pipeline rank ``rank``'s layers own, ascending: once per workload
         structure (the plan's rank gradients and the memory model's stage parameters start from them).
@@ -729,8 +766,7 @@ class Workload:
                 # own indices, and the ready order, a permutation of them, is already in ready order.
                 specs, order = list(sizes), list(self.grad_ready_order)
             else:
-                local = {g: k for k, g in enumerate(ids)}
-                specs, order = list(map(sizes.__getitem__, ids)), [local[g] for g in self.ready_sorted(ids)]
+                specs, order = list(map(sizes.__getitem__, ids)), self._ready_positions(ids)
             if reduce_in_fp32:  # without it every grad_reduce_spec is the size itself; a few distinct sizes
                 reduced: dict[ParamSize, ParamSize] = {}
                 specs = [reduced.get(p) or reduced.setdefault(p, grad_reduce_spec(p, True)) for p in specs]

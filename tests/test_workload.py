@@ -513,12 +513,19 @@ def test_block_ready_order_is_the_reverse_of_the_made_layers(layers: int, pp: in
     assert lazy.sorted_ids(range(len(expected))) == list(expected)  # before anything makes the whole order
     rnd = random.Random(layers * 10 + pp)
     position = {g: k for k, g in enumerate(expected)}
+    def local(ids: list[int]) -> list[int]:
+        """The positions in ``ids`` (ascending) of its entries in ready order (positions())."""
+        place = {g: k for k, g in enumerate(ids)}
+        return [place[g] for g in sorted(ids, key=position.__getitem__)]
+
     for r in range(pp):  # each rank's own parameters, as the plan sorts them
         ids = fresh_workload(scenario).rank_param_ids(r, pp)
         assert lazy.sorted_ids(ids) == sorted(ids, key=position.__getitem__)
+        assert lazy.positions(ids) == local(ids)
     for _ in range(30):  # any subset, blocks in part among them
         ids = rnd.sample(range(len(expected)), rnd.randrange(len(expected) + 1))
         assert lazy.sorted_ids(ids) == sorted(ids, key=position.__getitem__)
+        assert lazy.positions(sorted(ids)) == local(sorted(ids))
     n = len(expected)
     for _ in range(50):
         i = rnd.randrange(-n, n)
