@@ -34,6 +34,7 @@ from __future__ import annotations
 import functools
 import itertools
 from bisect import bisect_left
+from collections import Counter
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from operator import attrgetter
@@ -682,6 +683,32 @@ class Workload:
             sizes = self.shared[("param sizes",)] = (
                 params.sizes() if isinstance(params, BlockParams) else [ParamSize(p.numel, p.dtype) for p in params])
         return sizes  # type: ignore[no-any-return]
+
+    def size_counts(self, ids: Sequence[int]) -> tuple[int, tuple[tuple[ParamSize, int], ...]]:
+        """The elements of parameters ``ids`` and how many of them have each size (:class:`ParamSize`, the
+        ``(numel, dtype)`` pair), in order of first appearance: what the memory model's model states read of a
+        stage. Where ``ids`` ascend and hold a transformer's blocks whole (a stage's do), each block's sizes are
+        block 0's, counted once and times the blocks, not parameter by parameter."""
+        sizes, params = self.param_sizes(), self.parameters
+        counted: Counter[ParamSize] = Counter()
+        whole = None  # (where the blocks' ids start and end in ids, how many blocks, block 0's sizes)
+        if isinstance(params, BlockParams) and params._per and isinstance(ids, list) and ids == sorted(ids):
+            lo, per = params._start, params._per
+            a, b = bisect_left(ids, lo), bisect_left(ids, lo + per * params._count)
+            # Each run of ``per`` ids from a block's first id that ends at that block's last id is the block
+            # (the ids are distinct and ascend).
+            if (b - a) % per == 0 and all((ids[k] - lo) % per == 0 and ids[k + per - 1] == ids[k] + per - 1
+                                          for k in range(a, b, per)):
+                whole = (a, b, (b - a) // per, sizes[lo:lo + per])
+        if whole is None:
+            counted.update(map(sizes.__getitem__, ids))
+        else:
+            a, b, n, block = whole
+            counted.update(map(sizes.__getitem__, ids[:a]))
+            for size in block if n else ():  # block 0's in order: first appearances fall as the ids' would
+                counted[size] += n
+            counted.update(map(sizes.__getitem__, ids[b:]))
+        return sum(s.numel * k for s, k in counted.items()), tuple(counted.items())
 
     def stage_layers(self, stage: int) -> tuple[Layer, ...]:
         """Layers of one virtual stage, in forward order."""

@@ -494,9 +494,11 @@ def test_block_ready_order_is_the_reverse_of_the_made_layers(layers: int, pp: in
     """A transformer's gradient-ready order (BlockReady: the blocks' parts made only when read whole) is the
     layers' parameters in reverse execution order, each at its first appearance (the tied weight at the output
     layer), however it is read (index, slice, iteration, equality, hashing, pickling, repr); and a pipeline rank's
-    parameters, or any subset (a block read in part), sort by it as by the whole order's positions."""
+    parameters, or any subset (a block read in part), sort by it as by the whole order's positions; their local
+    positions (BlockReady.positions) and their size counts (Workload.size_counts) are as read id by id."""
     import pickle
     import random
+    from collections import Counter
 
     from simddp.workload import BlockReady, fresh_workload
 
@@ -518,14 +520,21 @@ def test_block_ready_order_is_the_reverse_of_the_made_layers(layers: int, pp: in
         place = {g: k for k, g in enumerate(ids)}
         return [place[g] for g in sorted(ids, key=position.__getitem__)]
 
+    def counts(ids: list[int]) -> tuple[int, tuple]:
+        """The elements of ``ids`` and their count per (numel, dtype), parameter by parameter."""
+        made = [w.parameters[g] for g in ids]
+        return sum(p.numel for p in made), tuple(Counter((p.numel, p.dtype) for p in made).items())
+
     for r in range(pp):  # each rank's own parameters, as the plan sorts them
         ids = fresh_workload(scenario).rank_param_ids(r, pp)
         assert lazy.sorted_ids(ids) == sorted(ids, key=position.__getitem__)
         assert lazy.positions(ids) == local(ids)
+        assert w.size_counts(ids) == counts(ids)  # whole blocks: counted from block 0
     for _ in range(30):  # any subset, blocks in part among them
         ids = rnd.sample(range(len(expected)), rnd.randrange(len(expected) + 1))
         assert lazy.sorted_ids(ids) == sorted(ids, key=position.__getitem__)
         assert lazy.positions(sorted(ids)) == local(sorted(ids))
+        assert w.size_counts(sorted(ids)) == counts(sorted(ids)) and w.size_counts(ids) == counts(ids)
     n = len(expected)
     for _ in range(50):
         i = rnd.randrange(-n, n)

@@ -7,7 +7,6 @@ tied output embedding keeps a copy of the word embedding on the last stage).
 
 from __future__ import annotations
 
-from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -222,10 +221,9 @@ def _fixed_items(scenario: Scenario, workload: Workload, stage: int,
     # once per workload.
     sizes_key = ("stage sizes", stage, par.pp)
     if sizes_key not in workload.shared:
-        # param_size_counts of the stage's parameters: a ParamSize is the (numel, dtype) it counts by (equal, and
-        # hashed alike), so they are counted as they are, and the elements summed per distinct size.
-        counted = Counter(map(workload.param_sizes().__getitem__, ids))
-        workload.shared[sizes_key] = (sum(s.numel * n for s, n in counted.items()), tuple(counted.items()))
+        # param_size_counts of the stage's parameters (a ParamSize is the (numel, dtype) pair it counts by),
+        # a transformer's blocks counted from block 0.
+        workload.shared[sizes_key] = workload.size_counts(ids)
     num_params, counts = workload.shared[sizes_key]
     key = ("states", counts, tr.precision, tr.optimizer, zero, dp, fp32_grads)
     states = workload.shared.get(key)
