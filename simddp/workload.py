@@ -279,42 +279,14 @@ class BlockReady(Sequence[int]):
         """``ids`` (parameter indices, each once) in this order: their head part, their blocks from the last,
         each in block 0's order shifted, then their rest part; without making the whole order."""
         ids = sorted(ids)
-        lo, per = self._start, len(self._block)
-        hi = lo + per * self._count
-        a, b = bisect_left(ids, lo), bisect_left(ids, hi)
-        inner, outer = ids[a:b], {*ids[:a], *ids[b:]}
-        out = [g for g in self._head if g in outer]
-        # The blocks among them, each a run of the sorted ids: whole where its first and last ids are the
-        # block's (the ids are distinct), and then block 0's order shifted (a rank holds whole blocks).
-        blocks: list[tuple[int, bool]] = []
-        k = 0
-        while k < len(inner):
-            i = (inner[k] - lo) // per
-            first = lo + i * per
-            if inner[k] == first and k + per <= len(inner) and inner[k + per - 1] == first + per - 1:
-                blocks.append((i, True))
-                k += per
-            else:
-                blocks.append((i, False))
-                k = bisect_left(inner, first + per, k)
-        have: set[int] | None = None
-        for i, whole in reversed(blocks):
-            shifted = map((i * per).__add__, self._block)
-            if whole:
-                out += shifted
-            else:
-                have = set(inner) if have is None else have
-                out += [g for g in shifted if g in have]
-        out += [g for g in self._rest if g in outer]
-        return out
+        return list(map(ids.__getitem__, self.positions(ids)))
 
     def positions(self, ids: Sequence[int]) -> list[int]:
         """The positions in ``ids`` (ascending, each once) of :meth:`sorted_ids`'s entries: a pipeline rank's
         parameters in this order as indices into its own, a whole block's read as block 0's order shifted (to
         its place among ``ids``) rather than looked up id by id."""
         lo, per = self._start, len(self._block)
-        hi = lo + per * self._count
-        a, b = bisect_left(ids, lo), bisect_left(ids, hi)
+        a, b = bisect_left(ids, lo), bisect_left(ids, lo + per * self._count)
         where = {g: k for k, g in enumerate(ids[:a])}  # the ids outside the blocks (a few) and their places
         where.update(zip(ids[b:], range(b, len(ids)), strict=True))
         out = [where[g] for g in self._head if g in where]

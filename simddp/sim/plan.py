@@ -640,50 +640,35 @@ def _without_init(cls: type[_T], fields: dict[str, Any]) -> _T:
     return made
 
 
-class _Made(Sequence[_T]):
-    """A list made on first use (:meth:`_make`), read as one: a twin rank's gradients (:func:`_twin`) that the
-    fast engine never reads; the exports, the memory model and the reported rank read them as lists."""
+class _ShiftedIds(Sequence[int]):
+    """A twin rank's global parameter indices, the first rank's shifted by ``delta``: a list made on first use,
+    read as one (the fast engine never reads them; the exports, the memory model and the reported rank do)."""
 
-    __slots__ = ("_items",)
+    __slots__ = ("_from", "_items")
 
-    def __init__(self) -> None:
-        self._items: list[_T] | None = None
+    def __init__(self, ids: Sequence[int], delta: int) -> None:
+        self._items: list[int] | None = None
+        self._from = (ids, delta)
 
-    def _make(self) -> list[_T]:
-        raise NotImplementedError
-
-    def _list(self) -> list[_T]:
+    def _list(self) -> list[int]:
         if self._items is None:
-            self._items = self._make()
+            ids, delta = self._from
+            self._items = [g + delta for g in ids]
         return self._items
 
     def __getitem__(self, i: Any) -> Any:
         return self._list()[i]
 
-    def __iter__(self) -> Iterator[_T]:
+    def __iter__(self) -> Iterator[int]:
         return iter(self._list())
+
+    def __len__(self) -> int:
+        return len(self._from[0])
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, Sequence) and self._list() == list(other)
 
     __hash__ = None  # type: ignore[assignment]  # as a list's
-
-
-class _ShiftedIds(_Made[int]):
-    """A twin rank's global parameter indices: the first rank's shifted by ``delta``."""
-
-    __slots__ = ("_from",)
-
-    def __init__(self, ids: Sequence[int], delta: int) -> None:
-        self._items = None
-        self._from = (ids, delta)
-
-    def _make(self) -> list[int]:
-        ids, delta = self._from
-        return [g + delta for g in ids]
-
-    def __len__(self) -> int:
-        return len(self._from[0])
 
 
 #: The RankPlan fields :func:`_stage_passes` fills (virtual stage -> seconds).
