@@ -485,14 +485,14 @@ def best(
     terms = _candidate_terms(op, group, algorithm, protocol, allow_nvls)
     if not terms:
         raise ValueError(f"no algorithm runs {op} with algorithm={algorithm}, protocol={protocol} on this group")
-    empty = group.num_ranks == 1 or size_bytes == 0
+    if group.num_ranks == 1 or size_bytes == 0:  # nothing to send: every candidate takes 0, the first wins
+        name, proto_name = terms[0][:2]
+        return _cost(op, size_bytes, group, name, proto_name, (0.0, 0.0))
     # (time, algorithm, protocol, (latency, transfer)) of each candidate; only the fastest becomes a cost.
     candidates: list[tuple[float, str, str, tuple[float, float]]] = []
     for name, proto, latency_s, data, bandwidth in terms:
-        if empty:
-            parts = (0.0, 0.0)
-        else:  # each transfer in its own function's arithmetic (_ring, _tree, _nvls), so times are the same
-            parts = (latency_s, (data * size_bytes if data is not None else size_bytes) / bandwidth)
+        # each transfer in its own function's arithmetic (_ring, _tree, _nvls), so times are the same
+        parts = (latency_s, (data * size_bytes if data is not None else size_bytes) / bandwidth)
         candidates.append((parts[0] + parts[1], name, proto, parts))
     _, name, proto_name, parts = min(candidates, key=lambda c: c[0])  # the first of equals, as NCCL's tuner
     return _cost(op, size_bytes, group, name, proto_name, parts)

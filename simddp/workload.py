@@ -418,12 +418,13 @@ class BlockLayers(Sequence[Layer]):
             made.append(layer)
         return made
 
-    def _columns(self) -> list[list[tuple[int, ...]] | None]:
-        """Per layer of block 0: the parameter indices of that layer in every block (None where it owns none),
-        for every block at once (zip builds the tuples, ``g + i ppb`` for each ``g`` the layer owns in block
-        0), in C rather than one ``map`` per copy."""
-        span = self._ppb * self._count
-        return [list(zip(*[range(g, g + span, self._ppb) for g in la.param_indices], strict=True))
+    def _columns(self, first: int = 0, end: int | None = None) -> list[list[tuple[int, ...]] | None]:
+        """Per layer of block 0: the parameter indices of that layer in blocks ``first`` to ``end`` (every
+        block by default; None where it owns none), for those blocks at once (zip builds the tuples, ``g + i ppb``
+        for each ``g`` the layer owns in block 0), in C rather than one ``map`` per copy."""
+        ppb = self._ppb
+        lo, hi = first * ppb, (self._count if end is None else end) * ppb
+        return [list(zip(*[range(g + lo, g + hi, ppb) for g in la.param_indices], strict=True))
                 if la.param_indices else None for la in self._first]
 
     def materialize(self) -> tuple[Layer, ...]:
@@ -442,14 +443,24 @@ class BlockLayers(Sequence[Layer]):
             self._all = (*self._head, *itertools.chain.from_iterable(self._made), *self._tail)  # type: ignore[arg-type]
         return self._all
 
-    def param_indices(self) -> list[tuple[int, ...]]:
-        """Each layer's ``param_indices``, in order, without making a layer: what a rank holding every layer
-        reads of them (its parameters, its layers' buckets)."""
-        rows = [[la.param_indices] * self._count if ids is None else ids  # per layer of a block: every block's
-                for ids, la in zip(self._columns(), self._first, strict=True)]
-        out = [la.param_indices for la in self._head]
-        out += itertools.chain.from_iterable(zip(*rows, strict=True))  # block by block
-        out += [la.param_indices for la in self._tail]
+    def param_indices(self, lo: int = 0, hi: int | None = None) -> list[tuple[int, ...]]:
+        """Each layer's ``param_indices``, in order, without making a layer: what a rank holding layers ``lo``
+        to ``hi`` (every layer by default) reads of them (its parameters, its layers' buckets). Only the blocks
+        those layers are in are read: a pipeline rank's few of a 1T model's 128."""
+        h, per = len(self._head), self._per
+        body = per * self._count
+        hi = len(self) if hi is None else hi
+        out = [la.param_indices for la in self._head[lo:hi]] if lo < h else []
+        a, b = max(lo - h, 0), min(hi - h, body)  # the layers' positions among the blocks'
+        if a < b:
+            first, end = a // per, -(-b // per)  # the blocks they are in
+            rows = [[la.param_indices] * (end - first) if ids is None else ids  # per layer of a block: each block's
+                    for ids, la in zip(self._columns(first, end), self._first, strict=True)]
+            made = itertools.chain.from_iterable(zip(*rows, strict=True))  # block by block
+            skip = a - first * per
+            out += made if skip == 0 and b - a == (end - first) * per else itertools.islice(made, skip, skip + b - a)
+        if hi > h + body:
+            out += [la.param_indices for la in self._tail[max(lo - h - body, 0):hi - h - body]]
         return out
 
     def __len__(self) -> int:
@@ -728,10 +739,18 @@ class Workload:
         layers = self.layers
         if not isinstance(layers, BlockLayers):
             return [la.param_indices for la in self.rank_layers(rank, pp)]
+        runs = self._rank_walk(pp)[0][rank]
+        if len(runs) == 1 and runs != [(0, len(layers))]:  # one run (no interleaving): from its own blocks only
+            key: tuple[Any, ...] = ("layer params", rank, pp)
+            owned = self.shared.get(key)
+            if owned is None:  # a 1T pipeline rank reads 2 of 128 blocks
+                owned = self.shared[key] = layers.param_indices(*runs[0])
+            return owned  # type: ignore[no-any-return]
+        # Every layer's, once (an interleaved rank's runs span most blocks: building them all at once, in C, costs
+        # less than a call per run), then the rank's runs.
         owned = self.shared.get(("layer params",))
         if owned is None:
             owned = self.shared[("layer params",)] = layers.param_indices()
-        runs = self._rank_walk(pp)[0][rank]
         return owned if runs == [(0, len(owned))] else [*itertools.chain.from_iterable(owned[lo:hi] for lo, hi in runs)]
 
     def held_layers(self, rank: int, pp: int) -> Sequence[Layer]:

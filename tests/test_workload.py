@@ -589,7 +589,8 @@ def test_a_step_makes_no_block_until_its_layers_are_read() -> None:
                                                  (19, 3, 2), (7, 2, 3)])
 def test_what_the_plan_reads_without_making_blocks_is_the_made_layers(layers: int, pp: int, v: int) -> None:
     """What the plan reads of a transformer's layers without making its blocks equals what the layers made at
-    once give: each layer's parameters (BlockLayers.param_indices; per rank, Workload.rank_layer_params), the
+    once give: each layer's parameters (BlockLayers.param_indices, of any run too; per rank,
+    Workload.rank_layer_params), the
     layers as pieces of whole blocks (BlockLayers.run_pieces, Workload.rank_pieces) and the layer plans made
     from those; for one stage (pp 1) too, whose rank holds the workload's layers themselves."""
     import random
@@ -648,6 +649,8 @@ def test_what_the_plan_reads_without_making_blocks_is_the_made_layers(layers: in
     for _ in range(100):  # any run of positions, parts of blocks included
         lo, hi = sorted(rnd.randrange(0, n + 1) for _ in range(2))
         check(lazy.run_pieces(lo, hi), every[lo:hi])
+        # a run's parameters, from its own blocks only (a 1F1B rank's), parts of blocks and the head and tail too
+        assert lazy.param_indices(lo, hi) == [la.param_indices for la in every[lo:hi]], (lo, hi)
     for i in range(n):  # every block made one read at a time: reads then go to one tuple of every layer
         assert lazy[i] == every[i]
     assert lazy._all == every

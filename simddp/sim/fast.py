@@ -28,6 +28,7 @@ Three cases are covered:
 
 from __future__ import annotations
 
+import math
 from collections import deque
 from dataclasses import replace
 from typing import Any, NamedTuple, cast
@@ -288,6 +289,10 @@ class _Released(NamedTuple):
     transfers: list[tuple[str, float]]
     buckets: list[tuple[int, float, float, int]]
     paid: list[tuple[float, str, float]]
+    #: Where no reduction takes time (one data-parallel rank): each releasing stage's (less the rank's index)
+    #: latest ready offset, the only thing :func:`_reduce_buckets` then reads (rounding is monotone, so the
+    #: latest start plus offset is the start plus the latest offset); else empty.
+    latest: list[tuple[int, float]]
 
 
 def _rank_releases(p: RankPlan, positions: dict[int, list[int]], order: list[int], overlap: str,
@@ -328,8 +333,13 @@ def _rank_releases(p: RankPlan, positions: dict[int, list[int]], order: list[int
                 if not left[b]:
                     where[b] = (vs - p.index, ready)
         all_transfers += transfers.items()
-    return _Released(all_transfers, [(*where[b.index], b.reduce.time_s, b.index) for b in p.buckets],
-                     [(b.reduce.time_s, b.reduce.tier, b.reduce.transfer_s) for b in p.buckets if b.reduce.time_s > 0])
+    paid = [(b.reduce.time_s, b.reduce.tier, b.reduce.transfer_s) for b in p.buckets if b.reduce.time_s > 0]
+    latest: dict[int, float] = {}
+    for shift, offset in ([] if paid else where.values()):
+        if offset > latest.get(shift, -math.inf):
+            latest[shift] = offset
+    return _Released(all_transfers, [(*where[b.index], b.reduce.time_s, b.index) for b in p.buckets], paid,
+                     list(latest.items()))
 
 
 def _run_pipeline(plan: StepPlan, max_operations: int | None = None) -> list[Outcome]:
@@ -487,7 +497,10 @@ def _run_pipeline(plan: StepPlan, max_operations: int | None = None) -> list[Out
             out.dp_comm_s += time_s
             link_busy[tier] += transfer
             link_work[tier] += transfer
-        t = _reduce_buckets(rel.buckets, mine, 0.0 if rp.overlap else clock[r], rp.overlap)
+        if rel.paid:
+            t = _reduce_buckets(rel.buckets, mine, 0.0 if rp.overlap else clock[r], rp.overlap)
+        else:  # _reduce_buckets with no reduction taking time: the latest ready time, with overlap
+            t = max([0.0, *[mine[shift] + offset for shift, offset in rel.latest]]) if rp.overlap else clock[r]
         _finish(out, max(t, clock[r]))
     # Only the reported rank's bucket times are read (simddp.sim.step._result): its ready and reduction times,
     # the same sums again.

@@ -332,7 +332,7 @@ def layer_plans(scenario: Scenario, layers: Sequence[Layer], parameters: Sequenc
     tr, par = scenario.training, scenario.parallelism
     gpu = scenario.cluster.gpu
     eff = scenario.model.compute_efficiency or 1.0
-    tp = tp_group(scenario)
+    tp: CommGroup | None = None  # made on the first layer with TP collectives not seen yet
     m = scenario.num_micro_batches
     out: list[LayerPlan] = []
     for layer in layers:
@@ -349,6 +349,7 @@ def layer_plans(scenario: Scenario, layers: Sequence[Layer], parameters: Sequenc
                                              m, rule.reduce_in_fp32, gpu)
             t: LayerTiming = layer_timing(layer, gpu, tr, eff, accumulate)
             if par.tp > 1 and colls:
+                tp = tp or tp_group(scenario)
                 plan = seen[key] = LayerPlan(
                     t, fwd_pre=_tp_costs(colls, "fwd-pre", tp), fwd_post=_tp_costs(colls, "fwd-post", tp),
                     bwd_pre=_tp_costs(colls, "bwd-pre", tp), dgrad_post=_tp_costs(colls, "dgrad-post", tp),
