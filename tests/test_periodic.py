@@ -66,6 +66,28 @@ def test_extension_equals_every_operation(case: tuple) -> None:
     assert all(math.isclose(a, b, rel_tol=1e-9) for a, b in zip(run.clock, reference, strict=True))
 
 
+@settings(max_examples=100, deadline=None)
+@given(schedules())
+def test_arrivals_kept_in_a_list_or_a_dict_give_the_same_run(case: tuple) -> None:
+    """The runner keeps arrivals in a list indexed by op code where the codes are few, else in a dict; both give
+    the same times to the bit, as does a run of plain operation lists (their codes counted from the operations)."""
+    from simddp.sim import periodic
+
+    name, p, m, v, times, send = case
+    ops = [schedule(name, p, m, r, v) for r in range(p)]
+    _, listed = _runs(*case)
+    assert isinstance(listed.arrival, list) and len(listed.arrival) == 2 * p * v * m
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(periodic, "_LIST_CODES", 0)
+        _, keyed = _runs(*case)
+    assert isinstance(keyed.arrival, dict)
+    assert keyed.clocks == listed.clocks and keyed.waits == listed.waits
+    plain = ScheduleRun([list(o) for o in ops], p * v, [_linear(p, v, times, send)])
+    plain.run(None)
+    assert isinstance(plain.arrival, list) and len(plain.arrival) == 2 * p * v * m
+    assert all(math.isclose(a, b, rel_tol=1e-9) for a, b in zip(plain.clock, listed.clock, strict=True))
+
+
 def test_long_schedules_jump_over_most_of_the_steady_state() -> None:
     # 1F1B, 8 stages, 256 micro-batches, unequal stages: the state repeats within a few units.
     times = {(r, k, r): (1.0 + 0.3 * (r == 0) + 0.5 * (r == 7)) * (1 if k == "F" else 2) for r in range(8)
