@@ -324,14 +324,17 @@ def _rank_releases(p: RankPlan, positions: dict[int, list[int]], order: list[int
                     layer_release_s(plan, overlap, interference), layer_alone(plan, overlap, "B", interference)[0],
                     [(c.tier, c.transfer_s) for c in costs if c.time_s > 0])
             release, duration, layer_transfers = got
-            ready = t + release
+            own = bucket_of_layer[k]
+            if own:  # a layer without parameters (most of a block's) completes no bucket: no ready time
+                ready = t + release
+                for b in own:
+                    n = left[b] - 1
+                    left[b] = n
+                    if not n:
+                        where[b] = (vs - p.index, ready)
             t += duration
             for tier, transfer in layer_transfers:
                 transfers[tier] = transfers.get(tier, 0.0) + transfer
-            for b in bucket_of_layer[k]:
-                left[b] -= 1
-                if not left[b]:
-                    where[b] = (vs - p.index, ready)
         all_transfers += transfers.items()
     paid = [(b.reduce.time_s, b.reduce.tier, b.reduce.transfer_s) for b in p.buckets if b.reduce.time_s > 0]
     latest: dict[int, float] = {}
