@@ -189,12 +189,14 @@ class ScheduleRun:
         self.waits = [0.0] * len(ops)
         self.pos = [0] * len(ops)
         self.clocks = [[0.0] * len(ops) for _ in range(3)]
-        # Op code -> its arrival in each recurrence (None: not yet). A list indexed by code where the codes are few
+        # Op code -> its arrival in each recurrence (None: not yet; while :meth:`advance` runs, an int: the rank
+        # that waits for it, which the operation's end wakes). A list indexed by code where the codes are few
         # (2 V m: GPT-3 tp8 pp8 v3 3,072, a 1T pipeline 65,536): the inner loop's read and write are then a list's
         # (2.6% of GPT-3's evaluation against a dict's get and set). Where more, a dict that answers None for a
         # code not there, so that the store stays within the operations run, whatever the micro-batches.
         size = _code_space(ops, num_virtual_stages)
-        # Typed without the None: only the inner loop reads a code that may not have arrived, and it checks.
+        # Typed as read outside the inner loop, which alone meets a code not there yet (or its waiting rank):
+        # a cut is closed under dependencies, so no rank waits once advance() returns.
         self.arrival = cast(list[Arrival] | defaultdict[int, Arrival],
                             [None] * size if size <= _LIST_CODES else defaultdict(type(None)))
         # Per slot, where its operation's dependency is: a forward's the code 2 below, a backward's 2 above;
@@ -278,7 +280,6 @@ class ScheduleRun:
         pre0, pre1, pre2, post0, post1, post2 = self._consts
         two = 2 * self.num_vs
         pre = self._pre
-        waiting: dict[int, int] = {}
         ready = deque(active)
         specials, started = self._specials, self.started
         mid0, hold0, tail0, mid1, hold1, tail1, mid2, hold2, tail2 = self._parts
@@ -318,8 +319,8 @@ class ScheduleRun:
                 d = delta[slot]
                 if d:
                     got = arrival[code + d]
-                    if got is None:
-                        waiting[code + d] = r
+                    if got is None:  # not there yet: the rank's number marks it waits (an int, not an arrival)
+                        arrival[code + d] = r  # type: ignore[call-overload]
                         break
                     a0, a1, a2 = got
                     if pre:
@@ -350,9 +351,10 @@ class ScheduleRun:
                     t0 += post0[slot]
                     t1 += post1[slot]
                     t2 += post2[slot]
+                waiter = arrival[code]  # None, or the number of the rank that waits for this operation
                 arrival[code] = (t0, t1, t2)
-                if waiting and code in waiting:
-                    ready.append(waiting.pop(code))
+                if waiter is not None:
+                    ready.append(waiter)  # type: ignore[arg-type]  # a rank's number (the store is typed as read)
             else:
                 j = stop
             state[r] = (nxt, at, t0, t1, t2, w, j)
