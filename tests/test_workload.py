@@ -654,3 +654,25 @@ def test_what_the_plan_reads_without_making_blocks_is_the_made_layers(layers: in
     for i in range(n):  # every block made one read at a time: reads then go to one tuple of every layer
         assert lazy[i] == every[i]
     assert lazy._all == every
+
+
+@pytest.mark.parametrize(("layers", "pp", "v"), [(12, 1, 1), (12, 4, 1), (13, 4, 2), (24, 4, 3)])
+def test_each_layers_buckets_by_slices_are_the_lookups(layers: int, pp: int, v: int) -> None:
+    """The plan's buckets of each layer's parameters (sim.plan._bucket_of_layer): where the layers own the rank's
+    parameters one after another, slices of the buckets by parameter; they equal looking each parameter up, as
+    does the lookup it falls back to where the layers do not (here: the layers in reverse)."""
+    from simddp.sim.plan import _bucket_of_layer, rank_gradients
+
+    scenario = _small_pipeline(layers, pp, v)
+    assert scenario is not None
+    w = build_workload(scenario)
+    for r in range(pp):
+        grads = rank_gradients(scenario, w, r)
+        owned = w.rank_layer_params(r, pp)
+        bucket = {grads.global_ids[p]: b.index for b in grads.buckets for p in b.param_indices}
+        expected = [[bucket[g] for g in own] for own in owned]
+        assert len(grads.buckets) > 1 and any(len(e) > 1 for e in expected)
+        assert _bucket_of_layer(grads, owned, set()) == expected
+        assert _bucket_of_layer(grads, owned[::-1], set()) == expected[::-1]  # not in order: looked up
+        some = {grads.global_ids[0]}
+        assert _bucket_of_layer(grads, owned, some) == [[bucket[g] for g in own if g not in some] for own in owned]

@@ -7,6 +7,7 @@ simulation runs.
 from __future__ import annotations
 
 import functools
+import itertools
 from collections import Counter, deque
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
@@ -501,15 +502,8 @@ def build_plan(scenario: Scenario, workload: Workload | None = None) -> StepPlan
         grads = rank_gradients(scenario, workload, r, rule)
         bucket_of_layer = grads.memo.get("bucket of layer")  # unused parameters are the model's: in the workload
         if bucket_of_layer is None:
-            ids = grads.global_ids
-            bucket_of = {ids[p]: b.index for b in grads.buckets for p in b.param_indices}.__getitem__  # global id
-            owned = workload.rank_layer_params(r, par.pp)
-            if unused:
-                bucket_of_layer = [[bucket_of(g) for g in own if g not in unused] for own in owned]
-            else:  # one list for every layer without parameters (most of a block's; the lists are read only)
-                none: list[int] = []
-                bucket_of_layer = [list(map(bucket_of, own)) if own else none for own in owned]
-            grads.memo["bucket of layer"] = bucket_of_layer
+            grads.memo["bucket of layer"] = bucket_of_layer = _bucket_of_layer(
+                grads, workload.rank_layer_params(r, par.pp), unused)
         working = grads.memo.get("working")
         if working is None:  # the parameters' own sizes: reduced in their own dtype, the gradients' are they
             sizes = workload.param_sizes()
@@ -578,6 +572,33 @@ def build_plan(scenario: Scenario, workload: Workload | None = None) -> StepPlan
                     cluster.comm_compute_interference, rule)
     plan.cache["rank twins"] = twins  # which ranks were planned as copies of which (None: each its own)
     return plan
+
+
+def _bucket_of_layer(grads: RankGradients, owned: list[tuple[int, ...]], unused: set[int]) -> list[list[int]]:
+    """Per layer of a rank (``owned``: the global indices of each one's parameters), the buckets of its
+    parameters, unused ones left out. Where the layers own the rank's parameters one after another, each once (a
+    transformer's do), a layer's are a slice of the buckets by parameter, not looked up one by one."""
+    ids = grads.global_ids
+    none: list[int] = []  # one list for every layer without parameters (most of a block's; the lists are read only)
+    if not unused:
+        local: list[int | None] = [None] * len(ids)  # each of the rank's parameters' bucket
+        for b in grads.buckets:
+            for p in b.param_indices:
+                local[p] = b.index
+        if None not in local and [*itertools.chain.from_iterable(owned)] == ids:
+            out: list[list[int]] = []
+            at = 0
+            for own in owned:
+                if own:
+                    out.append(local[at:at + len(own)])  # type: ignore[arg-type]  # no None: checked
+                    at += len(own)
+                else:
+                    out.append(none)
+            return out
+    bucket_of = {ids[p]: b.index for b in grads.buckets for p in b.param_indices}.__getitem__  # global id
+    if unused:
+        return [[bucket_of(g) for g in own if g not in unused] for own in owned]
+    return [list(map(bucket_of, own)) if own else none for own in owned]
 
 
 def _prototype(first: RankPlan) -> tuple[dict[str, Any], int | None, list[tuple[str, float]]]:
