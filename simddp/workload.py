@@ -37,7 +37,7 @@ from bisect import bisect_left
 from collections import Counter
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
-from operator import attrgetter
+from operator import attrgetter, lt
 from typing import Any, Literal, NamedTuple, TypeVar, overload
 
 from simddp.config import Scenario, TransformerSpec
@@ -540,6 +540,15 @@ class BlockLayers(Sequence[Layer]):
         if hi > end:
             out.append(self._tail[max(lo - end, 0):hi - end])
         return [piece for piece in out if piece]
+
+    @property
+    def owns_in_order(self) -> bool:
+        """Whether the head's, block 0's and the tail's layers, each part in order, own parameters that ascend
+        (then so do any whole blocks' in order: each is block 0's shifted by ``params_per_block``). GPT-2-style
+        blocks do; the 7B default's do not (its block's norm comes before its attention's weights in the forward,
+        after them in the parameters)."""
+        return all(all(map(lt, ids, ids[1:])) for ids in (
+            [g for la in part for g in la.param_indices] for part in (self._head, self._first, self._tail)))
 
     @property
     def first_block(self) -> tuple[Layer, ...]:

@@ -660,19 +660,38 @@ def test_what_the_plan_reads_without_making_blocks_is_the_made_layers(layers: in
 def test_each_layers_buckets_by_slices_are_the_lookups(layers: int, pp: int, v: int) -> None:
     """The plan's buckets of each layer's parameters (sim.plan._bucket_of_layer): where the layers own the rank's
     parameters one after another, slices of the buckets by parameter; they equal looking each parameter up, as
-    does the lookup it falls back to where the layers do not (here: the layers in reverse)."""
+    does the lookup it falls back to where the layers do not (here: the layers in reverse) or may not (a model
+    whose blocks' layers own theirs out of order, as the 7B default's, BlockLayers.owns_in_order).
+
+    A 7B block's norm comes first in the forward and after the attention's weights among its parameters."""
     from simddp.sim.plan import _bucket_of_layer, rank_gradients
+    from simddp.workload import BlockLayers
 
     scenario = _small_pipeline(layers, pp, v)
     assert scenario is not None
     w = build_workload(scenario)
+    assert isinstance(w.layers, BlockLayers)
     for r in range(pp):
         grads = rank_gradients(scenario, w, r)
         owned = w.rank_layer_params(r, pp)
         bucket = {grads.global_ids[p]: b.index for b in grads.buckets for p in b.param_indices}
         expected = [[bucket[g] for g in own] for own in owned]
         assert len(grads.buckets) > 1 and any(len(e) > 1 for e in expected)
-        assert _bucket_of_layer(grads, owned, set()) == expected
-        assert _bucket_of_layer(grads, owned[::-1], set()) == expected[::-1]  # not in order: looked up
-        some = {grads.global_ids[0]}
-        assert _bucket_of_layer(grads, owned, some) == [[bucket[g] for g in own if g not in some] for own in owned]
+        assert w.layers.owns_in_order  # GPT-2-style blocks
+        for in_order in (True, False):
+            assert _bucket_of_layer(grads, owned, set(), in_order) == expected
+            assert _bucket_of_layer(grads, owned[::-1], set(), in_order) == expected[::-1]  # not in order: looked up
+            some = {grads.global_ids[0]}
+            assert _bucket_of_layer(grads, owned, some, in_order) == [[bucket[g] for g in own if g not in some]
+                                                                       for own in owned]
+
+
+def test_blocks_that_own_their_parameters_out_of_order_are_known() -> None:
+    """The 7B default's blocks own their parameters out of order (BlockLayers.owns_in_order), GPT-3's in order."""
+    from simddp.workload import BlockLayers
+
+    for preset, in_order in (("llama2-7b", False), ("gpt3-175b", True)):
+        w = build_workload(scenario_from_dict(deep_merge(base_scenario(), {"model": {"preset": preset}})))
+        assert isinstance(w.layers, BlockLayers)
+        flat = [g for la in w.layers for g in la.param_indices]
+        assert w.layers.owns_in_order is in_order is (flat == sorted(flat))

@@ -489,6 +489,7 @@ def build_plan(scenario: Scenario, workload: Workload | None = None) -> StepPlan
     twins = workload.rank_twins(par.pp) if mode == "pipeline" and not unused else None
     searched = searches_unused(scenario)  # in every rank's gradients' key
     protos: dict[int, tuple[dict[str, Any], int | None, list[tuple[str, float]]]] = {}  # _prototype, by first
+    in_order: bool | None = None  # whether the layers own their parameters in order (_bucket_of_layer)
     for r in range(par.pp):
         if twins is not None and twins[r][0] != r:
             first, shift = twins[r]
@@ -502,8 +503,10 @@ def build_plan(scenario: Scenario, workload: Workload | None = None) -> StepPlan
         grads = rank_gradients(scenario, workload, r, rule)
         bucket_of_layer = grads.memo.get("bucket of layer")  # unused parameters are the model's: in the workload
         if bucket_of_layer is None:
+            if in_order is None:  # once per plan
+                in_order = isinstance(workload.layers, BlockLayers) and workload.layers.owns_in_order
             grads.memo["bucket of layer"] = bucket_of_layer = _bucket_of_layer(
-                grads, workload.rank_layer_params(r, par.pp), unused)
+                grads, workload.rank_layer_params(r, par.pp), unused, in_order)
         working = grads.memo.get("working")
         if working is None:  # the parameters' own sizes: reduced in their own dtype, the gradients' are they
             sizes = workload.param_sizes()
@@ -574,13 +577,16 @@ def build_plan(scenario: Scenario, workload: Workload | None = None) -> StepPlan
     return plan
 
 
-def _bucket_of_layer(grads: RankGradients, owned: list[tuple[int, ...]], unused: set[int]) -> list[list[int]]:
+def _bucket_of_layer(grads: RankGradients, owned: list[tuple[int, ...]], unused: set[int],
+                     in_order: bool = False) -> list[list[int]]:
     """Per layer of a rank (``owned``: the global indices of each one's parameters), the buckets of its
     parameters, unused ones left out. Where the layers own the rank's parameters one after another, each once (a
-    transformer's do), a layer's are a slice of the buckets by parameter, not looked up one by one."""
+    transformer's whose blocks' layers own theirs in order, ``in_order``: :attr:`BlockLayers.owns_in_order`), a
+    layer's are a slice of the buckets by parameter, not looked up one by one; the check costs a whole model's
+    layers more than the lookups where they do not (the 7B default's), so it is made only where they may."""
     ids = grads.global_ids
     none: list[int] = []  # one list for every layer without parameters (most of a block's; the lists are read only)
-    if not unused:
+    if in_order and not unused:
         local: list[int | None] = [None] * len(ids)  # each of the rank's parameters' bucket
         for b in grads.buckets:
             for p in b.param_indices:
