@@ -476,6 +476,11 @@ class Collector:
         if int(rank) == self.d.rank and int(after) == self._measurements:
             print(f"calibration: injected fault {kind!r} on rank {rank} ({FAULT_ENV})", file=sys.stderr, flush=True)
             if kind == "exit":
+                # The fault follows the N-th measurement on every rank: let the others read this rank's last sends
+                # and record that measurement first. Exiting at once raced them: on a loaded host rank 0 could lose
+                # the measurement both had just made (a connection reset, or torchrun's SIGTERM, before its save),
+                # and a test expecting N saved measurements found none.
+                time.sleep(1.0)
                 os._exit(17)
             self.watchdog.stop()
             while True:
