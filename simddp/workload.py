@@ -187,6 +187,21 @@ class BlockParams(Sequence[Param]):
                                                          for rest, numel, dtype in self._first]
             self._unmade.discard(i)
 
+    def whole_blocks(self, ids: Sequence[int]) -> tuple[int, int, slice] | None:
+        """Where ``ids`` (a list of distinct ids, ascending) hold blocks whole: the span ``[a, b)`` of ``ids`` that
+        are blocks' ids, and block 0's ids as a slice (each block's parameters are block 0's shifted); None where
+        ``ids`` do not ascend or hold a block in part."""
+        lo, per = self._start, self._per
+        if not per or not isinstance(ids, list) or ids != sorted(ids):  # sorted: in C
+            return None
+        a, b = bisect_left(ids, lo), bisect_left(ids, lo + per * self._count)
+        # Each run of ``per`` ids from a block's first id that ends at that block's last id is the block (the ids
+        # are distinct and ascend).
+        if (b - a) % per or not all((ids[k] - lo) % per == 0 and ids[k + per - 1] == ids[k] + per - 1
+                                    for k in range(a, b, per)):
+            return None
+        return a, b, slice(lo, lo + per)
+
     def sizes(self) -> list[ParamSize]:
         """Each parameter's :class:`ParamSize`, in order: every block's are block 0's objects (no block made)."""
         flat, start, per = self._flat, self._start, self._per
@@ -683,21 +698,14 @@ class Workload:
         block 0's, counted once and times the blocks, not parameter by parameter."""
         sizes, params = self.param_sizes(), self.parameters
         counted: Counter[ParamSize] = Counter()
-        whole = None  # (where the blocks' ids start and end in ids, how many blocks, block 0's sizes)
-        if isinstance(params, BlockParams) and params._per and isinstance(ids, list) and ids == sorted(ids):
-            lo, per = params._start, params._per
-            a, b = bisect_left(ids, lo), bisect_left(ids, lo + per * params._count)
-            # Each run of ``per`` ids from a block's first id that ends at that block's last id is the block
-            # (the ids are distinct and ascend).
-            if (b - a) % per == 0 and all((ids[k] - lo) % per == 0 and ids[k + per - 1] == ids[k] + per - 1
-                                          for k in range(a, b, per)):
-                whole = (a, b, (b - a) // per, sizes[lo:lo + per])
+        whole = params.whole_blocks(ids) if isinstance(params, BlockParams) else None
         if whole is None:
             counted.update(map(sizes.__getitem__, ids))
         else:
-            a, b, n, block = whole
+            a, b, block = whole
+            n = (b - a) // (block.stop - block.start)  # whole blocks
             counted.update(map(sizes.__getitem__, ids[:a]))
-            for size in block if n else ():  # block 0's in order: first appearances fall as the ids' would
+            for size in sizes[block] if n else ():  # block 0's in order: first appearances fall as the ids' would
                 counted[size] += n
             counted.update(map(sizes.__getitem__, ids[b:]))
         return sum(s.numel * k for s, k in counted.items()), tuple(counted.items())

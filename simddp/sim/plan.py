@@ -586,12 +586,12 @@ def _bucket_of_layer(grads: RankGradients, owned: list[tuple[int, ...]], unused:
     layers more than the lookups where they do not (the 7B default's), so it is made only where they may."""
     ids = grads.global_ids
     none: list[int] = []  # one list for every layer without parameters (most of a block's; the lists are read only)
-    if in_order and not unused:
+    if in_order and not unused and [*itertools.chain.from_iterable(owned)] == ids:
         local: list[int | None] = [None] * len(ids)  # each of the rank's parameters' bucket
         for b in grads.buckets:
             for p in b.param_indices:
                 local[p] = b.index
-        if None not in local and [*itertools.chain.from_iterable(owned)] == ids:
+        if None not in local:  # every parameter in a bucket (else the lookup's error, below)
             out: list[list[int]] = []
             at = 0
             for own in owned:
