@@ -17,8 +17,8 @@ from test_fast import _equal
 
 from simddp import simulate
 from simddp.scenario_io import scenario_from_dict
-from simddp.sim import build_plan
-from simddp.sim.periodic import Linear, ScheduleRun, steady
+from simddp.sim import build_plan, periodic
+from simddp.sim.periodic import Linear, ScheduleRun, _cut_pairs, steady
 from simddp.sim.pipeline import PipeOp, makespan, schedule
 
 durations = st.floats(min_value=0.05, max_value=3.0, allow_nan=False)
@@ -66,13 +66,26 @@ def test_extension_equals_every_operation(case: tuple) -> None:
     assert all(math.isclose(a, b, rel_tol=1e-9) for a, b in zip(run.clock, reference, strict=True))
 
 
+@settings(max_examples=150, deadline=None)
+@given(schedules(), st.sampled_from([1, 3, 4]))
+def test_cuts_compared_at_any_spacing_give_the_same_times(case: tuple, cuts: int) -> None:
+    """Cuts 1, 3 or 4 per unit instead of 2 (periodic.CUTS_PER_UNIT): the repeat is found at another cut and the
+    jump goes from another, and the times are the plain run's all the same."""
+    name, p, m, v, times, send = case
+    plain = ScheduleRun([schedule(name, p, m, r, v) for r in range(p)], p * v, [_linear(p, v, times, send)])
+    plain.run(None)  # every operation one by one
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(periodic, "CUTS_PER_UNIT", cuts)
+        _, run = _runs(*case)
+    for ours, theirs in ((run.clock, plain.clock), (run.waits, plain.waits)):
+        assert all(math.isclose(a, b, rel_tol=1e-9, abs_tol=1e-9) for a, b in zip(ours, theirs, strict=True))
+
+
 @settings(max_examples=100, deadline=None)
 @given(schedules())
 def test_arrivals_kept_in_a_list_or_a_dict_give_the_same_run(case: tuple) -> None:
     """The runner keeps arrivals in a list indexed by op code where the codes are few, else in a dict; both give
     the same times to the bit, as does a run of plain operation lists (their codes counted from the operations)."""
-    from simddp.sim import periodic
-
     name, p, m, v, times, send = case
     ops = [schedule(name, p, m, r, v) for r in range(p)]
     _, listed = _runs(*case)
@@ -189,12 +202,13 @@ def test_a_runner_refuses_to_run_more_operations_one_by_one_than_allowed() -> No
 
 
 def test_interleaved_cuts_are_phased_to_end_where_the_steady_pairs_do() -> None:
-    # GPT-3's layout (p 8, v 3, 64 micro-batches; a unit is 24 pairs): the cuts are moved by 18 pairs
-    # (Steady.phase: the least room past its offset, 162 pairs, mod 24), so the repeat is found between the
-    # cuts at 18 and 42 pairs and the jump lands where rank 0's steady pairs end. One by one: the warm-up
-    # forwards and cool-down backwards (184 each), the pairs before the first cut (8 x 18 + the offsets' 28),
-    # the unit compared (8 x 24) and rank r's r pairs left after the jump: 2 (8 x 18 + 28 + 192 + 28) + 368 =
-    # 1,152 of 3,072 operations (1,536 with unphased cuts at 24 and 48 pairs, 18 + r pairs left after).
+    # GPT-3's layout (p 8, v 3, 64 micro-batches; a unit is 24 pairs): the last cut is at 162 pairs (Steady.phase:
+    # the least room past its offset, 162 pairs, mod 24 is 18). Cuts half a unit apart (6, 18, 30, ...) find the
+    # repeat between 6 and 30 pairs, and the jump goes from the cut at 18 (run on the way), six units, to 162,
+    # where rank 0's steady pairs end. One by one: the warm-up forwards and cool-down backwards (184 each), the
+    # pairs before the cut at 30 (8 x 30 + the offsets' 28) and rank r's r pairs left after the jump:
+    # 368 + 2 (8 x 30 + 28) + 2 x 28 = 960 of 3,072 operations (1,152 comparing only the cuts at 18 and 42, as
+    # before 2026-11-29; 1,536 with unphased cuts at 24 and 48 pairs, 18 + r pairs left after).
     p, v, m = 8, 3, 64
     times = {(r, k, vs): (1.0 + 0.3 * (r == 0) + 0.5 * (r == p - 1)) * (1 if k == "F" else 2)
              for r in range(p) for k in "FB" for vs in range(r, p * v, p)}
@@ -202,8 +216,14 @@ def test_interleaved_cuts_are_phased_to_end_where_the_steady_pairs_do() -> None:
     assert all(math.isclose(a, b, rel_tol=1e-12) for a, b in zip(run.clock, reference, strict=True))
     shape = steady([schedule("interleaved-1f1b", p, m, r, v) for r in range(p)])
     assert shape is not None and (shape.unit, shape.phase, shape.max_units) == (24, 18, 6)
-    assert run.detected_at == (1, 1)  # cuts 0 and 1 compared
-    assert run.ran == 1152
+    assert list(_cut_pairs(shape)) == list(range(6, 163, 12))
+    assert run.detected_at == (30, 1)  # the cuts at 6 and 30 pairs compared
+    assert run.jumped_units == 6 and run.ran == 960
+    with pytest.MonkeyPatch.context() as mp:  # a unit apart, the repeat is found between 18 and 42
+        mp.setattr(periodic, "CUTS_PER_UNIT", 1)
+        _, whole = _runs("interleaved-1f1b", p, m, v, times, 0.01)
+    assert whole.detected_at == (42, 1) and whole.jumped_units == 5 and whole.ran == 1152
+    assert all(math.isclose(a, b, rel_tol=1e-12) for a, b in zip(whole.clock, run.clock, strict=True))
 
 
 def test_1f1b_ranks_jump_to_their_drains() -> None:
