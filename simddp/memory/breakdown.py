@@ -7,6 +7,7 @@ tied output embedding keeps a copy of the word embedding on the last stage).
 
 from __future__ import annotations
 
+from bisect import insort
 from pathlib import Path
 from typing import Any
 
@@ -114,7 +115,9 @@ def _find_stage_params(scenario: Scenario, workload: Workload, stage: int) -> li
     if tf is not None and tf.tied_embeddings and pp > 1 and stage == pp - 1:
         word = next((i for i, p in enumerate(workload.parameters)
                      if p.name.endswith(("wte.weight", "embed_tokens.weight"))), None)  # the first
-        ids = sorted(set(ids) | ({word} if word is not None else set()))
+        if word is not None and word not in ids:  # ids ascend (a rank's): put it in place, without a sort
+            ids = list(ids)
+            insort(ids, word)
     return ids
 
 
