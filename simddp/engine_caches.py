@@ -117,8 +117,8 @@ def collector_paused() -> Iterator[None]:
 def kept_fields_hash(self: Any) -> int:
     """A frozen dataclass's ``__hash__`` (its fields' hash, as the generated one) kept after the first call,
     for objects that key the engine's caches many times per evaluation: a :class:`simddp.zero.ZeroRule` (25
-    fields, hashed 128 times by a 1T pipeline's 64 ranks) and a :class:`simddp.topology.CommGroup` (its link
-    tiers are pydantic models: about 9,500 instructions per hash, 48 hashes of 10 groups per GPT-3 step).
+    fields, hashed 128 times by a 1T pipeline's 64 ranks). (A :class:`simddp.topology.CommGroup` hashes its
+    shape alone, not its pydantic link tiers.)
     Assign it in the class body (``__hash__ = kept_fields_hash``; dataclass replaces an inherited one), with
     :func:`state_without_hash` as ``__getstate__``: a string's hash differs between processes, so the kept
     hash is never pickled."""
