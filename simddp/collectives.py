@@ -45,7 +45,7 @@ import math
 from dataclasses import dataclass
 from typing import Literal, get_args
 
-from simddp.engine_caches import cached
+from simddp.engine_caches import cached, without_init
 from simddp.errors import ScenarioError
 from simddp.sanity import MAX_STEP_TIME_S, check_range
 from simddp.topology import CommGroup
@@ -382,16 +382,13 @@ def _tier(group: CommGroup) -> str:
 
 def _cost(op: str, size_bytes: int, group: CommGroup, algorithm: str, protocol: str,
           parts: tuple[float, float]) -> CollectiveCost:
-    """The :class:`CollectiveCost` the constructor would make, its fields set as one dict: a frozen dataclass's
-    ``__init__`` sets each of its nine through ``object.__setattr__`` (2.5 us a cost on the 2-core host, 1 us
-    so; a GPT-3 step costs 13 collectives, a sweep's every configuration its own)."""
+    """The :class:`CollectiveCost` its constructor would make (:func:`simddp.engine_caches.without_init`: a GPT-3
+    step costs 13 collectives, a sweep's every configuration its own)."""
     latency, transfer = parts
-    made = object.__new__(CollectiveCost)
-    object.__setattr__(made, "__dict__", {
+    return without_init(CollectiveCost, {
         "op": op, "size_bytes": size_bytes, "num_ranks": group.num_ranks, "algorithm": algorithm,
         "protocol": protocol, "time_s": latency + transfer, "latency_s": latency, "tier": _tier(group),
         "sm_interference": True})
-    return made
 
 
 @cached()

@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from simddp.config import Cluster, CollectiveFit, Link, Network, Scenario
+from simddp.engine_caches import without_init
 
 
 @dataclass(frozen=True)
@@ -61,15 +62,11 @@ def group(cluster: Cluster, num_ranks: int, stride: int = 1) -> CommGroup:
 
 
 def _make(cluster: Cluster, num_ranks: int, num_nodes: int, ranks_per_node: int) -> CommGroup:
-    return CommGroup(
-        num_ranks=num_ranks,
-        num_nodes=num_nodes,
-        ranks_per_node=ranks_per_node,
-        gpus_per_node=cluster.gpus_per_node,
-        intra=cluster.intra_node,
-        inter=cluster.inter_node,
-        fits=tuple(cluster.collective_fits),
-    )
+    """The :class:`CommGroup` its constructor would make (:func:`simddp.engine_caches.without_init`)."""
+    return without_init(CommGroup, {
+        "num_ranks": num_ranks, "num_nodes": num_nodes, "ranks_per_node": ranks_per_node,
+        "gpus_per_node": cluster.gpus_per_node, "intra": cluster.intra_node, "inter": cluster.inter_node,
+        "fits": tuple(cluster.collective_fits)})
 
 
 def dp_group(scenario: Scenario) -> CommGroup:

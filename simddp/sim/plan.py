@@ -12,7 +12,7 @@ from collections import Counter, deque
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from operator import attrgetter
-from typing import Any, TypeVar
+from typing import Any
 
 from simddp.bucketing import BucketSpec, ddp_initial_buckets
 from simddp.collectives import CollectiveCost, Op, collective_cost
@@ -25,6 +25,7 @@ from simddp.compute import (
     optimizer_step_s,
 )
 from simddp.config import Scenario
+from simddp.engine_caches import without_init
 from simddp.errors import ScenarioError
 from simddp.sim.layers import LayerPlan, layer_alone, layer_tp_s
 from simddp.sim.pipeline import PipeOp, last_backward, schedule
@@ -52,8 +53,6 @@ from simddp.zero import (
     stage_gradient_buckets,
     zero_rule,
 )
-
-_T = TypeVar("_T")
 
 
 @dataclass(frozen=True)
@@ -638,7 +637,7 @@ def _twin(scenario: Scenario, workload: Workload, first: RankPlan,
         global_ids = _ShiftedIds(src.global_ids, delta)
         # Twins' parameters have the same sizes and dtypes in the same order: the first's sizes are theirs.
         reduced = src.params
-        grads = workload.shared[key] = _without_init(RankGradients, {
+        grads = workload.shared[key] = without_init(RankGradients, {
             "global_ids": global_ids, "params": reduced, "ready_order": src.ready_order, "buckets": src.buckets,
             "memo": {"bucket of layer": first.bucket_of_layer}})
     else:
@@ -656,16 +655,7 @@ def _twin(scenario: Scenario, workload: Workload, first: RankPlan,
     else:
         for name in _PASS_FIELDS:
             fields[name] = {vs + shift: value for vs, value in fields[name].items()}
-    return _without_init(RankPlan, fields)
-
-
-def _without_init(cls: type[_T], fields: dict[str, Any]) -> _T:
-    """An instance of dataclass ``cls`` holding ``fields`` (every field), made without its ``__init__``: what
-    the constructor would make (no field has a check; a frozen one sets each field through
-    ``object.__setattr__``), for the 61 twin ranks of a 1T pipeline. ``fields`` becomes its ``__dict__``."""
-    made = object.__new__(cls)
-    object.__setattr__(made, "__dict__", fields)
-    return made
+    return without_init(RankPlan, fields)
 
 
 class _ShiftedIds(Sequence[int]):
