@@ -36,7 +36,7 @@ from typing import Any, NamedTuple, cast
 from simddp.results import StepResult
 from simddp.sim import fluid
 from simddp.sim.fluid import Outcome
-from simddp.sim.layers import layer_alone, layer_release_s
+from simddp.sim.layers import layer_alone_parts
 from simddp.sim.periodic import Linear, ScheduleRun, steady
 from simddp.sim.pipeline import PipeOp, Schedule, decode, op_code
 from simddp.sim.plan import RankPlan, StepPlan, last_backwards, memo_put
@@ -320,9 +320,9 @@ def _rank_releases(p: RankPlan, positions: dict[int, list[int]], order: list[int
                 costs = plan.bwd_pre + plan.dgrad_post + plan.wgrad_pre
                 if plan.recompute_comm:
                     costs += plan.fwd_pre + plan.fwd_post
-                got = seen[id(plan.timing)] = (
-                    layer_release_s(plan, overlap, interference), layer_alone(plan, overlap, "B", interference)[0],
-                    [(c.tier, c.transfer_s) for c in costs if c.time_s > 0])
+                duration, _, release = layer_alone_parts(plan, overlap, "B", interference)
+                got = seen[id(plan.timing)] = (release, duration,
+                                               [(c.tier, c.transfer_s) for c in costs if c.time_s > 0])
             release, duration, layer_transfers = got
             own = bucket_of_layer[k]
             if own:  # a layer without parameters (most of a block's) completes no bucket: no ready time

@@ -31,7 +31,7 @@ from dataclasses import dataclass, field, replace
 from typing import NamedTuple
 
 from simddp.collectives import CollectiveCost
-from simddp.sim.layers import TP_STREAM, LayerPlan, layer_alone, layer_release_s
+from simddp.sim.layers import TP_STREAM, LayerPlan, layer_alone_parts
 from simddp.sim.pipeline import PipeOp, dependency
 from simddp.sim.plan import FsdpUnitPlan, RankPlan, StepPlan, last_backwards
 
@@ -492,10 +492,11 @@ class Engine:
         k = 1.0 + self.i
         slowed = replace(p, timing=replace(tm, fwd_s=tm.fwd_s * k, dgrad_s=tm.dgrad_s * k, wgrad_s=tm.wgrad_s * k,
                                            recompute_s=tm.recompute_s * k))
-        released = ((layer_release_s(p, self.overlap, self.i), layer_release_s(slowed, self.overlap, 0.0))
-                    if kind == "B" else (0.0, 0.0))
-        return _Closed(layer_alone(p, self.overlap, kind, self.i), layer_alone(slowed, self.overlap, kind, 0.0),
-                       costs, frozenset(c.tier for c in costs if c.time_s > 0), released)
+        duration, busy, release = layer_alone_parts(p, self.overlap, kind, self.i)
+        slow_duration, slow_busy, slow_release = layer_alone_parts(slowed, self.overlap, kind, 0.0)
+        released = (release, slow_release) if kind == "B" else (0.0, 0.0)
+        return _Closed((duration, busy), (slow_duration, slow_busy), costs,
+                       frozenset(c.tier for c in costs if c.time_s > 0), released)
 
     def waited(self, jobs: Sequence[_Coll], t: float) -> float:
         """The compute stream waits for ``jobs`` (data-parallel collectives): booked as exposed DP comm."""

@@ -161,17 +161,19 @@ def layer_alone(plan: LayerPlan, overlap: str, kind: str, interference: float) -
     collectives run one after another on the TP stream, alone on the link (their ``time_s``), and kernels
     slow while any of them is in flight (:func:`overlapped_s`).
     """
-    duration, busy, _ = _alone(plan, overlap, kind, interference)
+    duration, busy, _ = layer_alone_parts(plan, overlap, kind, interference)
     return duration, busy
 
 
 def layer_release_s(plan: LayerPlan, overlap: str, interference: float) -> float:
     """When, from the start of the layer's backward on an idle GPU, its weight gradients are ready."""
-    return _alone(plan, overlap, "B", interference)[2]
+    return layer_alone_parts(plan, overlap, "B", interference)[2]
 
 
-def _alone(plan: LayerPlan, overlap: str, kind: str, interference: float) -> tuple[float, float, float]:
-    """(duration, busy, end of the weight-gradient kernels) of :func:`layer_alone`."""
+def layer_alone_parts(plan: LayerPlan, overlap: str, kind: str, interference: float) -> tuple[float, float, float]:
+    """(duration, busy, end of the weight-gradient kernels) of :func:`layer_alone`: its two values and
+    :func:`layer_release_s` (a backward's; a forward's duration again) worked out at once, for callers that
+    read more than one."""
     t, i = plan.timing, interference
 
     def total(costs: tuple[CollectiveCost, ...]) -> float:
