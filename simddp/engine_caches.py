@@ -140,14 +140,15 @@ def state_without_hash(self: Any) -> dict[str, Any]:
     return {k: v for k, v in self.__dict__.items() if k != "_hash"}
 
 
-__all__ = ["KeyedCache", "cached", "clear", "collector_paused", "kept_fields_hash", "state_without_hash"]
-
-
-def without_init(cls: type[T], fields: dict[str, Any]) -> T:
-    """An instance of dataclass ``cls`` holding ``fields`` (every field), made without its ``__init__``: what
+def without_init(cls: type[T], values: dict[str, Any]) -> T:
+    """An instance of dataclass ``cls`` holding ``values`` (one per field), made without its ``__init__``: what
     the constructor would make where no field has a check. A frozen dataclass's ``__init__`` sets each field
     through ``object.__setattr__``; this sets them as one dict, which becomes the instance's ``__dict__``
     (a collective's cost: 3.1 -> 0.85 us; a group: 1.8 -> 0.9 us; a 1T pipeline's 61 twin ranks)."""
     made = object.__new__(cls)
-    object.__setattr__(made, "__dict__", fields)
+    object.__setattr__(made, "__dict__", values)
     return made
+
+
+__all__ = ["KeyedCache", "cached", "clear", "collector_paused", "kept_fields_hash", "state_without_hash",
+           "without_init"]
