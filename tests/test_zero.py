@@ -213,23 +213,20 @@ def test_every_implementation_steps_within_its_bounds_on_parameter_lists(sizes, 
     assert r.memory is not None and r.memory.total_bytes > 0
 
 
-@pytest.mark.parametrize("kind", ["rule", "group"])
-def test_kept_hash_is_the_fields_hash_and_is_not_pickled(kind: str) -> None:
-    """A rule or a communicator keeps its hash after the first call (they key the gradient memos and the
-    collective caches; engine_caches.kept_fields_hash), as the hash of its fields, and leaves it out of a
-    pickle: a string's hash differs between processes (`--jobs` workers)."""
+def test_kept_hash_is_the_fields_hash_and_is_not_pickled() -> None:
+    """A rule keeps its hash after the first call (it keys the gradient memos; engine_caches.kept_fields_hash),
+    as the hash of its fields, and leaves it out of a pickle: a string's hash differs between processes
+    (`--jobs` workers)."""
     import dataclasses
     import pickle
     import subprocess
     import sys
 
-    from simddp.topology import dp_group
-
     scenario = scenario_from_dict(base_scenario(parallelism={"zero_stage": 1}))
-    obj = zero_rule(scenario) if kind == "rule" else dp_group(scenario)
+    obj = zero_rule(scenario)
     fields = tuple(getattr(obj, f.name) for f in dataclasses.fields(obj))
     assert hash(obj) == hash(fields) == hash(obj)  # the second from the kept value
-    other = dataclasses.replace(obj, **({"stage": 2} if kind == "rule" else {"num_ranks": obj.num_ranks + 1}))
+    other = dataclasses.replace(obj, stage=2)
     assert other != obj and hash(other) == hash(tuple(getattr(other, f.name) for f in dataclasses.fields(other)))
     data = pickle.dumps(obj)
     assert b"_hash" not in data and pickle.loads(data) == obj
@@ -239,3 +236,26 @@ def test_kept_hash_is_the_fields_hash_and_is_not_pickled(kind: str) -> None:
     done = subprocess.run([sys.executable, "-c", code], input=data, capture_output=True, check=True,
                           env={"PYTHONHASHSEED": "1"})
     assert done.stdout.strip() == b"True"
+
+
+def test_a_group_hashes_its_shape_and_keys_costs_by_its_links_too() -> None:
+    """A communicator hashes its shape, not its pydantic link tiers (simddp.topology.CommGroup.__hash__): equal
+    groups hash alike, and a group of the same shape over another link is another key of the collective
+    caches (told apart by ==), so its costs are its own. It pickles whole, as a `--jobs` worker reads it."""
+    import dataclasses
+    import pickle
+
+    from simddp.collectives import collective_cost
+    from simddp.topology import dp_group
+
+    scenario = scenario_from_dict(base_scenario(parallelism={"zero_stage": 1}))
+    group = dp_group(scenario)
+    same = dataclasses.replace(group)
+    assert same == group and same is not group and hash(same) == hash(group)
+    slower = dataclasses.replace(group, inter=group.inter.model_copy(
+        update={"nic_bandwidth_bytes_per_s": group.inter.nic_bandwidth_bytes_per_s / 4}))
+    assert slower != group and hash(slower) == hash(group)  # one shape: the links tell them apart
+    assert group.num_nodes > 1  # so the network's bandwidth counts
+    fast, slow = collective_cost("all-reduce", 10**9, group), collective_cost("all-reduce", 10**9, slower)
+    assert slow.time_s > fast.time_s and collective_cost("all-reduce", 10**9, same) is fast
+    assert pickle.loads(pickle.dumps(group)) == group
