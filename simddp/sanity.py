@@ -8,6 +8,7 @@ a :class:`~simddp.errors.ScenarioError`. Anything else that fails here is a bug 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from simddp.errors import InternalError, ScenarioError
@@ -21,12 +22,15 @@ REL_TOL = 1e-6
 ABS_TOL_S = 1e-9
 
 
-def check_range(step_time_s: float, what: str = "the step",
+def check_range(step_time_s: float, what: str | Callable[[], str] = "the step",
                 cause: str = "a rate or size in the scenario is out of range (peak FLOP/s, bandwidths, seq_len, "
                              "batch sizes)") -> None:
     """Refuse a step time (or any part of one) that is not finite or beyond :data:`MAX_STEP_TIME_S` (a user
-    error; ``cause`` says which inputs can make it so)."""
+    error; ``cause`` says which inputs can make it so). ``what`` may be a function giving the name, called only
+    for a time refused: a caller on a hot path (every collective's cost) then formats nothing otherwise."""
     if not step_time_s <= MAX_STEP_TIME_S:
+        if callable(what):
+            what = what()
         raise ScenarioError(
             f"{what} would take {step_time_s:.3g} s, beyond the {MAX_STEP_TIME_S:.0e} s the model answers for: {cause}"
         )
