@@ -25,6 +25,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from simddp.config import (
+    CLUSTER_PRESETS,
     Cluster,
     ModelConfig,
     Scenario,
@@ -247,6 +248,8 @@ def _variant(
     so the dict (and any error) is always the two-step route's.
     """
     out = _copy_tree(base)
+    if "cluster.preset" in updates:  # another preset's values replace the base's preset's, its own keys stay
+        out["cluster"] = _preset_own_keys(out.get("cluster"))
     for path, value in updates.items():
         put_value(out, path, value)
     if not any(p in updates for p in _CLUSTER_SIZE_PATHS):
@@ -281,6 +284,33 @@ def _variant(
     if resized is not None:
         put_value(out, "training.global_batch_size", _weak_batch(base_scenario, resized.cluster.num_gpus))
     return out, None
+
+
+def _preset_own_keys(cluster: Any) -> Any:
+    """A validated cluster section (a base's, expanded from its preset) less the values its preset gave it: the
+    preset's name and the keys set beside it (nested sections key by key), as its scenario file has them. A point
+    that sets ``cluster.preset`` merges the new preset under these, as ``--set cluster.preset=...`` does with
+    the file; on the expanded section, the old preset's values (its GPU, links, GPUs per node) would stay and
+    only the name would change. A section without a known preset is returned as it is."""
+    name = cluster.get("preset") if isinstance(cluster, dict) else None
+    if not isinstance(name, str) or name not in CLUSTER_PRESETS:
+        return cluster
+    own = _differing(cluster, Cluster.model_validate({"preset": name}).model_dump())
+    return {**own, "preset": name}
+
+
+def _differing(values: dict[str, Any], reference: dict[str, Any]) -> dict[str, Any]:
+    """The keys of ``values`` whose value differs from ``reference``'s (nested dicts compared key by key)."""
+    out: dict[str, Any] = {}
+    for key, value in values.items():
+        ref = reference.get(key)
+        if isinstance(value, dict) and isinstance(ref, dict):
+            inner = _differing(value, ref)
+            if inner:
+                out[key] = inner
+        elif key not in reference or value != ref or type(value) is not type(ref):
+            out[key] = value
+    return out
 
 
 def _weak_batch(base: Scenario, gpus: int) -> int:

@@ -321,3 +321,25 @@ def test_a_batch_varied_beside_the_cluster_size_is_kept() -> None:
     sweep = sweeps.vary_sweep(base, {"cluster.num_nodes": [1, 2], "training.global_batch_size": [64, 128]})
     assert [(p.values["training.global_batch_size"], p.global_batch_size) for p in sweep.points] == [
         (64, 64), (128, 128), (64, 64), (128, 128)]
+
+
+def test_a_varied_cluster_preset_brings_its_own_values() -> None:
+    """A probe found `sweep --vary cluster.preset=dgx-a100-80gb,aws-p4d-24xlarge` printing the H100 base's step
+    and memory on every row: the base's cluster was expanded from its preset, so only the name changed. A point
+    now takes the new preset's GPU and links, keeping the keys the base set beside its preset (here its node
+    count and a NIC it overrode), as `--set cluster.preset=...` does with the scenario file."""
+    raw = {"name": "p", "model": {"preset": "llama2-7b"},
+           "cluster": {"preset": "dgx-h100-80gb", "num_nodes": 4, "inter_node": {"nic_bandwidth_bytes_per_s": 2.5e10}},
+           "training": {"micro_batch_size": 1, "global_batch_size": 64, "seq_len": 2048},
+           "parallelism": {"zero_stage": 1}}
+    presets = ["dgx-a100-80gb", "aws-p4d-24xlarge", "dgx-h100-80gb"]
+    sweep = sweeps.vary_sweep(simddp.as_scenario(raw), {"cluster.preset": presets})
+    for preset, point in zip(presets, sweep.points, strict=True):
+        alone = simddp.as_scenario(sweeps.set_value(raw, "cluster.preset", preset))
+        assert alone.cluster.num_nodes == 4 and alone.cluster.inter_node.nic_bandwidth_bytes_per_s == 2.5e10
+        result = simddp.simulate(alone, trace=False)  # the engine a sweep's points run (a trace runs simpy's)
+        assert (point.step_time_s, point.memory_bytes, point.memory_fits) == (
+            result.step_time_s, result.memory.total_bytes, result.memory.fits), preset
+    steps = [p.step_time_s for p in sweep.points]
+    assert len(set(steps)) == 3  # three GPUs and networks, three answers
+    assert sweep.points[1].memory_fits is False  # p4d's A100s have 40 GB: the 7B model's 59 GiB does not fit
