@@ -171,12 +171,13 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     safeio.check_distinct(outputs)
     result = simulate_step(scenario, trace=bool(outputs), exact=args.exact)
     check_step_result(result)
-    if args.trace is not None:
-        if result.trace is None:
-            raise InternalError("the simulator returned no trace")
-        result.trace.write(args.trace, inputs)
-    if args.csv is not None:
-        written = write_step_csv(args.csv, scenario, result, verdict_json(result.memory), inputs)
+    with safeio.writes_together():  # every output, or none where one fails
+        if args.trace is not None:
+            if result.trace is None:
+                raise InternalError("the simulator returned no trace")
+            result.trace.write(args.trace, inputs)
+        if args.csv is not None:
+            written = write_step_csv(args.csv, scenario, result, verdict_json(result.memory), inputs)
     if args.json:
         print(safeio.json_text({**verdict_json(result.memory), **result.to_json_dict()}, indent=2))
         return 0

@@ -184,10 +184,11 @@ def cmd_sweep(args: argparse.Namespace) -> int:
                        progress=None if args.json else terminal_progress("sweep"))
     rows = sweep.rows()
     written = []
-    if args.csv is not None:
-        written.append(safeio.write_text(args.csv, _csv_text(rows), inputs, "--csv"))
-    if args.html is not None:
-        written.append(safeio.write_text(args.html, sweep_html(sweep), inputs, "--html"))
+    with safeio.writes_together():  # both outputs, or neither where one fails
+        if args.csv is not None:
+            written.append(safeio.write_text(args.csv, _csv_text(rows), inputs, "--csv"))
+        if args.html is not None:
+            written.append(safeio.write_text(args.html, sweep_html(sweep), inputs, "--html"))
     if args.json:
         print(safeio.json_text({"scenario": sweep.scenario, "paths": sweep.paths, "points": rows}, indent=2))
     else:

@@ -419,14 +419,40 @@ def _output_target(path: str | Path, flag: str, empty: str) -> tuple[Path, os.st
         raise ScenarioError(f"{p}: cannot write here ({err.strerror})") from None
 
 
+def _link_target(link: Path) -> Path:
+    """The file the symlink ``link`` leads to, its directory resolved (a ScenarioError for a link through
+    ``/proc``, or one of more than 40 hops: the kernel's own limit)."""
+    at = link
+    for _ in range(40):
+        where = Path(os.path.realpath(at.parent))
+        if where.parts[1:2] == ("proc",):
+            raise ScenarioError(f"{link}: leads to a process's open file ({at}), not a file; give a file name to "
+                                "write")
+        if not os.path.islink(where / at.name):
+            return where / at.name
+        try:
+            hop = Path(os.readlink(where / at.name))
+        except OSError as err:
+            raise ScenarioError(f"{link}: cannot write here ({err.strerror})") from None
+        at = hop if hop.is_absolute() else where / hop
+    raise ScenarioError(f"{link}: cannot write here (too many levels of symbolic links)")
+
+
 def check_output(path: str | Path, inputs: Iterable[str | Path] = (), flag: str = "output") -> Path:
     """Check, before any work, that ``path`` can be written safely; returns it as a :class:`Path`.
 
     Refused: one of ``inputs`` (the same file under any name), an existing directory, FIFO, device or
     socket (a symlink is judged by what it points to), and a directory where no file can be created (the
     check creates and removes a temporary file there). Missing parent directories are created.
+
+    A symlink is written through: the path returned is the file it leads to, which the write replaces, and the
+    link stays (replacing the link itself left its target as it was and turned the link into a file; as root,
+    ``--csv /dev/stdout`` with standard output sent to a file replaced the system's ``/dev/stdout``). A link
+    that leads into ``/proc`` (``/dev/stdout``, ``/dev/fd/N``: a process's open file) is refused.
     """
     p, target = _output_target(path, flag, "file name; give a file name to write")
+    if os.path.islink(p):
+        p = _link_target(p)
     if target is not None and stat.S_ISDIR(target.st_mode):
         raise ScenarioError(f"{p}: is a directory; give a file name to write")
     if p.name in ("", ".", ".."):
@@ -504,25 +530,68 @@ def check_distinct(outputs: Iterable[tuple[str, str | Path]]) -> None:
         seen[key] = f"{flag} {p}"
 
 
+#: The files :func:`write_bytes` has written but not yet put in place, (temporary file, target, flag), while
+#: :func:`writes_together` holds them (per thread and task; None outside it: each write is put in place at once).
+_STAGED: contextvars.ContextVar[list[tuple[str, Path, str]] | None] = contextvars.ContextVar("staged", default=None)
+
+
+@contextlib.contextmanager
+def writes_together() -> Iterator[None]:
+    """Within it, :func:`write_bytes` writes each file next to its target and puts them all in place only when
+    the block ends without an error: a command with two outputs (``--csv`` and ``--html``) that fails on the
+    second (a full disk) replaces neither, where it replaced the first. Not for a collector's partial results,
+    which must land as they come."""
+    staged: list[tuple[str, Path, str]] = []
+    token = _STAGED.set(staged)
+    try:
+        yield
+    except BaseException:
+        for tmp, _, _ in staged:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+        raise
+    finally:
+        _STAGED.reset(token)
+    for k, (tmp, target, flag) in enumerate(staged):
+        try:
+            os.replace(tmp, target)
+        except OSError as err:
+            for left, _, _ in staged[k:]:
+                with contextlib.suppress(OSError):
+                    os.unlink(left)
+            raise ScenarioError(f"{flag} {target}: cannot write ({err.strerror or err})") from None
+
+
 def write_bytes(path: str | Path, data: bytes, inputs: Iterable[str | Path] = (), flag: str = "output") -> Path:
-    """Write ``data`` to ``path`` atomically after :func:`check_output`; nothing else is ever touched."""
+    """Write ``data`` to ``path`` atomically after :func:`check_output`; nothing else is ever touched. A write
+    that fails (a full disk, a quota) leaves the old file as it was, no temporary file, and a
+    :class:`ScenarioError` naming ``flag`` and the path; within :func:`writes_together`, the file is put in place
+    when the block ends."""
     inputs = list(inputs)
     p = check_output(path, inputs, flag)
     try:
         mode = stat.S_IMODE(os.stat(p).st_mode)
     except OSError:
         mode = 0o666 & ~_UMASK
-    fd, tmp = tempfile.mkstemp(dir=p.parent, prefix=f".{p.name}.", suffix=".tmp")
+    staged = _STAGED.get()
+    tmp = ""
     try:
+        fd, tmp = tempfile.mkstemp(dir=p.parent, prefix=f".{p.name}.", suffix=".tmp")
         with os.fdopen(fd, "wb") as fh:
             fh.write(data)
             fh.flush()
             os.fsync(fh.fileno())
         os.chmod(tmp, mode)
-        os.replace(tmp, p)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
+        if staged is None:
+            os.replace(tmp, p)
+        else:
+            staged.append((tmp, p, flag))
+    except BaseException as err:
+        if tmp:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+        if isinstance(err, OSError):
+            raise ScenarioError(f"{flag} {p}: cannot write ({err.strerror or err})") from None
         raise
     return p
 
@@ -570,4 +639,5 @@ __all__ = [
     "undo_created_dirs_on_error",
     "write_bytes",
     "write_text",
+    "writes_together",
 ]

@@ -199,9 +199,72 @@ def test_a_failed_write_leaves_the_old_file_and_no_temp(tmp_path: Path, monkeypa
         raise OSError(28, "No space left on device")
 
     monkeypatch.setattr(os, "replace", broken)
-    with pytest.raises(OSError, match="No space left"):
-        safeio.write_text(out, "new")
+    with pytest.raises(ScenarioError, match=r"^--out .*out\.json: cannot write \(No space left on device\)$"):
+        safeio.write_text(out, "new", flag="--out")  # the flag and the file named (a probe got Errno 28 alone)
     assert out.read_text() == "old" and sorted(p.name for p in tmp_path.iterdir()) == ["out.json"]
+
+
+def test_outputs_written_together_replace_none_when_one_fails(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A probe filled the disk under `sweep --csv good.csv --html x.html`: the command failed on the HTML after
+    it had replaced good.csv. Within writes_together, every output is put in place only once all are written."""
+    csv, html = tmp_path / "good.csv", tmp_path / "x.html"
+    csv.write_text("old csv")
+    html.write_text("old html")
+    real_fsync, calls = os.fsync, []
+
+    def full_on_second(fd: int) -> None:
+        calls.append(fd)
+        if len(calls) == 2:
+            raise OSError(28, "No space left on device")
+        real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", full_on_second)
+    with pytest.raises(ScenarioError, match=r"--html .*x\.html: cannot write"), safeio.writes_together():
+        safeio.write_text(csv, "new csv", flag="--csv")
+        safeio.write_text(html, "new html", flag="--html")
+    assert (csv.read_text(), html.read_text()) == ("old csv", "old html")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["good.csv", "x.html"]  # no temporary file left
+    monkeypatch.setattr(os, "fsync", real_fsync)
+    with safeio.writes_together():
+        safeio.write_text(csv, "new csv")
+        assert csv.read_text() == "old csv"  # written beside it, put in place when the block ends
+        safeio.write_text(html, "new html")
+    assert (csv.read_text(), html.read_text()) == ("new csv", "new html")
+    with pytest.raises(KeyError), safeio.writes_together():  # an error of the command itself: nothing replaced
+        safeio.write_text(csv, "third")
+        raise KeyError("later")
+    assert csv.read_text() == "new csv" and sorted(p.name for p in tmp_path.iterdir()) == ["good.csv", "x.html"]
+
+
+def test_a_symlinked_output_is_written_through(tmp_path: Path) -> None:
+    """A probe's `--csv link.csv` (link.csv -> real.csv) replaced the link with a file and left real.csv as it
+    was; as root, `--csv /dev/stdout` with standard output sent to a file replaced the system's /dev/stdout."""
+    real = tmp_path / "real.csv"
+    real.write_text("old")
+    link = tmp_path / "link.csv"
+    link.symlink_to("real.csv")
+    (tmp_path / "sub").mkdir()
+    relative = tmp_path / "sub" / "rel.csv"
+    relative.symlink_to("../link.csv")  # a chain of two, the first relative to its own directory
+    assert safeio.write_text(link, "new") == real
+    assert link.is_symlink() and real.read_text() == "new"
+    assert safeio.write_text(relative, "newer") == real and relative.is_symlink() and real.read_text() == "newer"
+    dangling = tmp_path / "dangling.csv"
+    dangling.symlink_to("made/out.csv")
+    assert safeio.write_text(dangling, "made") == tmp_path / "made" / "out.csv" and dangling.read_text() == "made"
+    for through_proc in ("/dev/stdout", "/dev/fd/1", "/proc/self/fd/1"):
+        if os.path.exists(through_proc) and os.path.islink(through_proc):
+            with pytest.raises(ScenarioError, match="leads to a process's open file"):
+                safeio.check_output(through_proc)
+    mine = tmp_path / "out"
+    mine.symlink_to("/proc/self/fd/1")
+    with pytest.raises(ScenarioError, match=r"out: leads to a process's open file \(/proc/self/fd/1\)"):
+        safeio.write_text(mine, "x")
+    assert mine.is_symlink()
+    (tmp_path / "loop1").symlink_to("loop2")
+    (tmp_path / "loop2").symlink_to("loop1")
+    with pytest.raises(ScenarioError, match="cannot write here"):
+        safeio.write_text(tmp_path / "loop1", "x")
 
 
 def test_partial_path() -> None:
