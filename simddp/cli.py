@@ -35,9 +35,17 @@ def default_scenario_path() -> Path:
     return Path(str(resources.files("simddp").joinpath(DEFAULT_SCENARIO)))
 
 
+def scenario_path(args: argparse.Namespace) -> str | Path:
+    """The scenario file a command reads: its argument, or the embedded default where none is given (an empty
+    one, ``simddp plan ''``, is refused: it read the default without a word)."""
+    if args.scenario is not None and not str(args.scenario).strip():
+        raise UsageError(f"scenario {str(args.scenario)!r}: empty path; give a scenario file, or none for the "
+                         "embedded default")
+    return args.scenario or default_scenario_path()
+
+
 def _load(args: argparse.Namespace) -> Scenario:
-    path = args.scenario or default_scenario_path()
-    return load_scenario(path, args.set)
+    return load_scenario(scenario_path(args), args.set)
 
 
 def _scenario_inputs(args: argparse.Namespace, scenario: Scenario | None = None) -> list[str]:

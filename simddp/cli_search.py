@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import sys
 from collections.abc import Callable
@@ -44,12 +45,11 @@ def cmd_plan(args: argparse.Namespace) -> int:
 def _plan_scenario(args: argparse.Namespace) -> tuple[Scenario, dict[str, Any], Scenario | None, str | None]:
     """:func:`simddp.planner.plan_start` of the scenario file with its ``--set`` flags: the scenario to plan from,
     the cluster keys it has that the user's has not, the user's scenario on those GPUs (or None) and why not."""
-    from simddp.cli import default_scenario_path
+    from simddp.cli import scenario_path
     from simddp.planner import plan_start
     from simddp.scenario_io import mark_modified, scenario_data
 
-    path = args.scenario or default_scenario_path()
-    start = plan_start(mark_modified(scenario_data(path, args.set), args.set), args.gpus)
+    start = plan_start(mark_modified(scenario_data(scenario_path(args), args.set), args.set), args.gpus)
     return start.base, start.cluster_sets, start.own, start.why_not
 
 
@@ -88,16 +88,20 @@ def plan_lines(scenario: Scenario, result: Any, cluster_sets: dict[str, Any] | N
     if not result.layouts:
         lines.append("No layout fits in memory: try more GPUs, a larger GPU, or a smaller model or sequence.")
         return lines
-    header = f"{'#':>3} {'tp':>3} {'pp':>3} {'v':>2} {'dp':>5} {'ZeRO':>4} {'mbs':>4} {'recompute':>9} {'SP':>3} " \
-             f"{'cap':>6} {'step time':>10} {'tokens/s':>11} {'MFU':>6} {'memory/GPU':>11}"
-    lines.append(header)
     rows = [(f"{k:>3}", lay.model_dump()) for k, lay in enumerate(result.layouts, start=1)]
     if yours is not None:
         rows.append(("you", yours.model_dump()))
+    # Columns as wide as their widest number (dp 262,144 on 256k GPUs overflowed a fixed width of 5).
+    w = {key: max(width, *(len(str(lay[key])) for _, lay in rows))
+         for key, width in (("tp", 3), ("pp", 3), ("virtual_stages", 2), ("dp", 5), ("micro_batch_size", 4))}
+    lines.append(f"{'#':>3} {'tp':>{w['tp']}} {'pp':>{w['pp']}} {'v':>{w['virtual_stages']}} {'dp':>{w['dp']}} "
+                 f"{'ZeRO':>4} {'mbs':>{w['micro_batch_size']}} {'recompute':>9} {'SP':>3} "
+                 f"{'cap':>6} {'step time':>10} {'tokens/s':>11} {'MFU':>6} {'memory/GPU':>11}")
     for label, lay in rows:
         lines.append(
-            f"{label:>3} {lay['tp']:>3} {lay['pp']:>3} {lay['virtual_stages']:>2} {lay['dp']:>5} "
-            f"{lay['zero_stage']:>4} {lay['micro_batch_size']:>4} {lay['recompute']:>9} "
+            f"{label:>3} {lay['tp']:>{w['tp']}} {lay['pp']:>{w['pp']}} {lay['virtual_stages']:>{w['virtual_stages']}} "
+            f"{lay['dp']:>{w['dp']}} {lay['zero_stage']:>4} {lay['micro_batch_size']:>{w['micro_batch_size']}} "
+            f"{lay['recompute']:>9} "
             f"{'yes' if lay['sequence_parallel'] else 'no':>3} {_cap(lay['bucket_cap_mb']):>6} "
             f"{units.fmt_time(lay['step_time_s']):>10} {lay['tokens_per_s']:>11,.0f} {lay['mfu']:>6.1%} "
             f"{units.fmt_bytes(lay['memory_bytes']):>11}" + ("" if lay["fits"] else "  does not fit"))
@@ -190,7 +194,8 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         if args.html is not None:
             written.append(safeio.write_text(args.html, sweep_html(sweep), inputs, "--html"))
     if args.json:
-        print(safeio.json_text({"scenario": sweep.scenario, "paths": sweep.paths, "points": rows}, indent=2))
+        print(safeio.json_text({"scenario": sweep.scenario, "paths": sweep.paths,
+                                "points": [_typed_json(row, sweep.paths) for row in rows]}, indent=2))
     else:
         print("\n".join(sweep_lines(sweep)))
         for path in written:
@@ -201,6 +206,14 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         print(f"simddp: error: every point of the sweep is invalid (the first: {first})", file=sys.stderr)
         return 2
     return 0
+
+
+def _typed_json(row: dict[str, Any], paths: list[str]) -> dict[str, Any]:
+    """A sweep row for JSON: a varied value that is not a finite number (``--vary ddp.bucket_cap_mb=1e400``, an
+    invalid point that keeps what was typed) as its text, ``"inf"``, since strict JSON has no infinity; a probe
+    found that row ending the command with an internal error."""
+    bad = [p for p in paths if isinstance(row.get(p), float) and not math.isfinite(row[p])]
+    return {**row, **{p: str(row[p]) for p in bad}} if bad else row
 
 
 #: Most combinations one ``simddp sweep`` evaluates (each is a full simulation).

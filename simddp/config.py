@@ -75,6 +75,19 @@ def _admits_bool(annotation: Any) -> bool:
     return False
 
 
+def _expected(annotation: Any) -> str:
+    """What a field that takes no boolean takes, in words: a number, text (``name=yes`` reads as true in YAML), or
+    its choices."""
+    options = typing.get_args(annotation) if typing.get_origin(annotation) in (typing.Union, types.UnionType) \
+        else (annotation,)
+    options = tuple(a for a in options if a is not type(None))
+    if len(options) == 1 and options[0] is str:
+        return "text (quote it: 'yes')"
+    if len(options) == 1 and typing.get_origin(options[0]) is Literal:
+        return "one of " + ", ".join(repr(a) for a in typing.get_args(options[0]))
+    return "a number"
+
+
 def _list_item_type(annotation: Any) -> Any:
     """The item type of ``list[X]`` (or ``list[X] | None``), else None."""
     if typing.get_origin(annotation) is list:
@@ -100,8 +113,9 @@ class _Frozen(BaseModel):
                 raise ValueError("a name is one line: no newlines or tabs")
             return value
         if isinstance(value, bool):
-            if not _admits_bool(_annotation(cls, info)):
-                raise ValueError("expected a number, not a boolean")
+            annotation = _annotation(cls, info)
+            if not _admits_bool(annotation):
+                raise ValueError(f"expected {_expected(annotation)}, not a boolean")
         elif isinstance(value, list) and any(isinstance(v, bool) for v in value):
             item = _list_item_type(_annotation(cls, info))
             if item is not None and not _admits_bool(item):

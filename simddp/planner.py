@@ -208,8 +208,8 @@ def cluster_update(cluster: Cluster, num_gpus: int) -> dict[str, Any]:
         return {"num_nodes": num_gpus // per_node}
     if num_gpus < per_node and per_node % num_gpus == 0:
         return {"num_nodes": 1, "gpus_per_node": num_gpus}
-    raise ScenarioError(f"--gpus({num_gpus}) is not a whole number of {per_node}-GPU nodes "
-                        f"({cluster.preset or 'cluster'}: gpus_per_node {per_node})")
+    raise ScenarioError(f"--gpus({num_gpus}) is neither a whole number of {per_node}-GPU nodes nor a part of one "
+                        f"node that divides its GPUs ({cluster.preset or 'cluster'}: gpus_per_node {per_node})")
 
 
 @dataclass
@@ -257,12 +257,25 @@ def plan_start(data: dict[str, Any], num_gpus: int | None = None) -> PlanStart:
     else:
         return PlanStart(own, own, None, cluster_sets)
     total = nodes.get("gpus_per_node", cluster.gpus_per_node) * nodes.get("num_nodes", cluster.num_nodes)
-    for layout in layout_starts(data, cluster.gpus_per_node, total):
+    starts = list(layout_starts(data, cluster.gpus_per_node, total))
+    for layout in starts:
         try:
             base = variant(layout)
         except ScenarioError:
             continue
         return PlanStart(base, None, str(first), cluster_sets)
+    training = data.get("training")
+    batch = training.get("global_batch_size") if isinstance(training, dict) else None
+    if batch is not None and starts:
+        try:  # valid with the batch derived: then the batch is what no layout can split
+            variant([*starts[0], "training.global_batch_size=null"])
+        except ScenarioError:
+            pass
+        else:
+            raise ScenarioError(
+                f"training.global_batch_size({batch}): no layout splits it over {total:,} GPUs (dp = GPUs / (tp x "
+                "pp) must divide it, with tp within a node and pp at most the stages the model allows); plan for "
+                "fewer GPUs or a larger batch") from None
     raise first
 
 

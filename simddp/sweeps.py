@@ -248,17 +248,21 @@ def _variant(
     so the dict (and any error) is always the two-step route's.
     """
     out = _copy_tree(base)
+    # A section equal to the base's reuses its validated object; True == 1, so a boolean set where a number goes
+    # would pass in a section equal to the base's (micro-batch "true" ran as 1, which --set refuses): a point
+    # that sets a boolean is validated whole.
+    reuse = base_scenario if not any(_holds_bool(v) for v in updates.values()) else None
     if "cluster.preset" in updates:  # another preset's values replace the base's preset's, its own keys stay
         out["cluster"] = _preset_own_keys(out.get("cluster"))
     for path, value in updates.items():
         put_value(out, path, value)
     if not any(p in updates for p in _CLUSTER_SIZE_PATHS):
-        return out, _reusing_sections(out, base, base_scenario)
+        return out, _reusing_sections(out, base, reuse)
     if get_path(out, "parallelism.dp") is not None:
         put_value(out, "parallelism.dp", None)
     if batch != "weak" or _sets_batch(updates):
         # strong scaling, or a batch the point sets itself (varied beside the cluster size): kept as given
-        return out, _reusing_sections(out, base, base_scenario)
+        return out, _reusing_sections(out, base, reuse)
     if base_scenario is None:
         try:
             base_scenario = scenario_from_dict(base)
@@ -277,13 +281,22 @@ def _variant(
             raise
         batched = {**unbatched, "training": {**unbatched["training"], "global_batch_size": scaled}}
         try:
-            return batched, _reusing_sections(batched, base, base_scenario) or scenario_from_dict(batched)
+            return batched, _reusing_sections(batched, base, reuse) or scenario_from_dict(batched)
         except ScenarioError:
             pass  # the two-step route below says why, in its own words
     resized = scenario_from_dict_or_none(unbatched)
     if resized is not None:
         put_value(out, "training.global_batch_size", _weak_batch(base_scenario, resized.cluster.num_gpus))
     return out, None
+
+
+def _holds_bool(value: Any) -> bool:
+    """Whether a point's value is, or holds, a boolean."""
+    if isinstance(value, bool):
+        return True
+    if isinstance(value, dict):
+        return any(_holds_bool(v) for v in value.values())
+    return isinstance(value, list) and any(_holds_bool(v) for v in value)
 
 
 def _preset_own_keys(cluster: Any) -> Any:

@@ -275,6 +275,40 @@ def test_hostile_plan_and_sweep_inputs_of_the_twentieth_pass(tmp_path: Path, cap
     assert rc == 2 and "0 is not a key of model.transformer" in err
 
 
+def test_hostile_plan_and_sweep_inputs_of_the_thirtieth_pass(tmp_path: Path,
+                                                             capsys: pytest.CaptureFixture[str]) -> None:
+    """A probe of plan and sweep: an internal error, a boolean taken for a number, and errors that named the
+    wrong thing or nothing."""
+    small = tmp_path / "s.yaml"
+    small.write_text(SMALL_YAML)
+    # An invalid point keeps the value typed: an infinity, which strict JSON cannot hold, ended `--json` with an
+    # internal error (exit 70); it is its text now, the other point answered.
+    rc, out, _ = run(capsys, "sweep", str(small), "--vary", "ddp.bucket_cap_mb=1e400,25", "--json")
+    points = _strict(out)["points"]
+    assert rc == 0 and points[0]["ddp.bucket_cap_mb"] == "inf" and "finite" in points[0]["error"]
+    assert points[1]["ddp.bucket_cap_mb"] == 25 and points[1]["error"] is None
+    # A section equal to the base's was reused, and True == 1: micro-batch `true` ran as 1 (`--set` refuses it).
+    rc, out, _ = run(capsys, "sweep", str(small), "--vary", "training.micro_batch_size=true,2", "--json")
+    points = _strict(out)["points"]
+    assert rc == 0 and "expected a number, not a boolean" in points[0]["error"] and points[1]["error"] is None
+    # A boolean where text or a choice goes was called "not a number".
+    rc, _, err = run(capsys, "simulate", str(small), "--set", "name=yes")
+    assert rc == 2 and "name: expected text (quote it: 'yes'), not a boolean" in err
+    rc, _, err = run(capsys, "simulate", str(small), "--set", "training.recompute=true")
+    assert rc == 2 and "training.recompute: expected one of 'none', 'selective'" in err
+    # An empty scenario path read the embedded default without a word.
+    for command in ("plan", "simulate", "memory"):
+        rc, out, err = run(capsys, command, "")
+        assert (rc, out) == (2, "") and "scenario '': empty path" in err, command
+    # --gpus 3 on 8-GPU nodes: 1, 2 and 4 are taken as part of a node, so "not a whole number of nodes" was half.
+    rc, _, err = run(capsys, "plan", str(small), "--gpus", "3")
+    assert rc == 2 and "neither a whole number of 8-GPU nodes nor a part of one node that divides its GPUs" in err
+    # A batch no layout splits named a dp and a micro-batch the user never set.
+    rc, _, err = run(capsys, "plan", str(small), "--gpus", "2048")  # tp 8 x pp 4 at most: dp 64 over 32 samples
+    assert rc == 2 and err.startswith("simddp: error: training.global_batch_size(32): no layout splits it over "
+                                      "2,048 GPUs")
+
+
 def test_a_full_standard_output_is_named() -> None:
     """`> /dev/full`: 'No space left on device' named nothing; it names standard output now."""
     import subprocess

@@ -49,14 +49,19 @@ def test_nested_and_calibration_floats_reject_infinity() -> None:
         TimingStats(times_s=[1.0, math.nan], median_s=1, p10_s=1, p90_s=1, min_s=1, max_s=1, num_outliers=0)
 
 
-@pytest.mark.parametrize("section, key, value", [
-    ("parallelism", "tp", True), ("parallelism", "zero_stage", True), ("parallelism", "dp", False),
-    ("training", "micro_batch_size", True), ("ddp", "bucket_cap_mb", True), ("cluster", "num_nodes", True),
+@pytest.mark.parametrize("section, key, value, expected", [
+    ("parallelism", "tp", True, "a number"), ("parallelism", "zero_stage", True, "one of 0, 1, 2, 3"),
+    ("parallelism", "dp", False, "a number"), ("training", "micro_batch_size", True, "a number"),
+    ("ddp", "bucket_cap_mb", True, "a number"), ("cluster", "num_nodes", True, "a number"),
+    ("training", "recompute", True, "one of 'none', 'selective', 'selective-op', 'full'"),
+    ("ddp", "implementation", True, "one of 'torch', 'deepspeed', 'megatron'"),
 ])
-def test_booleans_are_not_numbers(section: str, key: str, value: bool) -> None:
+def test_booleans_are_not_numbers(section: str, key: str, value: bool, expected: str) -> None:
+    """A boolean where a number, a choice or text goes (YAML reads yes and on as true) is named for what the key
+    takes: a probe's `--set training.recompute=true` was told to give a number."""
     data = base_scenario()
     data[section] = {**data.get(section, {}), key: value}
-    assert f"{section}.{key}: expected a number, not a boolean" in _error(data)
+    assert f"{section}.{key}: expected {expected}, not a boolean" in _error(data)
 
 
 def test_booleans_are_not_list_numbers_and_bool_fields_still_take_booleans() -> None:
