@@ -167,11 +167,15 @@ def _csv_text(rows: list[dict[str, Any]]) -> str:
 
 
 def cmd_sweep(args: argparse.Namespace) -> int:
-    from simddp.cli import _load, _scenario_inputs
+    from simddp.cli import _scenario_inputs, scenario_path
     from simddp.planner import terminal_progress
+    from simddp.scenario_io import mark_modified, scenario_data, scenario_from_dict
     from simddp.sweeps import sweep_html, vary_sweep
 
-    scenario = _load(args)
+    # The file's own keys with its --set ones, as simulate --set reads them: a point's preset or calibration
+    # profile then fills in under them (from the validated scenario, its old preset's or profile's values stood).
+    data = mark_modified(scenario_data(scenario_path(args), args.set), args.set)
+    scenario = scenario_from_dict(data)
     varies = parse_vary(args.vary)
     # A file a point reads (a calibration profile, say) is an input too: no output may replace it.
     inputs = _scenario_inputs(args, scenario) + sorted(
@@ -184,7 +188,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         points *= len(values)
     if points > MAX_SWEEP_POINTS:
         raise ScenarioError(f"--vary: {points:,} combinations exceed the limit of {MAX_SWEEP_POINTS:,} per sweep")
-    sweep = vary_sweep(scenario, varies, batch=args.batch, jobs=args.jobs,
+    sweep = vary_sweep(data, varies, batch=args.batch, jobs=args.jobs,
                        progress=None if args.json else terminal_progress("sweep"))
     rows = sweep.rows()
     written = []

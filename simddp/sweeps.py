@@ -176,24 +176,32 @@ class GridSweep(_Sweep):
 def scenario_to_dict(scenario: Scenario) -> dict[str, Any]:
     """Scenario keys that validate back into ``scenario``.
 
-    A model preset is kept by name when the scenario's shape is the preset's own, otherwise the
-    expanded shape is kept (a model names exactly one of preset, transformer or parameters).
+    A model preset is kept by name, with the model's keys whose values differ from the preset's own beside it
+    (``num_autograd_nodes`` set in the file, say): another preset set there replaces the preset's shape and keeps
+    them, as ``--set model.preset=...`` does with the file. (Until 2026-11-29 such a model kept its expanded shape
+    without the name, and a sweep's point setting another preset was refused: "give exactly one of preset,
+    transformer or parameters".)
     """
     data = scenario.model_dump()
     model = data["model"]
     if model.get("preset"):
-        preset_shape = ModelConfig.model_validate({"preset": model["preset"]}).model_dump()
-        if preset_shape == model:
-            data["model"] = {"preset": model["preset"]}
-        else:
-            model["preset"] = None
+        data["model"] = {**_differing(model, ModelConfig.model_validate({"preset": model["preset"]}).model_dump()),
+                         "preset": model["preset"]}
     return data
 
 
 def as_scenario_dict(scenario: Scenario | dict[str, Any]) -> dict[str, Any]:
-    """A deep copy of scenario keys, validated once so a bad base fails with one :class:`ScenarioError`."""
+    """A deep copy of scenario keys, validated once so a bad base fails with one :class:`ScenarioError`.
+
+    From a dict (a scenario file's, with its ``--set`` keys: what ``simddp sweep`` passes), the keys are the
+    file's own: a preset or a calibration profile set on a point fills in under them, as ``simulate --set`` has
+    it. From a :class:`Scenario`, they are :func:`scenario_to_dict`'s, its cluster less what its preset gave it
+    (:func:`_preset_own_keys`), where a key the file set to the preset's own value cannot be told from the
+    preset's, nor a calibration profile's values from the file's: pass the file's dict where that matters."""
     if isinstance(scenario, Scenario):
-        return scenario_to_dict(scenario)
+        data = scenario_to_dict(scenario)
+        data["cluster"] = _preset_own_keys(data["cluster"])
+        return data
     scenario_from_dict(scenario)
     return copy.deepcopy(scenario)
 
@@ -252,8 +260,6 @@ def _variant(
     # would pass in a section equal to the base's (micro-batch "true" ran as 1, which --set refuses): a point
     # that sets a boolean is validated whole.
     reuse = base_scenario if not any(_holds_bool(v) for v in updates.values()) else None
-    if "cluster.preset" in updates:  # another preset's values replace the base's preset's, its own keys stay
-        out["cluster"] = _preset_own_keys(out.get("cluster"))
     for path, value in updates.items():
         put_value(out, path, value)
     if not any(p in updates for p in _CLUSTER_SIZE_PATHS):
@@ -301,10 +307,10 @@ def _holds_bool(value: Any) -> bool:
 
 def _preset_own_keys(cluster: Any) -> Any:
     """A validated cluster section (a base's, expanded from its preset) less the values its preset gave it: the
-    preset's name and the keys set beside it (nested sections key by key), as its scenario file has them. A point
-    that sets ``cluster.preset`` merges the new preset under these, as ``--set cluster.preset=...`` does with
-    the file; on the expanded section, the old preset's values (its GPU, links, GPUs per node) would stay and
-    only the name would change. A section without a known preset is returned as it is."""
+    preset's name and the keys that differ from the preset's (nested sections key by key). A point that sets
+    ``cluster.preset`` merges the new preset under these, as ``--set cluster.preset=...`` does with the file; on
+    the expanded section, the old preset's values (its GPU, links, GPUs per node) stayed and only the name
+    changed, until 2026-11-29. A section without a known preset is returned as it is."""
     name = cluster.get("preset") if isinstance(cluster, dict) else None
     if not isinstance(name, str) or name not in CLUSTER_PRESETS:
         return cluster

@@ -343,3 +343,63 @@ def test_a_varied_cluster_preset_brings_its_own_values() -> None:
     steps = [p.step_time_s for p in sweep.points]
     assert len(set(steps)) == 3  # three GPUs and networks, three answers
     assert sweep.points[1].memory_fits is False  # p4d's A100s have 40 GB: the 7B model's 59 GiB does not fit
+
+
+def test_a_sweep_point_is_what_simulate_set_gives_for_presets_and_profiles(tmp_path, capsys) -> None:
+    """A consistency probe compared `sweep --vary K=v` with `simulate --set K=v` over every key: three disagreed,
+    as the sweep started from the validated scenario, where what a preset or a profile filled in reads as set by
+    the file. `simddp sweep` starts from the file's own keys now (the API from a Scenario, as far as it can)."""
+    import json
+    import sys
+    from pathlib import Path
+
+    from simddp.cli import main
+
+    def cli(*argv: str) -> dict[str, Any]:
+        assert main([*argv, "--json"]) in (0, 2)
+        return json.loads(capsys.readouterr().out)
+
+    def sweep_steps(path: Path, key: str, values: list[str]) -> list[float | None]:
+        out = cli("sweep", str(path), "--vary", f"{key}={','.join(values)}", "--batch", "strong")
+        return [p["step_time_s"] for p in out["points"]]
+
+    def simulate_step(path: Path, key: str, value: str) -> float:
+        return cli("simulate", str(path), "--set", f"{key}={value}")["step_time_s"]
+
+    # 1. The file's own inter-node efficiency equals the H100 preset's (0.94): A100's preset has 0.96, and the
+    #    file's 0.94 must stay (the collapsed base took it for the preset's: 3.610 s against 3.612 s).
+    own = tmp_path / "own.yaml"
+    own.write_text("cluster: {preset: dgx-h100-80gb, num_nodes: 2, inter_node: {efficiency: 0.94}}\n"
+                   "model: {preset: gpt2}\ntraining: {micro_batch_size: 4, seq_len: 1024}\n")
+    assert sweep_steps(own, "cluster.preset", ["dgx-a100-80gb"]) == [
+        simulate_step(own, "cluster.preset", "dgx-a100-80gb")]
+    assert simulate_step(own, "cluster.preset", "dgx-a100-80gb") != simulate_step(
+        own, "cluster.inter_node.efficiency", "0.96")  # the 0.94 matters
+    # 2. A preset model with a key of its own: another preset was refused ("give exactly one of preset,
+    #    transformer or parameters"), from the file and from a Scenario alike.
+    mod = tmp_path / "mod.yaml"
+    mod.write_text("cluster: {preset: dgx-a100-80gb, num_nodes: 2}\nmodel: {preset: gpt2, num_autograd_nodes: 5000}\n"
+                   "training: {micro_batch_size: 4, seq_len: 1024}\n")
+    assert sweep_steps(mod, "model.preset", ["gpt2-medium"]) == [simulate_step(mod, "model.preset", "gpt2-medium")]
+    from simddp.scenario_io import load_scenario
+
+    by_object = sweeps.vary_sweep(load_scenario(mod), {"model.preset": ["gpt2-medium"]}, batch="strong")
+    assert by_object.scenario.startswith("gpt2") and by_object.points[0].step_time_s == pytest.approx(
+        simulate_step(mod, "model.preset", "gpt2-medium"), rel=1e-12)
+    assert sweeps.scenario_to_dict(load_scenario(mod))["model"] == {"preset": "gpt2", "num_autograd_nodes": 5000}
+    # 3. Another calibration profile: the first profile's values stood over it (both rows read the first's).
+    sys.path.insert(0, str(Path(__file__).parent / "app"))
+    from calibration_data import write_all
+
+    files = write_all(tmp_path / "cal")
+    other = json.loads(files["profile"].read_text())
+    other["cluster"]["host_overhead_s"] = 0.005
+    second = tmp_path / "cal" / "profile2.json"
+    second.write_text(json.dumps(other))
+    cal = tmp_path / "cal.yaml"
+    cal.write_text(f"calibration: {files['profile']}\n")
+    steps = sweep_steps(cal, "calibration", [str(files["profile"]), str(second)])
+    assert steps == [simulate_step(cal, "calibration", str(files["profile"])), simulate_step(cal, "calibration",
+                                                                                           str(second))]
+    assert steps[1] == pytest.approx(steps[0] + 0.005 - json.loads(files["profile"].read_text())["cluster"].get(
+        "host_overhead_s", 0.0), rel=1e-9)
