@@ -629,6 +629,8 @@ def cmd_presets(args: argparse.Namespace) -> int:
 def cmd_schema(args: argparse.Namespace) -> int:
     from simddp.schema import schema_keys
 
+    if args.path is not None and not args.path.strip():  # '' listed every key, as no path does
+        raise UsageError("schema '': empty key path; give one (training.seq_len), or none for every key")
     keys = schema_keys(args.path or "")
     if args.json:
         print(safeio.json_text([k.model_dump(mode="json") for k in keys], indent=2))

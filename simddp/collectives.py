@@ -47,7 +47,8 @@ from typing import Literal, get_args
 
 from simddp.engine_caches import cached, without_init
 from simddp.errors import ScenarioError
-from simddp.sanity import check_range
+from simddp.limits import MAX_MESSAGE_BYTES
+from simddp.sanity import SIZE_CAUSE, check_range
 from simddp.topology import CommGroup
 from simddp.units import US
 
@@ -441,8 +442,11 @@ def checked_cost(cost: CollectiveCost) -> CollectiveCost:
     """``cost``, unless it is beyond :data:`simddp.sanity.MAX_STEP_TIME_S` (see :func:`collective_cost`). Its name
     in the message is made only for a cost refused (formatting it for every one cost 1.4 us each)."""
     check_range(cost.time_s, lambda: f"one {cost.op} of {cost.size_bytes:,} B over {cost.num_ranks:,} ranks",
-                "a link latency or bandwidth is out of range (cluster.intra_node, cluster.inter_node, cluster.gloo)")
+                _LINKS_CAUSE if cost.size_bytes <= MAX_MESSAGE_BYTES else SIZE_CAUSE)
     return cost
+
+
+_LINKS_CAUSE = "a link latency or bandwidth is out of range (cluster.intra_node, cluster.inter_node, cluster.gloo)"
 
 
 def _collective_cost(op: Op, size_bytes: int, group: CommGroup, algorithm: AlgorithmName,

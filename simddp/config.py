@@ -116,11 +116,30 @@ class _Frozen(BaseModel):
             annotation = _annotation(cls, info)
             if not _admits_bool(annotation):
                 raise ValueError(f"expected {_expected(annotation)}, not a boolean")
-        elif isinstance(value, list) and any(isinstance(v, bool) for v in value):
-            item = _list_item_type(_annotation(cls, info))
-            if item is not None and not _admits_bool(item):
-                raise ValueError("expected numbers, not booleans")
+        elif isinstance(value, int):
+            _check_int(value)
+        elif isinstance(value, list):
+            if any(isinstance(v, bool) for v in value):
+                item = _list_item_type(_annotation(cls, info))
+                if item is not None and not _admits_bool(item):
+                    raise ValueError("expected numbers, not booleans")
+            for v in value:
+                if isinstance(v, int) and not isinstance(v, bool):
+                    _check_int(v)
         return value
+
+
+#: The largest integer any input takes: 2^53, the largest whose float is exact. Sizes, counts and lengths meet
+#: floats in the cost models (FLOP, bytes/s); a sequence length of 10^310 ended `simulate` with an internal error
+#: ("int too large to convert to float", a probe), where a float 1e310 was refused. No size or count simddp
+#: models comes near it (a 1T model has 10^12 parameters; 2^53 bytes is 8 PiB).
+MAX_INPUT_INT = 2**53
+
+
+def _check_int(value: int) -> None:
+    if not -MAX_INPUT_INT <= value <= MAX_INPUT_INT:
+        digits = len(str(abs(value))) if abs(value) < 10**4000 else "4,000+"
+        raise ValueError(f"an integer of {digits} digits is over the limit of 2^53 ({MAX_INPUT_INT:,})")
 
 
 def _annotation(cls: type[BaseModel], info: ValidationInfo) -> Any:
@@ -358,10 +377,15 @@ class ParameterSpec(_Frozen):
     @field_validator("dtype")
     @classmethod
     def _known_dtype(cls, value: str) -> str:
-        name = value.removeprefix("torch.")
-        if name not in DTYPE_BYTES:
-            raise ValueError(f"unknown dtype {value!r}; expected one of {sorted(DTYPE_BYTES)}")
-        return name
+        return known_dtype(value)
+
+
+def known_dtype(value: str) -> str:
+    """A torch dtype name without its ``torch.`` prefix, or a ValueError naming the ones simddp knows."""
+    name = value.removeprefix("torch.")
+    if name not in DTYPE_BYTES:
+        raise ValueError(f"unknown dtype {value!r}; expected one of {sorted(DTYPE_BYTES)}")
+    return name
 
 
 class LayerSpec(_Frozen):
@@ -1151,6 +1175,10 @@ def set_path(data: dict[str, Any], dotted: str, raw_value: str) -> dict[str, Any
         value = safeio.parse_yaml(raw_value, f"--set {safeio.short_repr(dotted)}")
     except safeio.MalformedInput:
         value = raw_value
+    if "#" in raw_value and (value is None or isinstance(value, str)):
+        # YAML reads ' #' on as a comment: `--set "name=run #1"` named the run 'run', and "#1 run" set null (a
+        # probe). On a command line the text is what was meant.
+        value = raw_value.strip()
     try:
         return set_value(data, dotted, value)
     except ScenarioError as err:

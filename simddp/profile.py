@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any, Literal, TypeVar
 
 import numpy as np
-from pydantic import BaseModel, Field, ValidationError, model_validator
+from pydantic import BaseModel, Field, ValidationError, field_validator, model_validator
 
 from simddp import safeio
 from simddp.config import (
@@ -44,6 +44,7 @@ from simddp.config import (
     ScenarioError,
     Training,
     format_validation_error,
+    known_dtype,
 )
 from simddp.config import _Frozen as _Frozen  # input models: finite floats, no booleans as numbers
 from simddp.limits import MAX_COMM_SIZES
@@ -226,6 +227,14 @@ class MeasuredParameter(_Frozen):
     numel: int = Field(gt=0, description="Elements.")
     dtype: str = Field(description="torch dtype name.")
     module: str = Field(description="Name of the module that owns it directly ('' = the root).")
+
+    @field_validator("dtype")
+    @classmethod
+    def _known_dtype(cls, value: str) -> str:
+        """Checked when the file is read: an unknown one reached ``calibrate fit``'s scenario model and came out as
+        pydantic's raw multi-line error, without the file (a probe). Kept as written."""
+        known_dtype(value)
+        return value
 
 
 class MeasuredLayer(_Frozen):

@@ -17,6 +17,12 @@ from simddp.safeio import first_non_finite
 #: Longest step the model answers for (about 32 years): beyond it the inputs are out of range, and
 #: double precision no longer resolves the parts of a step against its total.
 MAX_STEP_TIME_S = 1e9
+#: Most bytes one GPU's memory is answered for: 2^64, all a 64-bit address space holds (16 EiB). Beyond it the
+#: model's sizes are out of range (a vocabulary of 10^300 printed a 240-digit GiB figure, a probe).
+MAX_MEMORY_BYTES = 2**64
+#: What a message of more than :data:`simddp.limits.MAX_MESSAGE_BYTES` says of its cause (it blamed the links).
+SIZE_CAUSE = ("the model's sizes are out of range (model.transformer, model.parameters, training.micro_batch_size, "
+              "training.seq_len)")
 #: Relative slack of "parts add up to the step" (the simulator's clock sums thousands of durations).
 REL_TOL = 1e-6
 ABS_TOL_S = 1e-9
@@ -34,6 +40,13 @@ def check_range(step_time_s: float, what: str | Callable[[], str] = "the step",
         raise ScenarioError(
             f"{what} would take {step_time_s:.3g} s, beyond the {MAX_STEP_TIME_S:.0e} s the model answers for: {cause}"
         )
+
+
+def check_memory(total_bytes: int, what: str = "the most loaded GPU") -> None:
+    """Refuse a memory total beyond :data:`MAX_MEMORY_BYTES` (a user error, as a step beyond the time range)."""
+    if total_bytes > MAX_MEMORY_BYTES:
+        raise ScenarioError(f"{what} would hold {float(total_bytes):.3g} B, beyond the 2^64 B (16 EiB) a 64-bit "
+                            f"address space holds: {SIZE_CAUSE}")
 
 
 def check_finite(data: Any, what: str) -> None:
@@ -84,4 +97,5 @@ def check_step_result(result: Any) -> None:
                                 f"ready at {bucket.ready_s} s")
 
 
-__all__ = ["MAX_STEP_TIME_S", "check_finite", "check_range", "check_step_result"]
+__all__ = ["MAX_MEMORY_BYTES", "MAX_STEP_TIME_S", "SIZE_CAUSE", "check_finite", "check_memory", "check_range",
+           "check_step_result"]

@@ -309,6 +309,62 @@ def test_hostile_plan_and_sweep_inputs_of_the_thirtieth_pass(tmp_path: Path,
                                       "2,048 GPUs")
 
 
+def test_hostile_inputs_to_the_other_commands_of_the_thirtieth_pass(tmp_path: Path,
+                                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    """A probe of simulate, memory, schema and calibrate: internal errors, absurd figures printed as answers, a
+    comment eaten from a value, a raw pydantic error, a negative time."""
+    import sys
+
+    small = tmp_path / "s.yaml"
+    small.write_text(SMALL_YAML)
+    # An integer no float holds ended simulate with an internal error (exit 70; a float 1e310 was refused).
+    huge = str(10**310)
+    for key in ("training.seq_len", "model.transformer.hidden_size", "model.transformer.vocab_size"):
+        rc, _, err = run(capsys, "simulate", str(small), "--set", f"{key}={huge}")
+        assert rc == 2 and f"{key}: an integer of 311 digits is over the limit of 2^53" in err, key
+    rc, _, err = run(capsys, "simulate", str(small), "--set", "training.seq_len=9007199254740993")
+    assert rc == 2 and "training.seq_len: an integer of 16 digits is over the limit of 2^53" in err
+    # memory printed a vocabulary of 2^53 as 10^24 GiB; simulate blamed the links for the messages it makes.
+    wide = f"model.transformer={{num_layers: 4, hidden_size: {2**52}, num_heads: 16, vocab_size: {2**52}, " \
+           f"ffn_hidden_size: 4096}}"
+    rc, _, err = run(capsys, "memory", str(small), "--set", wide)
+    assert rc == 2 and "beyond the 2^64 B (16 EiB) a 64-bit address space holds: the model's sizes" in err
+    rc, _, err = run(capsys, "simulate", str(small), "--set", wide)
+    assert rc == 2 and "the model's sizes are out of range" in err and "a link latency" not in err
+    # YAML took ' #' on for a comment: the run was named 'run'.
+    rc, out, _ = run(capsys, "simulate", str(small), "--set", "name=run #1", "--json")
+    assert rc == 0 and _strict(out)["scenario"] == "run #1"
+    rc, _, err = run(capsys, "schema", "")
+    assert rc == 2 and "schema '': empty key path" in err
+    # A part zero in exact arithmetic came out at -6e-19 s.
+    rc, out, _ = run(capsys, "simulate", str(small), "--set", "ddp.overlap=false", "--json")
+    assert rc == 0 and all(v >= 0 for k, v in _strict(out).items() if k.endswith("_time_s"))
+    # Layer times measured at micro-batch 8, run at 10^8: MFU 55,564,455% printed as an answer. Refused beyond
+    # twice the peak, and said in a note below it.
+    sys.path.insert(0, str(Path(__file__).parent / "app"))
+    from calibration_data import write_all
+
+    files = write_all(tmp_path / "cal")
+    cal = tmp_path / "cal.yaml"
+    cal.write_text(f"calibration: {files['profile']}\nparallelism: {{dp: 2}}\n")
+    rc, _, err = run(capsys, "simulate", str(cal), "--set", "training.micro_batch_size=100000000")
+    assert rc == 2 and "the model FLOP/s its 2 GPUs peak at" in err and "measured times hold at" in err
+    rc, out, _ = run(capsys, "simulate", str(cal), "--json")
+    measured = _strict(out)
+    assert rc == 0 and not any("measured at micro-batch" in n for n in measured["not_modelled"])
+    rc, out, _ = run(capsys, "simulate", str(cal), "--set", "training.micro_batch_size=16", "--json")
+    doubled = _strict(out)
+    assert rc == 0 and any("measured at micro-batch 8" in n and "not scaled" in n for n in doubled["not_modelled"])
+    # A compute file's unknown dtype came out of calibrate fit as pydantic's raw multi-line error, no file named.
+    compute = json.loads(files["compute"].read_text())
+    compute["parameters"][0]["dtype"] = "1"
+    bad = tmp_path / "bad_compute.json"
+    bad.write_text(json.dumps(compute))
+    rc, _, err = run(capsys, "calibrate", "fit", str(files["comm"]), str(bad), "--out", str(tmp_path / "p.json"))
+    assert rc == 2 and "bad_compute.json: malformed simddp-compute: parameters.0" in err
+    assert "unknown dtype '1'" in err and "pydantic" not in err and len(err.strip().splitlines()) == 1
+
+
 def test_a_full_standard_output_is_named() -> None:
     """`> /dev/full`: 'No space left on device' named nothing; it names standard output now."""
     import subprocess

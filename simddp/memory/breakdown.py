@@ -26,6 +26,7 @@ from simddp.memory.activations import (
 from simddp.memory.buffers import buffer_items
 from simddp.memory.items import Item, MemoryBreakdown, MemoryItem
 from simddp.memory.states import OPTIMIZER_STATE_BYTES_PER_PARAM, model_states_of_sizes
+from simddp.sanity import check_memory
 from simddp.scenario_io import as_scenario
 from simddp.units import fmt_bytes
 from simddp.workload import PRECISION_ACT_BYTES, BlockLayers, Workload, build_workload, uses_dropout
@@ -50,6 +51,7 @@ def memory_breakdown(scenario: Scenario | dict[str, Any] | str | Path, workload:
     # Every stage's total from its sizes alone; the lines, with their notes, of the reported one only.
     totals = _stage_totals(scenario, workload, rule, same, twins)
     chosen = stage if stage is not None else max(range(par.pp), key=lambda s: (totals[s], -s))
+    check_memory(totals[chosen], "the most loaded GPU" if stage is None else f"a GPU of stage {chosen}")
     items, num_params, in_flight = _stage_items(scenario, workload, chosen, rule, same, twins[chosen])
     if sum(i.size_bytes for i in items) != totals[chosen]:  # one formula each way: a bug here, not user input
         raise AssertionError(f"stage {chosen}'s lines do not add up to its total")

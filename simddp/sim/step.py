@@ -36,7 +36,7 @@ import simpy
 from pydantic import TypeAdapter
 
 from simddp.analytical import in_order_overlap_step_s
-from simddp.config import Scenario
+from simddp.config import Scenario, ScenarioError
 from simddp.engine_caches import collector_paused
 from simddp.memory import memory_breakdown
 from simddp.results import BREAKDOWN_PARTS, Bounds, BucketTiming, Span, StepPart, StepResult, Trace
@@ -63,6 +63,35 @@ def published_fsdp_gap() -> str:
     a100, h100 = (round(100 * PUBLISHED_FSDP_ERROR[g]) for g in ("A100", "H100"))
     return (f"on 21 published FSDP runs of transformers in eager PyTorch simddp's throughput is high by {a100}% "
             f"(A100) to {h100}% (H100) on average (docs/validation.md)")
+
+
+#: The most MFU a step can show: model FLOP count attention's whole s x s (PaLM's and Megatron's convention, so
+#: MFU compares across kernels), where causal kernels compute half of it, so a step whose every kernel ran at
+#: the peak could read up to twice 100%; the kernel model itself stays under 100%. Beyond twice, layer times given
+#: or measured are shorter than their FLOP allow (a probe: a profile measured at micro-batch 8 run at 10^8 read
+#: MFU 55,564,455%).
+MAX_MFU = 2.0
+
+
+def _measured_elsewhere(scenario: Scenario) -> str | None:
+    """Where a calibrated scenario runs its profile's measured layer times at another micro-batch or sequence
+    than they were measured at: a note saying so, else None."""
+    layers = scenario.model.layers or []
+    if not scenario.calibration or not any(la.fwd_time_s is not None for la in layers):
+        return None
+    from simddp.profile import load_profile
+
+    try:
+        measured = load_profile(scenario.calibration).training
+    except (ScenarioError, OSError):
+        return None
+    tr = scenario.training
+    at = (measured.get("micro_batch_size"), measured.get("seq_len"))
+    if at == (tr.micro_batch_size, tr.seq_len) or None in at:
+        return None
+    return (f"the calibration profile's layer times were measured at micro-batch {at[0]} x {at[1]} tokens and are "
+            f"used as they are at {tr.micro_batch_size} x {tr.seq_len}, not scaled: the compute part of this step "
+            "is the measured one (re-measure at this micro-batch, or drop the layers' times for the kernel model)")
 
 
 def not_modelled(scenario: Scenario) -> list[str]:
@@ -100,6 +129,9 @@ def not_modelled(scenario: Scenario) -> list[str]:
     if ddp.static_graph:
         notes.append("ddp.static_graph: the first iteration (graph recording, one delayed all-reduce) is not in "
                      "this steady-state step")
+    elsewhere = _measured_elsewhere(scenario)
+    if elsewhere is not None:
+        notes.append(elsewhere)
     return notes
 
 
@@ -630,13 +662,23 @@ def _result(plan: StepPlan, states: list[Any], spans: list[Span] | None) -> Step
         "optimizer": st.acct.get("optimizer", 0.0),
         "host": host,
     }
-    breakdown = _PART_LIST.validate_python([{"key": k, "label": BREAKDOWN_PARTS[k][0], "time_s": max(0.0, v),
+    # A part that is zero in exact arithmetic can come out of the sums as a rounding residue below zero (-6e-19 s
+    # of interference with overlap off, a probe's --json): no time is negative.
+    values = {k: max(0.0, v) for k, v in values.items()}
+    breakdown = _PART_LIST.validate_python([{"key": k, "label": BREAKDOWN_PARTS[k][0], "time_s": v,
                                              "description": BREAKDOWN_PARTS[k][1]} for k, v in values.items()])
     comm_s = st.dp_comm_s
     bounds = _bounds(plan, states, host)
     gbs = scenario.global_batch_size
     gpu = cluster.gpu
     one_gpu_s = m * rp.kernel_s + rp.opt_s + host
+    mfu = workload.model_flop_per_sample * gbs / step_s / (cluster.num_gpus * gpu.peak_flop_per_s(tr.precision))
+    if mfu > MAX_MFU:
+        raise ScenarioError(
+            f"the step would do {mfu:.3g}x the model FLOP/s its {cluster.num_gpus:,} GPUs peak at (MFU {mfu:.0%}): "
+            "layer times measured or given (model.layers' fwd_time_s, bwd_time_s) are shorter than their FLOP allow; "
+            "measured times hold at the micro-batch and sequence they were measured at (the calibration profile's "
+            "training keys)")
     rounds_reported = rp.rounds if plan.mode == "dp" else 1
     last = rounds_reported - 1
     # Records made from the engine's numbers (BucketTiming is a plain dataclass: see its docstring).
@@ -681,7 +723,7 @@ def _result(plan: StepPlan, states: list[Any], spans: list[Span] | None) -> Step
         link_busy_s=dict(st.link_busy_s),
         samples_per_s=gbs / step_s,
         tokens_per_s=gbs * tr.seq_len / step_s,
-        mfu=workload.model_flop_per_sample * gbs / step_s / (cluster.num_gpus * gpu.peak_flop_per_s(tr.precision)),
+        mfu=mfu,
         scaling_efficiency=one_gpu_s / step_s,
         num_params=rp.grads.num_params,
         reported_rank=f"pipeline stage {rp.index} of {par.pp}" if par.pp > 1 else "every rank (data parallel)",
