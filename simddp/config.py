@@ -117,29 +117,43 @@ class _Frozen(BaseModel):
             if not _admits_bool(annotation):
                 raise ValueError(f"expected {_expected(annotation)}, not a boolean")
         elif isinstance(value, int):
-            _check_int(value)
+            if not -MAX_INPUT_INT <= value <= MAX_INPUT_INT:
+                _check_int(value, _annotation(cls, info))
         elif isinstance(value, list):
             if any(isinstance(v, bool) for v in value):
                 item = _list_item_type(_annotation(cls, info))
                 if item is not None and not _admits_bool(item):
                     raise ValueError("expected numbers, not booleans")
-            for v in value:
-                if isinstance(v, int) and not isinstance(v, bool):
-                    _check_int(v)
+            big = [v for v in value if isinstance(v, int) and not -MAX_INPUT_INT <= v <= MAX_INPUT_INT]
+            if big:
+                _check_int(big[0], _list_item_type(_annotation(cls, info)) or Any)
         return value
 
 
-#: The largest integer any input takes: 2^53, the largest whose float is exact. Sizes, counts and lengths meet
-#: floats in the cost models (FLOP, bytes/s); a sequence length of 10^310 ended `simulate` with an internal error
-#: ("int too large to convert to float", a probe), where a float 1e310 was refused. No size or count simddp
-#: models comes near it (a 1T model has 10^12 parameters; 2^53 bytes is 8 PiB).
+#: The largest integer an integer key takes: 2^53, the largest whose float is exact. Sizes, counts and lengths
+#: meet floats in the cost models (FLOP, bytes/s); a sequence length of 10^310 ended `simulate` with an internal
+#: error ("int too large to convert to float", a probe), where a float 1e310 was refused. No size or count simddp
+#: models comes near it (a 1T model has 10^12 parameters; 2^53 bytes is 8 PiB). A key that takes a float takes a
+#: larger integer as the float it is (a peak of 2e16 FLOP/s written out in digits), up to what a float holds.
 MAX_INPUT_INT = 2**53
 
 
-def _check_int(value: int) -> None:
-    if not -MAX_INPUT_INT <= value <= MAX_INPUT_INT:
-        digits = len(str(abs(value))) if abs(value) < 10**4000 else "4,000+"
-        raise ValueError(f"an integer of {digits} digits is over the limit of 2^53 ({MAX_INPUT_INT:,})")
+def _check_int(value: int, annotation: Any) -> None:
+    """Refuse an integer beyond :data:`MAX_INPUT_INT` for a key that takes an integer, and one no float holds for
+    a key that takes a float."""
+    if _admits_float(annotation) and abs(value) < 2**1023:
+        return
+    digits = len(str(abs(value))) if abs(value) < 10**4000 else "4,000+"
+    limit = "what a float holds" if _admits_float(annotation) else f"the limit of 2^53 ({MAX_INPUT_INT:,})"
+    raise ValueError(f"an integer of {digits} digits is over {limit}")
+
+
+def _admits_float(annotation: Any) -> bool:
+    if annotation is float:
+        return True
+    if typing.get_origin(annotation) in (typing.Union, types.UnionType, Annotated):
+        return any(_admits_float(a) for a in typing.get_args(annotation))
+    return False
 
 
 def _annotation(cls: type[BaseModel], info: ValidationInfo) -> Any:

@@ -324,6 +324,12 @@ def test_hostile_inputs_to_the_other_commands_of_the_thirtieth_pass(tmp_path: Pa
         assert rc == 2 and f"{key}: an integer of 311 digits is over the limit of 2^53" in err, key
     rc, _, err = run(capsys, "simulate", str(small), "--set", "training.seq_len=9007199254740993")
     assert rc == 2 and "training.seq_len: an integer of 16 digits is over the limit of 2^53" in err
+    # A key that takes a float takes a larger integer as the float it is (a 20 PFLOP/s peak written in digits).
+    rc, out, _ = run(capsys, "simulate", str(small), "--set", "cluster.gpu.peak_bf16_flop_per_s=20000000000000000",
+                     "--json")
+    assert rc == 0 and _strict(out)["step_time_s"] > 0
+    rc, _, err = run(capsys, "simulate", str(small), "--set", f"cluster.gpu.peak_bf16_flop_per_s={huge}")
+    assert rc == 2 and "an integer of 311 digits is over what a float holds" in err
     # memory printed a vocabulary of 2^53 as 10^24 GiB; simulate blamed the links for the messages it makes.
     wide = f"model.transformer={{num_layers: 4, hidden_size: {2**52}, num_heads: 16, vocab_size: {2**52}, " \
            f"ffn_hidden_size: 4096}}"
