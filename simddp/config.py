@@ -117,7 +117,7 @@ class _Frozen(BaseModel):
             if not _admits_bool(annotation):
                 raise ValueError(f"expected {_expected(annotation)}, not a boolean")
         elif isinstance(value, int):
-            if not -MAX_INPUT_INT <= value <= MAX_INPUT_INT:
+            if not -MAX_INPUT_INT <= value <= MAX_INPUT_INT and not _bounded(cls, info):
                 _check_int(value, _annotation(cls, info))
         elif isinstance(value, list):
             if any(isinstance(v, bool) for v in value):
@@ -146,6 +146,14 @@ def _check_int(value: int, annotation: Any) -> None:
     digits = len(str(abs(value))) if abs(value) < 10**4000 else "4,000+"
     limit = "what a float holds" if _admits_float(annotation) else f"the limit of 2^53 ({MAX_INPUT_INT:,})"
     raise ValueError(f"an integer of {digits} digits is over {limit}")
+
+
+def _bounded(cls: type[BaseModel], info: ValidationInfo) -> bool:
+    """Whether the field has an upper bound of its own (``le``/``lt``): its own message names it (a world size of
+    at most 16,777,216), and pydantic checks a large integer against it without a float."""
+    field = cls.model_fields.get(info.field_name or "")
+    return field is not None and any(getattr(m, "le", None) is not None or getattr(m, "lt", None) is not None
+                                     for m in field.metadata)
 
 
 def _admits_float(annotation: Any) -> bool:

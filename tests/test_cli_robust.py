@@ -98,6 +98,8 @@ def test_an_unexpected_exception_is_one_line_unless_debugging(capsys: pytest.Cap
 
 def test_out_of_range_inputs_are_the_users_not_a_bug(capsys: pytest.CaptureFixture[str]) -> None:
     rc, out, err = run(capsys, "simulate", "--json", *GPT2, "--set", "training.seq_len=100000000000000000000000")
+    assert rc == 2 and out == "" and "training.seq_len: an integer of 24 digits is over the limit of 2^53" in err
+    rc, out, err = run(capsys, "simulate", "--json", *GPT2, "--set", "training.seq_len=1000000000000000")
     assert rc == 2 and out == "" and "beyond the 1e+09 s the model answers for" in err
     rc, out, err = run(capsys, "simulate", *GPT2, "--set", "cluster.gpu.peak_bf16_flop_per_s=1.0e-300")
     assert rc == 2 and "out of range" in err

@@ -314,15 +314,16 @@ def test_knob_errors_are_one_line(capsys: pytest.CaptureFixture[str]) -> None:
 
 
 def test_dataparallel_chunks_are_counted_not_listed() -> None:
-    """A 1e16-element model is 10^9 chunks of 10 MiB: their time is the count times one chunk's (it used to build
-    a list with one entry per chunk: 8 GB and a minute, or a MemoryError)."""
-    huge = {"model": {"preset": None, "parameters": [{"name": "w", "numel": 10**16, "dtype": "float32"}],
+    """A 2^53-element model (9e15, the largest count a scenario takes) is 3.4 x 10^9 chunks of 10 MiB: their time
+    is the count times one chunk's (it used to build a list with one entry per chunk: 8 GB and a minute, or a
+    MemoryError)."""
+    huge = {"model": {"preset": None, "parameters": [{"name": "w", "numel": 2**53, "dtype": "float32"}],
                       "layers": [{"name": "l", "param_indices": [0], "fwd_time_s": 0.002, "bwd_time_s": 0.004}]},
             "training": {"precision": "fp32", "optimizer": "sgd", "seq_len": 1}}
     scenario = scenario_from_dict(dataparallel(ddp={"wrapper": "dataparallel"}, **huge))
     plan = dataparallel_plan(scenario)
     node = group(scenario.cluster, 8)
-    full, rest = divmod(4 * 10**16, COALESCE_BYTES)
+    full, rest = divmod(4 * 2**53, COALESCE_BYTES)
     assert full > 10**8
     expected = full * collective_cost("broadcast", COALESCE_BYTES, node).time_s + \
         collective_cost("broadcast", rest, node).time_s
