@@ -765,7 +765,7 @@ def cmd_calibrate_validate(args: argparse.Namespace) -> int:
     if not ddp.cases:
         raise ScenarioError(f"{args.ddp}: no DDP step measured")
     report = validate(args.profile, ddp, args.ddp, z=args.z)
-    sizes = _world_sizes(args.extrapolate) if args.extrapolate else []
+    sizes = _world_sizes(args.extrapolate) if args.extrapolate is not None else []
     cap = ddp.cases[-1].bucket_cap_mb
     extra = extrapolate(args.profile, sizes, args.gpus_per_node, cap, z=args.z) if sizes else []
     text = report.to_text()
@@ -796,6 +796,11 @@ def cmd_calibrate_predict(args: argparse.Namespace) -> int:
         from simddp.config import set_path
 
         overrides = set_path(overrides, key.strip(), value)
+    ddp_keys = overrides.get("ddp")
+    if args.bucket_cap_mb is not None and isinstance(ddp_keys, dict) and "bucket_cap_mb" in ddp_keys:
+        # the --set one won without a word (a probe): one cap, given once
+        raise UsageError(f"--bucket-cap-mb {args.bucket_cap_mb:g} and --set ddp.bucket_cap_mb="
+                         f"{ddp_keys['bucket_cap_mb']}: give the bucket cap once")
     preds = extrapolate(args.profile, _world_sizes(args.ranks), args.gpus_per_node, args.bucket_cap_mb,
                         overrides, z=args.z)
     for p in preds:
@@ -819,8 +824,11 @@ def cmd_calibrate_predict(args: argparse.Namespace) -> int:
 
 
 def _world_sizes(text: str) -> list[int]:
+    tokens = [t.strip() for t in text.split(",")] if "," in text else text.split()
+    if "" in tokens:  # '2,,8' read as 2,8 and '' as none, until 2026-11-29 (a probe)
+        raise UsageError(f"world sizes {safeio.short_repr(text)}: an empty size; expected integers such as 2,8,128")
     try:
-        sizes = [int(t) for t in text.replace(",", " ").split()]
+        sizes = [int(t) for t in tokens]
     except ValueError:
         raise UsageError(f"world sizes {text!r}: expected integers such as 2,8,128") from None
     if not sizes or any(n < 1 for n in sizes):

@@ -363,6 +363,18 @@ def test_hostile_inputs_to_the_other_commands_of_the_thirtieth_pass(tmp_path: Pa
     rc, out, _ = run(capsys, "simulate", str(cal), "--set", "training.micro_batch_size=16", "--json")
     doubled = _strict(out)
     assert rc == 0 and any("measured at micro-batch 8" in n and "not scaled" in n for n in doubled["not_modelled"])
+    # '2,,8' read as 2,8 and an empty --extrapolate as none; a cap given twice took the --set one without a word.
+    for sizes in ("2,,8", "2,8,"):
+        rc, _, err = run(capsys, "calibrate", "predict", str(files["profile"]), "--ranks", sizes)
+        assert rc == 2 and "an empty size" in err, sizes
+    rc, _, err = run(capsys, "calibrate", "validate", str(files["profile"]), str(files["ddp"]), "--extrapolate", "",
+                     "--json")
+    assert rc == 2 and "world sizes ''" in err
+    rc, _, err = run(capsys, "calibrate", "predict", str(files["profile"]), "--ranks", "2", "--bucket-cap-mb", "7",
+                     "--set", "ddp.bucket_cap_mb=5")
+    assert rc == 2 and "give the bucket cap once" in err
+    rc, out, _ = run(capsys, "calibrate", "predict", str(files["profile"]), "--ranks", "2, 8", "--json")
+    assert rc == 0 and [p["world_size"] for p in _strict(out)] == [2, 8]
     # A compute file's unknown dtype came out of calibrate fit as pydantic's raw multi-line error, no file named.
     compute = json.loads(files["compute"].read_text())
     compute["parameters"][0]["dtype"] = "1"
