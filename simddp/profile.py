@@ -161,6 +161,15 @@ class RunInfo(_Frozen):
         "the machine makes timings noisy).",
     )
 
+    @model_validator(mode="after")
+    def _uniform_hosts(self) -> RunInfo:
+        """torchrun's ranks: as many on each host. A file that said otherwise was refused later as a scenario key
+        the user never wrote (``cluster.num_nodes: ... greater than 0``, a probe)."""
+        if self.num_nodes * self.ranks_per_node != self.world_size:
+            raise ValueError(f"world_size({self.world_size}) is not num_nodes({self.num_nodes}) x "
+                             f"ranks_per_node({self.ranks_per_node})")
+        return self
+
 
 class CommCase(_Frozen):
     """One collective at one message size on one communicator."""
@@ -299,7 +308,7 @@ class ComputeMeasurements(_MeasurementFile):
 class DDPCase(_Frozen):
     """Real DDP step times at one bucket cap."""
 
-    bucket_cap_mb: float | None = Field(description="bucket_cap_mb passed to DDP (null = torch's default).")
+    bucket_cap_mb: float | None = Field(gt=0, description="bucket_cap_mb passed to DDP (null = torch's default).")
     num_buckets: int = Field(ge=0, description="Buckets DDP built (after its rebuild), 0 if unknown.")
     bucket_sizes_bytes: list[int] = Field(default_factory=list, description="Bucket sizes in reduction order.")
     stats: TimingStats = Field(description="Slowest rank's step time per measured step.")
@@ -310,7 +319,7 @@ class DDPKnobCase(_Frozen):
 
     find_unused_parameters: bool = Field(description="DDP's find_unused_parameters.")
     static_graph: bool = Field(description="DDP's static_graph.")
-    bucket_cap_mb: float | None = Field(description="bucket_cap_mb of these steps (null = torch's default).")
+    bucket_cap_mb: float | None = Field(gt=0, description="bucket_cap_mb of these steps (null = torch's default).")
     stats: TimingStats = Field(description="Slowest rank's step time per measured step, in the order measured "
                                "(steps of every setting are interleaved round by round, so index k of two settings "
                                "were measured close together).")

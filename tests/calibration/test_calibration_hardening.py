@@ -169,6 +169,21 @@ def test_validate_names_the_ddp_world_size_over_the_limit(calibration_files: dic
     assert "cluster" not in err
 
 
+@pytest.mark.parametrize("edit, message", [
+    (lambda d: d["cases"][0].update(bucket_cap_mb=-1), "cases.0 (bucket_cap_mb -1).bucket_cap_mb: Input should be "
+                                                       "greater than 0"),
+    (lambda d: d["run"].update(world_size=1, ranks_per_node=2, num_nodes=1),
+     "run: world_size(1) is not num_nodes(1) x ranks_per_node(2)"),
+])
+def test_a_ddp_file_is_refused_for_what_it_says(calibration_files: dict[str, Path], tmp_path: Path, edit,
+                                                message: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """A probe's ddp.json with a bucket cap of -1, or one rank over two per host, was refused as scenario keys the
+    user never wrote (ddp.bucket_cap_mb, cluster.num_nodes: ... greater than 0), without the file."""
+    ddp = _edit(_ddp_file(tmp_path), tmp_path / "d.json", edit)
+    err = _one_line_error(["calibrate", "validate", str(calibration_files["profile"]), str(ddp), "--json"], capsys)
+    assert f"d.json: malformed simddp-ddp: {message}" in err, err
+
+
 @pytest.mark.parametrize("edit, field", [
     (lambda d: d["comm_run"].update(ranks_per_node=10**30), "comm_run.ranks_per_node"),
     (lambda d: d["fits"][0]["fit"].update(measured_ranks=10**30), "measured_ranks"),
