@@ -21,7 +21,7 @@ from simddp import __version__, safeio, units
 from simddp.config import Cluster, Scenario, ScenarioError, format_validation_error
 from simddp.errors import INTERNAL_ERROR_EXIT, InternalError
 from simddp.presets import CLUSTER_PRESETS, MODEL_PRESETS
-from simddp.scenario_io import load_scenario
+from simddp.scenario_io import load_scenario, mark_modified, scenario_data
 from simddp.zero import zero_rule
 
 DEFAULT_SCENARIO = "default_scenario.yaml"
@@ -42,6 +42,12 @@ def scenario_path(args: argparse.Namespace) -> str | Path:
         raise UsageError(f"scenario {str(args.scenario)!r}: empty path; give a scenario file, or none for the "
                          "embedded default")
     return args.scenario or default_scenario_path()
+
+
+def scenario_dict(args: argparse.Namespace) -> dict[str, Any]:
+    """The scenario file's keys with its ``--set`` ones, not yet validated (what :func:`_load` validates; ``plan``
+    and ``sweep`` work from the keys themselves, as a preset or profile they set fills in under them)."""
+    return mark_modified(scenario_data(scenario_path(args), args.set), args.set)
 
 
 def _load(args: argparse.Namespace) -> Scenario:

@@ -45,11 +45,10 @@ def cmd_plan(args: argparse.Namespace) -> int:
 def _plan_scenario(args: argparse.Namespace) -> tuple[Scenario, dict[str, Any], Scenario | None, str | None]:
     """:func:`simddp.planner.plan_start` of the scenario file with its ``--set`` flags: the scenario to plan from,
     the cluster keys it has that the user's has not, the user's scenario on those GPUs (or None) and why not."""
-    from simddp.cli import scenario_path
+    from simddp.cli import scenario_dict
     from simddp.planner import plan_start
-    from simddp.scenario_io import mark_modified, scenario_data
 
-    start = plan_start(mark_modified(scenario_data(scenario_path(args), args.set), args.set), args.gpus)
+    start = plan_start(scenario_dict(args), args.gpus)
     return start.base, start.cluster_sets, start.own, start.why_not
 
 
@@ -167,14 +166,14 @@ def _csv_text(rows: list[dict[str, Any]]) -> str:
 
 
 def cmd_sweep(args: argparse.Namespace) -> int:
-    from simddp.cli import _scenario_inputs, scenario_path
+    from simddp.cli import _scenario_inputs, scenario_dict
     from simddp.planner import terminal_progress
-    from simddp.scenario_io import mark_modified, scenario_data, scenario_from_dict
+    from simddp.scenario_io import scenario_from_dict
     from simddp.sweeps import sweep_html, vary_sweep
 
     # The file's own keys with its --set ones, as simulate --set reads them: a point's preset or calibration
     # profile then fills in under them (from the validated scenario, its old preset's or profile's values stood).
-    data = mark_modified(scenario_data(scenario_path(args), args.set), args.set)
+    data = scenario_dict(args)
     scenario = scenario_from_dict(data)
     varies = parse_vary(args.vary)
     # A file a point reads (a calibration profile, say) is an input too: no output may replace it.

@@ -438,15 +438,15 @@ def chunked_cost(op: Op, size_bytes: int, chunk_bytes: int, group: CommGroup) ->
                           sum(c.time_s * k for c, k in parts), sum(c.latency_s * k for c, k in parts), first.tier)
 
 
+_LINKS_CAUSE = "a link latency or bandwidth is out of range (cluster.intra_node, cluster.inter_node, cluster.gloo)"
+
+
 def checked_cost(cost: CollectiveCost) -> CollectiveCost:
     """``cost``, unless it is beyond :data:`simddp.sanity.MAX_STEP_TIME_S` (see :func:`collective_cost`). Its name
     in the message is made only for a cost refused (formatting it for every one cost 1.4 us each)."""
     check_range(cost.time_s, lambda: f"one {cost.op} of {cost.size_bytes:,} B over {cost.num_ranks:,} ranks",
                 _LINKS_CAUSE if cost.size_bytes <= MAX_MESSAGE_BYTES else SIZE_CAUSE)
     return cost
-
-
-_LINKS_CAUSE = "a link latency or bandwidth is out of range (cluster.intra_node, cluster.inter_node, cluster.gloo)"
 
 
 def _collective_cost(op: Op, size_bytes: int, group: CommGroup, algorithm: AlgorithmName,

@@ -25,7 +25,6 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from simddp.config import (
-    CLUSTER_PRESETS,
     Cluster,
     ModelConfig,
     Scenario,
@@ -183,10 +182,7 @@ def scenario_to_dict(scenario: Scenario) -> dict[str, Any]:
     transformer or parameters".)
     """
     data = scenario.model_dump()
-    model = data["model"]
-    if model.get("preset"):
-        data["model"] = {**_differing(model, ModelConfig.model_validate({"preset": model["preset"]}).model_dump()),
-                         "preset": model["preset"]}
+    data["model"] = _preset_own_keys(data["model"], ModelConfig)
     return data
 
 
@@ -200,7 +196,7 @@ def as_scenario_dict(scenario: Scenario | dict[str, Any]) -> dict[str, Any]:
     preset's, nor a calibration profile's values from the file's: pass the file's dict where that matters."""
     if isinstance(scenario, Scenario):
         data = scenario_to_dict(scenario)
-        data["cluster"] = _preset_own_keys(data["cluster"])
+        data["cluster"] = _preset_own_keys(data["cluster"], Cluster)
         return data
     scenario_from_dict(scenario)
     return copy.deepcopy(scenario)
@@ -305,17 +301,16 @@ def _holds_bool(value: Any) -> bool:
     return isinstance(value, list) and any(_holds_bool(v) for v in value)
 
 
-def _preset_own_keys(cluster: Any) -> Any:
-    """A validated cluster section (a base's, expanded from its preset) less the values its preset gave it: the
-    preset's name and the keys that differ from the preset's (nested sections key by key). A point that sets
-    ``cluster.preset`` merges the new preset under these, as ``--set cluster.preset=...`` does with the file; on
-    the expanded section, the old preset's values (its GPU, links, GPUs per node) stayed and only the name
-    changed, until 2026-11-29. A section without a known preset is returned as it is."""
-    name = cluster.get("preset") if isinstance(cluster, dict) else None
-    if not isinstance(name, str) or name not in CLUSTER_PRESETS:
-        return cluster
-    own = _differing(cluster, Cluster.model_validate({"preset": name}).model_dump())
-    return {**own, "preset": name}
+def _preset_own_keys(section: dict[str, Any], cls: type[BaseModel]) -> dict[str, Any]:
+    """A validated section (a model's or a cluster's dump, ``cls`` its model) less the values its preset gave it:
+    the preset's name and the keys that differ from the preset's (nested sections key by key). A point that sets
+    the preset merges the new one under these, as ``--set cluster.preset=...`` does with the file; on the expanded
+    section, the old preset's values (a cluster's GPU, links, GPUs per node) stayed and only the name changed,
+    until 2026-11-29. A section without a preset is returned as it is."""
+    name = section.get("preset")
+    if not name:
+        return section
+    return {**_differing(section, cls.model_validate({"preset": name}).model_dump()), "preset": name}
 
 
 def _differing(values: dict[str, Any], reference: dict[str, Any]) -> dict[str, Any]:

@@ -699,19 +699,21 @@ class Workload:
         # A plain dict, not a Counter: its update and constructor run in Python, per call (0.8% of GPT-3's step).
         counted: dict[ParamSize, int] = {}
         get = counted.get
+
+        def count(found: Iterable[ParamSize], times: int = 1) -> None:
+            for size in found:
+                counted[size] = get(size, 0) + times
+
         whole = params.whole_blocks(ids) if isinstance(params, BlockParams) else None
         if whole is None:
-            for size in map(sizes.__getitem__, ids):
-                counted[size] = get(size, 0) + 1
+            count(map(sizes.__getitem__, ids))
         else:
             a, b, block = whole
             n = (b - a) // (block.stop - block.start)  # whole blocks
-            for size in map(sizes.__getitem__, ids[:a]):
-                counted[size] = get(size, 0) + 1
-            for size in sizes[block] if n else ():  # block 0's in order: first appearances fall as the ids' would
-                counted[size] = get(size, 0) + n
-            for size in map(sizes.__getitem__, ids[b:]):
-                counted[size] = get(size, 0) + 1
+            count(map(sizes.__getitem__, ids[:a]))
+            if n:  # block 0's in order: first appearances fall as the ids' would
+                count(sizes[block], n)
+            count(map(sizes.__getitem__, ids[b:]))
         return sum(s.numel * k for s, k in counted.items()), tuple(counted.items())
 
     def stage_layers(self, stage: int) -> tuple[Layer, ...]:

@@ -165,15 +165,10 @@ def layer_alone(plan: LayerPlan, overlap: str, kind: str, interference: float) -
     return duration, busy
 
 
-def layer_release_s(plan: LayerPlan, overlap: str, interference: float) -> float:
-    """When, from the start of the layer's backward on an idle GPU, its weight gradients are ready."""
-    return layer_alone_parts(plan, overlap, "B", interference)[2]
-
-
 def layer_alone_parts(plan: LayerPlan, overlap: str, kind: str, interference: float) -> tuple[float, float, float]:
-    """(duration, busy, end of the weight-gradient kernels) of :func:`layer_alone`: its two values and
-    :func:`layer_release_s` (a backward's; a forward's duration again) worked out at once, for callers that
-    read more than one."""
+    """(duration, busy, end of the weight-gradient kernels) of :func:`layer_alone`: its two values and when, from
+    the start of a backward on an idle GPU, its weight gradients are ready (a forward's duration again), worked
+    out at once, for callers that read more than one."""
     t, i = plan.timing, interference
 
     def total(costs: tuple[CollectiveCost, ...]) -> float:
