@@ -134,6 +134,19 @@ def current_scenario(where: Any = None) -> simddp.Scenario | None:
     return scenario
 
 
+def offer_to_drop(section: str, what: str) -> None:
+    """Where the scenario is invalid only because of its ``section`` (a variability mean longer than a sequence
+    the planner shortened since, more stragglers than the GPUs left), a button that drops that section: the page
+    that sets it stops before its widgets while the scenario is invalid, and only "Reset to default" was left."""
+    data = scenario_dict()
+    if section not in data:
+        return
+    rest = {k: v for k, v in data.items() if k != section}
+    if validation_error(data) is not None and validation_error(rest) is None:
+        st.button(f"Drop the {what} settings (the scenario is valid without them)", key=f"drop_{section}",
+                  on_click=replace_scenario, args=(rest,), icon=":material/delete:")
+
+
 def last_valid_scenario() -> simddp.Scenario:
     if LAST_VALID_KEY not in st.session_state:
         st.session_state[LAST_VALID_KEY] = simddp.scenario_from_dict(default_scenario_dict())

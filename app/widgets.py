@@ -34,6 +34,12 @@ def fit_banner(result: StepResult) -> None:
                  "would cost if it fitted (the Memory page finds layouts that do).", icon=":material/memory:")
 
 
+def span(low: float, high: float, value: float) -> tuple[float, float]:
+    """A widget's bounds widened to hold ``value``: a scenario may hold any value its config takes (a Compare
+    upload, a calibration's 150 us latency), and a widget seeded outside its bounds ends the page in a traceback."""
+    return min(low, value), max(high, value)
+
+
 def _key(path: str) -> str:
     return state.WIDGET_PREFIX + path
 
@@ -50,30 +56,41 @@ def _write(key: str, path: str, to_value: Callable[[Any], Any]) -> None:
 def number(
     label: str,
     path: str,
-    value: float | int,
+    value: float | int | None,
     *,
     model: type[BaseModel],
     field: str,
     scale: float = 1.0,
     integer: bool = False,
+    placeholder: str | None = None,
     min_value: float | int | None = None,
     max_value: float | int | None = None,
     step: float | int | None = None,
     fmt: str | None = None,
     where: Any = None,
 ) -> Any:
-    """A number input for ``path``; ``scale`` converts the shown unit into the scenario's (GB/s -> bytes/s)."""
+    """A number input for ``path``; ``scale`` converts the shown unit into the scenario's (GB/s -> bytes/s). A key
+    the scenario leaves null (``value`` None: the framework's default) shows ``placeholder`` in an empty field, and
+    emptying the field writes null back. An integer field shown in a scaled unit (HBM in GiB) writes whole numbers:
+    80.3 GiB was refused as "86221468467.2 bytes"."""
     key = _key(path)
-    shown = int(value) if integer else float(value) / scale
+    shown = None if value is None else int(value) if integer else float(value) / scale
     _seed(key, shown)
+    kind = model.model_fields[field].annotation
+    whole = integer or (isinstance(kind, type) and issubclass(kind, int))
 
     def to_value(v: Any) -> Any:
-        return int(v) if integer else float(v) * scale
+        if v is None:
+            return None
+        return int(v) if integer else round(float(v) * scale) if whole else float(v) * scale
 
+    if shown is not None:  # bounds that hold the scenario's own value (8,192 nodes: the config takes 2^24 GPUs)
+        min_value = None if min_value is None else type(min_value)(min(min_value, shown))
+        max_value = None if max_value is None else type(max_value)(max(max_value, shown))
     if not integer and scale > 1.0:  # a shown value whose scaled one would overflow to inf is refused here
         max_value = min(max_value if max_value is not None else math.inf, sys.float_info.max / scale / (1 + 1e-9))
     return (where or st).number_input(
-        label, min_value=min_value, max_value=max_value, step=step, format=fmt, key=key,
+        label, min_value=min_value, max_value=max_value, step=step, format=fmt, key=key, placeholder=placeholder,
         help=field_help(model, field), on_change=_write, args=(key, path, to_value),
     )
 

@@ -50,8 +50,8 @@ from typing import Any, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from simddp.errors import ScenarioError
-from simddp.units import MiB, dtype_bytes, mib_to_bytes
+from simddp.errors import ScenarioError, whole_number
+from simddp.units import DTYPE_BYTES, MiB, dtype_bytes, mib_to_bytes
 
 
 class ParamLike(Protocol):
@@ -157,7 +157,7 @@ def ddp_buckets(
     bucket_cap_mb: float | None = None,
 ) -> list[Bucket]:
     """DDP's rebuilt buckets for ``params`` as :class:`Bucket` models (see :func:`bucket_assignment`)."""
-    return [Bucket.model_construct(index=b.index, param_indices=b.param_indices, size_bytes=b.size_bytes,
+    return [Bucket.model_construct(index=b.index, param_indices=b.param_indices, size_bytes=int(b.size_bytes),
                                    dtype=b.dtype, cap_bytes=b.cap_bytes)
             for b in bucket_assignment(params, ready_order, bucket_cap_mb)]
 
@@ -177,8 +177,23 @@ def bucket_assignment(
     num_params = len(params)
     if num_params == 0:
         raise ScenarioError("ddp_buckets needs at least one parameter (DDP rejects a model without any)")
+    _check_params(params)
     order = list(range(num_params - 1, -1, -1)) if ready_order is None else _checked_order(ready_order, num_params)
     return assign_in_order(params, order, bucket_cap_mb)
+
+
+def _check_params(params: Sequence[ParamLike]) -> None:
+    """Each of ``params`` a parameter with a whole number of elements >= 0 and a dtype simddp knows, else one
+    :class:`ScenarioError` naming it (a numel of -100 made a bucket of -400 B, 2.5 a fractional one). The engine's
+    own parameters were checked when the scenario was validated: :func:`assign_in_order` takes them as they are."""
+    for i, p in enumerate(params):
+        numel, dtype = getattr(p, "numel", None), getattr(p, "dtype", None)
+        if numel is None or dtype is None:
+            raise ScenarioError(f"params[{i}]: expected a parameter with numel and dtype "
+                                f"(simddp.config.ParameterSpec), got {type(p).__name__}")
+        whole_number(f"params[{i}].numel", numel, 0)  # an int, or a numpy integer
+        if not isinstance(dtype, str) or dtype.removeprefix("torch.") not in DTYPE_BYTES:
+            raise ScenarioError(f"params[{i}].dtype: unknown dtype {dtype!r}; expected one of {sorted(DTYPE_BYTES)}")
 
 
 def assign_in_order(params: Sequence[ParamLike], order: Sequence[int],

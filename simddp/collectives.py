@@ -438,6 +438,11 @@ def chunked_cost(op: Op, size_bytes: int, chunk_bytes: int, group: CommGroup) ->
                           sum(c.time_s * k for c, k in parts), sum(c.latency_s * k for c, k in parts), first.tier)
 
 
+class UnsupportedAlgorithm(ScenarioError):
+    """An algorithm or protocol asked for that NCCL does not run for this op on this group (tree for a
+    reduce-scatter, NVLS without NVSwitch SHARP): the caller's choice, which the plan names (``ddp.algorithm``)."""
+
+
 _LINKS_CAUSE = "a link latency or bandwidth is out of range (cluster.intra_node, cluster.inter_node, cluster.gloo)"
 
 
@@ -464,21 +469,23 @@ def _collective_cost(op: Op, size_bytes: int, group: CommGroup, algorithm: Algor
         return _cost(op, size_bytes, group, "measured", "fit", measured)
     if algorithm == "hierarchical":
         if op != "all-reduce":
-            raise ValueError(f"hierarchical is an all-reduce algorithm, not {op}")
+            raise UnsupportedAlgorithm(f"hierarchical is an all-reduce algorithm, not {op}")
         return _cost(op, size_bytes, group, "hierarchical", "mixed", _hierarchical(size_bytes, group))
     if algorithm == "tree" and op != "all-reduce":
-        raise ValueError(f"tree is an all-reduce algorithm in NCCL, not {op}")
+        raise UnsupportedAlgorithm(f"tree is an all-reduce algorithm in NCCL, not {op}")
     if algorithm == "nvls":
         if op not in NVLS_OPS:
-            raise ValueError(f"nvls runs {', '.join(NVLS_OPS)} in NCCL, not {op}")
+            raise UnsupportedAlgorithm(f"nvls runs {', '.join(NVLS_OPS)} in NCCL, not {op}")
         if protocol not in ("auto", "Simple"):
-            raise ValueError(f"nvls runs only the Simple protocol (got {protocol})")
+            raise UnsupportedAlgorithm(f"nvls runs only the Simple protocol (got {protocol})")
         if group.intra.nvls_algbw_bytes_per_s is None:
-            raise ValueError("nvls needs an intra-node link with nvls_algbw_bytes_per_s (NVSwitch with SHARP)")
+            raise UnsupportedAlgorithm(
+                "nvls needs an intra-node link with nvls_algbw_bytes_per_s (NVSwitch with SHARP)")
         if group.ranks_per_node < 2:
-            raise ValueError(f"nvls needs >= 2 ranks per node (group has {group.ranks_per_node})")
+            raise UnsupportedAlgorithm(f"nvls needs >= 2 ranks per node (group has {group.ranks_per_node})")
         if group.num_nodes > 1 and op != "all-reduce":
-            raise ValueError(f"nvls {op} across nodes ({group.num_nodes}) needs IB SHARP (CollNet), not modelled")
+            raise UnsupportedAlgorithm(
+                f"nvls {op} across nodes ({group.num_nodes}) needs IB SHARP (CollNet), not modelled")
     return best(op, size_bytes, group, algorithm, protocol)
 
 
@@ -493,7 +500,8 @@ def best(
     """The fastest (algorithm, protocol) among those allowed, as NCCL's tuner picks."""
     terms = _candidate_terms(op, group, algorithm, protocol, allow_nvls)
     if not terms:
-        raise ValueError(f"no algorithm runs {op} with algorithm={algorithm}, protocol={protocol} on this group")
+        raise UnsupportedAlgorithm(
+            f"no algorithm runs {op} with algorithm={algorithm}, protocol={protocol} on this group")
     if group.num_ranks == 1 or size_bytes == 0:  # nothing to send: every candidate takes 0, the first wins
         name, proto_name = terms[0][:2]
         return _cost(op, size_bytes, group, name, proto_name, (0.0, 0.0))

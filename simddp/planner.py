@@ -18,16 +18,19 @@ import math
 import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any, Literal
+from pathlib import Path
+from typing import Any, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from simddp.collectives import collective_cost
 from simddp.config import Cluster, Scenario, ScenarioError, default_overlap
+from simddp.errors import whole_number
 from simddp.limits import MAX_GPUS, MAX_PLAN_LAYER_GROUPS, MAX_PLAN_TOP, num_model_layers, worker_pool, worker_processes
 from simddp.memory import memory_breakdown
 from simddp.results import StepResult
 from simddp.sanity import MAX_STEP_TIME_S, check_range
+from simddp.scenario_io import as_scenario
 from simddp.sim.layers import LayerPlan, pass_alone
 from simddp.sim.plan import boundary_sends, rank_layer_plans
 from simddp.sim.step import PUBLISHED_FSDP_ERROR, published_fsdp_gap, simulate_step
@@ -409,9 +412,9 @@ def _check_group_remote(task: tuple[dict[str, Any], list[tuple[int, dict[str, An
     return out
 
 
-def plan_layouts(scenario: Scenario, num_gpus: int, top: int = 10, objective: Objective = "step_time",
-                 progress: Callable[[int, int], None] | None = None, pareto: bool = False,
-                 exact_front: bool = False, jobs: int = 1) -> PlanResult:
+def plan_layouts(scenario: Scenario | dict[str, Any] | str | Path, num_gpus: int, top: int = 10,
+                 objective: Objective = "step_time", progress: Callable[[int, int], None] | None = None,
+                 pareto: bool = False, exact_front: bool = False, jobs: int = 1) -> PlanResult:
     """The ``top`` fastest layouts that fit ``scenario``'s model and global batch on ``num_gpus`` GPUs.
 
     Exact branch and bound: every valid layout is checked against the memory model; those that fit get a
@@ -422,8 +425,11 @@ def plan_layouts(scenario: Scenario, num_gpus: int, top: int = 10, objective: Ob
     every layout that could still be on it is simulated, so it is the front over every fitting layout.
     ``jobs`` > 1 checks the candidates' memory in that many worker processes (same result).
     """
-    if not 1 <= top <= MAX_PLAN_TOP:
+    scenario = as_scenario(scenario)  # a Scenario, a dict of its keys or a path, as simulate takes
+    if not 1 <= whole_number("--top", top) <= MAX_PLAN_TOP:
         raise ScenarioError(f"--top({top}) must be in 1..{MAX_PLAN_TOP}")
+    if objective not in get_args(Objective):  # checked before the search, not when its result is built
+        raise ScenarioError(f"--objective({objective!r}) must be one of {', '.join(get_args(Objective))}")
     data = _planning_data(scenario, num_gpus)
     candidates = list(candidate_layouts(scenario, num_gpus))
     if not candidates:

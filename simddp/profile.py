@@ -35,6 +35,7 @@ from pydantic import BaseModel, Field, ValidationError, field_validator, model_v
 
 from simddp import safeio
 from simddp.config import (
+    MAX_BUCKET_CAP_MB,
     MAX_GPUS,
     Cluster,
     CollectiveFit,
@@ -308,7 +309,8 @@ class ComputeMeasurements(_MeasurementFile):
 class DDPCase(_Frozen):
     """Real DDP step times at one bucket cap."""
 
-    bucket_cap_mb: float | None = Field(gt=0, description="bucket_cap_mb passed to DDP (null = torch's default).")
+    bucket_cap_mb: float | None = Field(gt=0, le=MAX_BUCKET_CAP_MB,
+                                        description="bucket_cap_mb passed to DDP (null = torch's default).")
     num_buckets: int = Field(ge=0, description="Buckets DDP built (after its rebuild), 0 if unknown.")
     bucket_sizes_bytes: list[int] = Field(default_factory=list, description="Bucket sizes in reduction order.")
     stats: TimingStats = Field(description="Slowest rank's step time per measured step.")
@@ -319,7 +321,8 @@ class DDPKnobCase(_Frozen):
 
     find_unused_parameters: bool = Field(description="DDP's find_unused_parameters.")
     static_graph: bool = Field(description="DDP's static_graph.")
-    bucket_cap_mb: float | None = Field(gt=0, description="bucket_cap_mb of these steps (null = torch's default).")
+    bucket_cap_mb: float | None = Field(gt=0, le=MAX_BUCKET_CAP_MB,
+                                        description="bucket_cap_mb of these steps (null = torch's default).")
     stats: TimingStats = Field(description="Slowest rank's step time per measured step, in the order measured "
                                "(steps of every setting are interleaved round by round, so index k of two settings "
                                "were measured close together).")

@@ -199,23 +199,40 @@ def _scaled_profile_keys(profile: CalibrationProfile, direction: int, z: float) 
     return keys
 
 
+_BAND_END = {-1: "fast", 1: "slow"}
+
+
 def predict(profile: CalibrationProfile | str | Path, overrides: dict[str, Any] | None = None,
             z: float = 2.0) -> Prediction:
     """Simulate the calibrated scenario with ``overrides`` (scenario keys) and its band (``0 <= z <= 10``)."""
     from simddp.sim import simulate_step
 
     if not 0 <= z <= 10:
-        raise ValueError(f"z({z}) must be between 0 and 10 standard errors")
+        raise ScenarioError(f"z({z}) must be between 0 and 10 standard errors")
 
     prof = profile if isinstance(profile, CalibrationProfile) else load_profile(profile)
+    if z * prof.compute_rel_sigma >= 1:  # the fast end would time every measured layer at 0 s, or less
+        raise ScenarioError(f"the fast end of the band (z {z:g} x compute_rel_sigma {prof.compute_rel_sigma:g} = "
+                            f"{z * prof.compute_rel_sigma:.3g}) takes the measured layer times to zero: narrow the "
+                            f"band (z below {1 / prof.compute_rel_sigma:.3g})")
     results: list[StepResult] = []
     scenarios: list[Scenario] = []
     for direction in (0, -1, 1):
         data = deep_merge(_scaled_profile_keys(prof, direction, z), overrides or {})
         data.pop("calibration", None)
-        scenario = scenario_from_dict(data)
-        scenarios.append(scenario)
-        results.append(simulate_step(scenario, trace=False))
+        try:
+            scenario = scenario_from_dict(data)
+            scenarios.append(scenario)
+            results.append(simulate_step(scenario, trace=False))
+        except ScenarioError as err:
+            if direction == 0:
+                raise
+            # The band's end, not the calibrated step, is what fails (a layer time scaled to 2% of the measured
+            # read "MFU 376%", one scaled to 0 "every layer has zero FLOP"): say which band.
+            raise ScenarioError(f"the {_BAND_END[direction]} end of the band (z {z:g} x compute_rel_sigma "
+                                f"{prof.compute_rel_sigma:g}: measured layer times x "
+                                f"{max(0.0, 1 + direction * z * prof.compute_rel_sigma):.2g}) is not a step simddp "
+                                f"answers: {err}; narrow the band (a smaller z)") from None
     nominal, low, high = results
     sc = scenarios[0]
     measured_ranks = prof.comm_run.world_size
@@ -296,6 +313,8 @@ def validate(profile_path: str | Path | CalibrationProfile, ddp: DDPMeasurements
              z: float = 2.0) -> ValidationReport:
     """Predict every measured case with the simulator and compare; differences of setup are warnings."""
     prof = profile_path if isinstance(profile_path, CalibrationProfile) else load_profile(profile_path)
+    if not ddp.cases:  # the dashboard's too (it printed "MAPE nan%"), not only the CLI's
+        raise ScenarioError(f"{ddp_path}: no DDP step measured")
     for k, case in enumerate(ddp.cases):
         if not case.stats.median_s > 0:
             cap = "default" if case.bucket_cap_mb is None else f"{case.bucket_cap_mb:g}"

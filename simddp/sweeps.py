@@ -20,6 +20,7 @@ from __future__ import annotations
 import copy
 import itertools
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -36,7 +37,7 @@ from simddp.config import (
 )
 from simddp.limits import worker_pool, worker_processes
 from simddp.results import StepResult
-from simddp.scenario_io import scenario_from_dict
+from simddp.scenario_io import scenario_data, scenario_from_dict
 
 BatchScaling = Literal["weak", "strong"]
 
@@ -186,7 +187,7 @@ def scenario_to_dict(scenario: Scenario) -> dict[str, Any]:
     return data
 
 
-def as_scenario_dict(scenario: Scenario | dict[str, Any]) -> dict[str, Any]:
+def as_scenario_dict(scenario: Scenario | dict[str, Any] | str | Path) -> dict[str, Any]:
     """A deep copy of scenario keys, validated once so a bad base fails with one :class:`ScenarioError`.
 
     From a dict (a scenario file's, with its ``--set`` keys: what ``simddp sweep`` passes), the keys are the
@@ -198,6 +199,8 @@ def as_scenario_dict(scenario: Scenario | dict[str, Any]) -> dict[str, Any]:
         data = scenario_to_dict(scenario)
         data["cluster"] = _preset_own_keys(data["cluster"], Cluster)
         return data
+    if isinstance(scenario, str | Path):  # a scenario file: its own keys, as `simddp sweep` reads them
+        scenario = scenario_data(scenario)
     scenario_from_dict(scenario)
     return copy.deepcopy(scenario)
 
@@ -453,7 +456,7 @@ def default_gpu_counts(gpus_per_node: int, max_gpus: int = 2048) -> list[int]:
 
 
 def scaling_sweep(
-    scenario: Scenario | dict[str, Any],
+    scenario: Scenario | dict[str, Any] | str | Path,
     gpu_counts: Iterable[int] | None = None,
     batch: BatchScaling = "weak",
 ) -> ScalingSweep:
@@ -481,7 +484,7 @@ def scaling_sweep(
 
 
 def bucket_cap_sweep(
-    scenario: Scenario | dict[str, Any], caps_mb: Iterable[float] = DEFAULT_BUCKET_CAPS_MB
+    scenario: Scenario | dict[str, Any] | str | Path, caps_mb: Iterable[float] = DEFAULT_BUCKET_CAPS_MB
 ) -> BucketCapSweep:
     """The scenario with each DDP bucket cap (MiB)."""
     base = as_scenario_dict(scenario)
@@ -513,7 +516,7 @@ def default_strategies(scenario: Scenario, tp: int | None = None, pp: int | None
 
 
 def strategy_sweep(
-    scenario: Scenario | dict[str, Any], strategies: dict[str, dict[str, Any]] | None = None
+    scenario: Scenario | dict[str, Any] | str | Path, strategies: dict[str, dict[str, Any]] | None = None
 ) -> StrategySweep:
     """The scenario under each parallel strategy (a ``parallelism`` section), on the same GPUs and batch.
 
@@ -542,7 +545,7 @@ def strategy_sweep(
 
 
 def grid_sweep(
-    scenario: Scenario | dict[str, Any],
+    scenario: Scenario | dict[str, Any] | str | Path,
     x_path: str,
     x_values: Sequence[Any],
     y_path: str,
@@ -655,7 +658,7 @@ def _shared_vary_point(update: dict[str, Any]) -> VaryPoint:
 
 
 def vary_sweep(
-    scenario: Scenario | dict[str, Any],
+    scenario: Scenario | dict[str, Any] | str | Path,
     varies: Mapping[str, Sequence[Any]],
     batch: BatchScaling = "weak",
     jobs: int = 1,
@@ -668,6 +671,9 @@ def vary_sweep(
     if not varies:
         raise ScenarioError("a sweep needs at least one --vary key.path=v1,v2,...")
     for path, values in varies.items():
+        if isinstance(values, str | bytes) or not isinstance(values, Sequence):  # "5,25" swept '5', ',', '2', '5'
+            raise ScenarioError(f"--vary {path}: expected a list of values, not {type(values).__name__} "
+                                f"{str(values)[:60]!r}")
         if not values:
             raise ScenarioError(f"--vary {path}: no values")
     base = as_scenario_dict(scenario)

@@ -10,8 +10,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from simddp.config import Cluster, CollectiveFit, Link, Network, Scenario
+from simddp.config import MAX_GPUS, Cluster, CollectiveFit, Link, Network, Scenario
 from simddp.engine_caches import without_init
+from simddp.errors import ScenarioError, whole_number
 
 
 @dataclass(frozen=True)
@@ -54,11 +55,26 @@ class CommGroup:
 
 
 def group(cluster: Cluster, num_ranks: int, stride: int = 1) -> CommGroup:
-    """A group of ``num_ranks`` ranks ``stride`` apart in global rank order."""
+    """A group of ``num_ranks`` ranks ``stride`` apart in global rank order (whole numbers: ``num_ranks`` from 1 to
+    :data:`simddp.config.MAX_GPUS`, ``stride`` from 1; a group of 0 or -3 ranks gave a ZeroDivisionError and a
+    negative collective time, and is a :class:`ScenarioError` now)."""
+    if type(num_ranks) is not int or type(stride) is not int or not 1 <= num_ranks <= MAX_GPUS or stride < 1:
+        num_ranks, stride = _group_counts(num_ranks, stride)  # the engine's own calls never come here
     per_node_slots = max(1, cluster.gpus_per_node // stride) if stride <= cluster.gpus_per_node else 1
     ranks_per_node = min(num_ranks, per_node_slots)
     num_nodes = -(-num_ranks // ranks_per_node)
     return _make(cluster, num_ranks, num_nodes, ranks_per_node)
+
+
+def _group_counts(num_ranks: object, stride: object) -> tuple[int, int]:
+    """:func:`group`'s counts as ints (a numpy integer is one), else a :class:`ScenarioError` naming the bad one."""
+    counts = []
+    for name, value, top in (("num_ranks", num_ranks, MAX_GPUS), ("stride", stride, None)):
+        number = whole_number(f"group: {name}", value)
+        if top is not None and number > top:
+            raise ScenarioError(f"group: {name}({value!r}) must be at most {top:,} (simddp.config.MAX_GPUS)")
+        counts.append(number)
+    return counts[0], counts[1]
 
 
 def _make(cluster: Cluster, num_ranks: int, num_nodes: int, ranks_per_node: int) -> CommGroup:

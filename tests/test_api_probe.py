@@ -120,3 +120,83 @@ def test_review_findings_on_the_api(tmp_path) -> None:
     big = "training.global_batch_size=1000000000000000"
     assert main(["simulate", "--trace", str(d2 / "t.json"), "--csv", str(d2 / "b" / "c"), "--set", big]) == 2
     assert not d2.exists()
+
+
+def _group(num_ranks, stride=1):
+    from simddp.topology import group
+    return group(as_scenario(SMALL).cluster, num_ranks, stride)
+
+
+@pytest.mark.parametrize("call, message", [
+    # A group of -3 ranks gave an all-reduce of -0.22 ms, one of 0 a ZeroDivisionError (2026-11-29 probe).
+    (lambda: _group(-3), r"group: num_ranks\(-3\) must be a whole number >= 1"),
+    (lambda: _group(0), r"group: num_ranks\(0\) must be a whole number >= 1"),
+    (lambda: _group(2.5), r"group: num_ranks\(2.5\) must be a whole number"),
+    (lambda: _group(True), r"group: num_ranks\(True\) must be a whole number"),
+    (lambda: _group(10**9), r"group: num_ranks\(1000000000\) must be at most 16,777,216"),
+    (lambda: _group(2, stride=0), r"group: stride\(0\) must be a whole number >= 1"),
+    # Algorithms that do not run an op were plain ValueErrors: `except simddp.ScenarioError` missed them.
+    (lambda: simddp.collective_cost("reduce-scatter", 1 << 20, _group(8), algorithm="tree"),
+     "tree is an all-reduce algorithm in NCCL, not reduce-scatter"),
+    (lambda: simddp.collective_cost("broadcast", 1 << 20, _group(8), algorithm="hierarchical"),
+     "hierarchical is an all-reduce algorithm"),
+    # Parameters that are not physical made buckets of -400 B or 12.5 B.
+    (lambda: simddp.ddp_buckets([ParameterSpec(name="w", numel=10), ParameterSpec.model_construct(
+        name="v", numel=-100, dtype="float32")]), r"params\[1\].numel\(-100\) must be a whole number >= 0"),
+    (lambda: simddp.ddp_buckets([ParameterSpec.model_construct(name="v", numel=2.5, dtype="float32")]),
+     r"params\[0\].numel\(2.5\)"),
+    (lambda: simddp.ddp_buckets([ParameterSpec.model_construct(name="v", numel=3, dtype="float99")]),
+     r"params\[0\].dtype: unknown dtype 'float99'"),
+    (lambda: simddp.ddp_buckets([{"numel": 3, "dtype": "float32"}]),
+     r"params\[0\]: expected a parameter with numel and dtype"),
+])
+def test_more_bad_arguments_are_one_scenario_error(call, message: str) -> None:
+    with pytest.raises(ScenarioError, match=message):
+        call()
+
+
+def test_numpy_counts_make_whole_buckets() -> None:
+    import numpy as np
+
+    assert _group(np.int64(8), np.int64(1)) == _group(8)
+
+    from simddp.workload import Param
+    (bucket,) = simddp.ddp_buckets([Param("w", np.int64(10), "bfloat16")])
+    assert bucket.size_bytes == 20 and type(bucket.size_bytes) is int
+
+
+def test_planner_and_sweeps_take_what_simulate_takes(tmp_path) -> None:
+    """plan_layouts took only a Scenario (AttributeError on a dict or a path), checked its objective only after the
+    whole search (a pydantic error), and vary_sweep swept the characters of "5,25" ('5', ',', '2', '5')."""
+    from simddp.planner import plan_layouts
+    from simddp.sweeps import vary_sweep
+
+    path = tmp_path / "s.yaml"
+    path.write_text(json.dumps(SMALL))
+    by = [plan_layouts(s, 8, top=2) for s in (as_scenario(SMALL), SMALL, str(path))]
+    assert by[0].evaluated > 0 and by[0].layouts
+    assert by[1] == by[0] == by[2]
+    with pytest.raises(ScenarioError, match=r"--objective\('mfu'\) must be one of step_time, tokens_per_s"):
+        plan_layouts(SMALL, 8, objective="mfu")
+    with pytest.raises(ScenarioError, match=r"--top\(2.5\) must be a whole number"):
+        plan_layouts(SMALL, 8, top=2.5)
+    with pytest.raises(ScenarioError, match=r"--vary ddp\.bucket_cap_mb: expected a list of values, not str '5,25'"):
+        vary_sweep(SMALL, {"ddp.bucket_cap_mb": "5,25"})
+    points = [vary_sweep(s, {"ddp.bucket_cap_mb": [5, 25]}).points for s in (SMALL, str(path))]
+    assert [p.step_time_s for p in points[0]] == [p.step_time_s for p in points[1]]
+    assert points[0][0].step_time_s != points[0][1].step_time_s
+
+
+def test_a_per_sample_model_says_what_its_sequence_length_counts() -> None:
+    """ResNet-50 left at a language model's seq_len printed 73.5 M tokens/s: its layers cost per sample, so the
+    length only multiplies samples into tokens. The step says so; the step itself does not change."""
+    base = {"cluster": {"preset": "dgx-a100-80gb", "num_nodes": 1}, "model": {"preset": "resnet50"},
+            "training": {"micro_batch_size": 32, "global_batch_size": 256}}
+    one = simddp.simulate({**base, "training": {**base["training"], "seq_len": 1}}, trace=False)
+    long = simddp.simulate({**base, "training": {**base["training"], "seq_len": 2048}}, trace=False)
+    assert long.step_time_s == one.step_time_s
+    assert long.tokens_per_s == pytest.approx(2048 * one.tokens_per_s)
+    said = [n for n in long.not_modelled if "training.seq_len(2048) only counts tokens" in n]
+    assert len(said) == 1 and not [n for n in one.not_modelled if "seq_len" in n]
+    gpt2 = simddp.simulate(SMALL, trace=False)  # a transformer's tokens are real
+    assert not [n for n in gpt2.not_modelled if "only counts tokens" in n]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import streamlit as st
 
+import simddp
 from simddp import units
 from simddp.config import GPU, Cluster, DDPConfig, Link, Network, Parallelism, Training, TransformerSpec
 from simddp.presets import CLUSTER_PRESETS, MODEL_PRESETS
@@ -19,6 +20,9 @@ MODEL_KEY = "w:model"
 CLUSTER_KEY = "w:cluster_preset"
 GBS_AUTO_KEY = "w:gbs_auto"
 GBS_KEY = "w:training.global_batch_size"
+#: What a null bucket cap is, by the implementation's bucket rule (simddp.zero.zero_rule; DDPConfig.bucket_cap_mb).
+_DEFAULT_CAP = {"torch": "default: 25 MiB after a 1 MiB first", "deepspeed": "default: 5e8 elements",
+                "megatron": "default: max(4e7, 1e6 x dp) elements"}
 
 
 def _on_model() -> None:
@@ -26,6 +30,9 @@ def _on_model() -> None:
     data = state.scenario_dict()
     if choice == CUSTOM_TRANSFORMER:
         tf = state.last_valid_scenario().model.transformer
+        if tf is None:  # from a parameter-list model (ResNet-50): start from the default scenario's shape (the
+            # choice showed "custom transformer" and changed nothing, with no shape to edit)
+            tf = simddp.scenario_from_dict(state.default_scenario_dict()).model.transformer
         if tf is not None:
             data["model"] = {"transformer": tf.model_dump()}
     elif choice != CUSTOM_PARAMETERS:
@@ -175,7 +182,7 @@ with col_cluster:
         widgets.number("GEMM ceiling (fraction of peak)", "cluster.gpu.matmul_ceiling_fraction",
                        cl.gpu.matmul_ceiling_fraction, model=GPU, field="matmul_ceiling_fraction", min_value=0.0,
                        max_value=1.0, step=0.05, fmt="%.2f", where=c2)
-        widgets.number("HBM (GiB)", "cluster.gpu.hbm_bytes", cl.gpu.hbm_bytes / units.GiB, model=GPU,
+        widgets.number("HBM (GiB)", "cluster.gpu.hbm_bytes", cl.gpu.hbm_bytes, model=GPU,
                        field="hbm_bytes", scale=units.GiB, min_value=0.0, step=8.0, fmt="%.1f", where=c1)
         widgets.number("Host overhead (ms)", "cluster.host_overhead_s", cl.host_overhead_s, model=Cluster,
                        field="host_overhead_s", scale=units.MS, min_value=0.0, step=1.0, fmt="%.2f", where=c2)
@@ -225,8 +232,11 @@ with col_layout:
     widgets.choice("Data-parallel implementation", "ddp.implementation", ddp.implementation,
                    ["torch", "deepspeed", "megatron"], model=DDPConfig, field="implementation")
     c1, c2 = st.columns(2)
-    widgets.number("Bucket cap (MiB)", "ddp.bucket_cap_mb", ddp.bucket_cap_mb or 25.0, model=DDPConfig,
-                   field="bucket_cap_mb", min_value=0.0, step=5.0, fmt="%.1f", where=c1)
+    # Null is the framework's own cap, shown as such (it showed 25 MiB, and choosing 25 then changed nothing:
+    # DeepSpeed's default is 5e8 elements); emptying the field goes back to it.
+    widgets.number("Bucket cap (MiB)", "ddp.bucket_cap_mb", ddp.bucket_cap_mb, model=DDPConfig,
+                   field="bucket_cap_mb", min_value=0.0, step=5.0, fmt="%.1f", where=c1,
+                   placeholder=_DEFAULT_CAP.get(rule.bucket_rule, "default"))
     widgets.choice("All-reduce algorithm", "ddp.algorithm", ddp.algorithm, ["auto", "ring", "tree", "hierarchical"],
                    model=DDPConfig, field="algorithm", where=c2)
     widgets.flag("Overlap communication with backward", "ddp.overlap", rule.overlap, model=DDPConfig, field="overlap",
@@ -234,6 +244,11 @@ with col_layout:
     widgets.flag("Reduce in fp32", "ddp.reduce_in_fp32", rule.reduce_in_fp32, model=DDPConfig,
                  field="reduce_in_fp32", follows_default=True)
     st.caption(describe(rule))
+    if rule.bucket_rule == "units":  # FSDP reduces per unit: a cap set here is read by nothing
+        st.caption("The bucket cap is not read by this implementation: FSDP reduces each unit's gradients at once.")
+    if ddp.overlap is not None and ddp.overlap != rule.overlap:  # the toggle moved, the step did not
+        st.caption(f"{rule.name} does not take ddp.overlap={ddp.overlap}: it "
+                   f"{'overlaps' if rule.overlap else 'reduces after the backward'} as shown above.")
 
 # ---------------------------------------------------------------------------------- details
 if result is not None:

@@ -19,30 +19,40 @@ st.caption("The planner's scenario trained on a number of tokens: wall-clock day
 data = state.scenario_dict()
 base = state.current_scenario()
 if base is None:
+    state.offer_to_drop("run", "run")
     st.stop()
 run = base.run
+span = widgets.span  # bounds that hold the scenario's own value (any the config takes: a Compare upload)
+tokens_value = float((run.tokens or 300e9) / 1e9)
+price_value, mtbf_value = float(run.gpu_hour_cost_usd), float(run.mtbf_hours)
+storage_value, restart_value = float(run.storage_write_bytes_per_s / units.GB), float(run.restart_overhead_s / 60)
+tflops_value = float(run.achieved_tflops_per_gpu or 0.0)
 
 c = st.columns(4)
-tokens_b = c[0].number_input("Tokens (billions)", min_value=0.001, max_value=1e6,
-                             value=float((run.tokens or 300e9) / 1e9), key="run_tokens",
+lo, hi = span(0.001, 1e6, tokens_value)
+tokens_b = c[0].number_input("Tokens (billions)", min_value=lo, max_value=hi, value=tokens_value, key="run_tokens",
                              help=field_help(RunConfig, "tokens"))
-price = c[1].number_input("GPU-hour (USD)", min_value=0.0, max_value=1000.0, value=float(run.gpu_hour_cost_usd),
+lo, hi = span(0.0, 1000.0, price_value)
+price = c[1].number_input("GPU-hour (USD)", min_value=lo, max_value=hi, value=price_value,
                           key="run_price", help=field_help(RunConfig, "gpu_hour_cost_usd"))
-mtbf = c[2].number_input("MTBF (hours)", min_value=0.01, max_value=1e9, value=float(run.mtbf_hours), key="run_mtbf",
+lo, hi = span(0.01, 1e9, mtbf_value)
+mtbf = c[2].number_input("MTBF (hours)", min_value=lo, max_value=hi, value=mtbf_value, key="run_mtbf",
                          help=field_help(RunConfig, "mtbf_hours"))
 scope = c[3].segmented_control("MTBF per", ["gpu", "node"], default=run.mtbf_scope, key="run_scope", required=True,
                                help=field_help(RunConfig, "mtbf_scope"))
 d = st.columns(4)
 saving = d[0].segmented_control("Checkpoint saving", ["rank0", "sharded"], default=run.checkpoint_saving,
                                 key="run_saving", required=True, help=field_help(RunConfig, "checkpoint_saving"))
-storage = d[1].number_input("Storage write (GB/s)", min_value=0.001, max_value=1e6,
-                            value=float(run.storage_write_bytes_per_s / units.GB), key="run_storage",
+lo, hi = span(0.001, 1e6, storage_value)
+storage = d[1].number_input("Storage write (GB/s)", min_value=lo, max_value=hi, value=storage_value, key="run_storage",
                             help=field_help(RunConfig, "storage_write_bytes_per_s"))
-restart = d[2].number_input("Restart overhead (min)", min_value=0.0, max_value=1e5,
-                            value=float(run.restart_overhead_s / 60), key="run_restart",
+lo, hi = span(0.0, 1e5, restart_value)
+restart = d[2].number_input("Restart overhead (min)", min_value=lo, max_value=hi, value=restart_value,
+                            key="run_restart",
                             help=field_help(RunConfig, "restart_overhead_s"))
-tflops = d[3].number_input("Measured TFLOP/s per GPU (0 = simulate)", min_value=0.0, max_value=1e5,
-                           value=float(run.achieved_tflops_per_gpu or 0.0), key="run_tflops",
+lo, hi = span(0.0, 1e5, tflops_value)
+tflops = d[3].number_input("Measured TFLOP/s per GPU (0 = simulate)", min_value=lo, max_value=hi, value=tflops_value,
+                           key="run_tflops",
                            help=field_help(RunConfig, "achieved_tflops_per_gpu"))
 
 variant = copy.deepcopy(data)

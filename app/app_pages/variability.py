@@ -17,9 +17,14 @@ st.caption("Every rank's compute times a lognormal jitter (drawn per rank and st
            "member: the step is the critical path through the synchronisation points (Monte Carlo over steps, "
            "`simddp tails`).")
 
+#: The largest whole number a browser's number input holds (JavaScript's Number.MAX_SAFE_INTEGER); a scenario
+#: takes seeds to 2^53 (its seed up to 2^31 - 1 was refused with a traceback).
+_MAX_SEED = 2**53 - 1
+
 data = state.scenario_dict()
 base = state.current_scenario()
 if base is None:
+    state.offer_to_drop("variability", "variability")
     st.stop()
 var = base.variability
 #: Without variation in the scenario the page starts from 5% jitter (a starting point to explore: a calibration
@@ -27,12 +32,15 @@ var = base.variability
 start_cv = var.jitter_cv if var.active else 0.05
 
 c = st.columns(4)
-cv = c[0].slider("Jitter CV (%)", 0.0, 30.0, value=float(min(30.0, 100 * start_cv)), step=0.5, key="var_cv",
+# The sliders reach the scenario's own values (any the config takes), not clamped to their usual range: a CV of
+# 50% showed as 30%, a slowdown of 5x as 3x, and the page contradicted `simddp tails`.
+cv_value, slow_value = float(100 * start_cv), float(var.straggler_slowdown)
+cv = c[0].slider("Jitter CV (%)", *widgets.span(0.0, 30.0, cv_value), value=cv_value, step=0.5, key="var_cv",
                  help=field_help(VariabilityConfig, "jitter_cv"))
 stragglers = c[1].number_input("Stragglers", min_value=0, max_value=base.cluster.num_gpus,
                                value=int(var.num_stragglers), step=1, key="var_stragglers",
                                help=field_help(VariabilityConfig, "num_stragglers"))
-slowdown = c[2].slider("Straggler slowdown (x)", 1.0, 3.0, value=float(min(3.0, var.straggler_slowdown)), step=0.05,
+slowdown = c[2].slider("Straggler slowdown (x)", *widgets.span(1.0, 3.0, slow_value), value=slow_value, step=0.05,
                        key="var_slowdown", help=field_help(VariabilityConfig, "straggler_slowdown"))
 steps = c[3].select_slider("Monte Carlo steps", [50, 100, 200, 500, 1000], value=200, key="var_steps")
 d = st.columns(4)
@@ -46,7 +54,7 @@ seq_len = base.training.seq_len
 mean_len = d[2].number_input("Mean document (tokens)", min_value=1, max_value=seq_len,
                              value=int(var.mean_seq_len or max(1, seq_len // 4)), key="var_mean",
                              help=field_help(VariabilityConfig, "mean_seq_len"))
-seed = d[3].number_input("Seed", min_value=0, max_value=2**31 - 1, value=int(var.seed), key="var_seed",
+seed = d[3].number_input("Seed", min_value=0, max_value=_MAX_SEED, value=min(int(var.seed), _MAX_SEED), key="var_seed",
                          help=field_help(VariabilityConfig, "seed"))
 
 settings = {"jitter_cv": cv / 100, "num_stragglers": int(stragglers), "straggler_slowdown": slowdown,

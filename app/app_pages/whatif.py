@@ -10,7 +10,7 @@ from simddp import sweeps, units
 from simddp.config import Cluster, DDPConfig, Link, Network, Parallelism
 from simddp.results import StepResult
 from simddp_app import charts, state
-from simddp_app.widgets import field_help
+from simddp_app.widgets import field_help, span
 
 PREFIX = "wi:"
 CAPS_MB = (1.0, 2.0, 5.0, 10.0, 25.0, 50.0, 100.0, 250.0, 500.0, 1000.0)
@@ -36,7 +36,13 @@ GRID_PARAMS: dict[str, tuple[str, tuple[Any, ...], Any]] = {
 
 
 def _options(values: tuple[Any, ...], current: Any) -> list[Any]:
+    if current is None:  # a key the scenario leaves to the framework: its own option, first
+        return [None, *values]
     return sorted({*values, current})
+
+
+def _cap_label(v: float | None) -> str:
+    return "default" if v is None else f"{v:g}"
 
 
 def _seed(key: str, value: Any) -> str:
@@ -89,11 +95,14 @@ base_s = state.current_scenario()
 base = state.simulate(base_data) if base_s is not None else None
 if base_s is not None and base is not None:
     cl, ddp = base_s.cluster, base_s.ddp
+    # A null bucket cap is the framework's own (torch 25 MiB after a 1 MiB first bucket, DeepSpeed 5e8 elements,
+    # Megatron max(4e7, 1e6 x dp) elements): "default", not 25 MiB, which the step would not have used.
+    lat_us = round(cl.inter_node.latency_s / units.US, 3)
     with st.container(border=True):
         c1, c2, c3 = st.columns(3)
-        cap = c1.select_slider("Bucket cap (MiB)", _options(CAPS_MB, ddp.bucket_cap_mb or 25.0),
-                               key=_seed("bucket_cap_mb", ddp.bucket_cap_mb or 25.0),
-                               help=field_help(DDPConfig, "bucket_cap_mb"), format_func=lambda v: f"{v:g}")
+        cap = c1.select_slider("Bucket cap (MiB)", _options(CAPS_MB, ddp.bucket_cap_mb),
+                               key=_seed("bucket_cap_mb", ddp.bucket_cap_mb),
+                               help=field_help(DDPConfig, "bucket_cap_mb"), format_func=_cap_label)
         nodes = c2.select_slider("Number of nodes", _options(NODES, cl.num_nodes), key=_seed("num_nodes", cl.num_nodes),
                                  help=field_help(Cluster, "num_nodes"))
         zero = c3.segmented_control("ZeRO stage", [0, 1, 2, 3], key=_seed("zero_stage", base_s.parallelism.zero_stage),
@@ -102,27 +111,31 @@ if base_s is not None and base is not None:
                                _options(NIC_GBIT, round(cl.inter_node.nic_bandwidth_bytes_per_s / units.GBIT, 3)),
                                key=_seed("nic_gbit", round(cl.inter_node.nic_bandwidth_bytes_per_s / units.GBIT, 3)),
                                help=field_help(Network, "nic_bandwidth_bytes_per_s"), format_func=lambda v: f"{v:g}")
-        lat = c2.slider("Network latency per hop (us)", 0.0, 100.0,
-                        key=_seed("net_latency_us", round(cl.inter_node.latency_s / units.US, 3)), step=0.5,
+        lat = c2.slider("Network latency per hop (us)", *span(0.0, 100.0, lat_us),  # a gloo fit's 150 us too
+                        key=_seed("net_latency_us", lat_us), step=0.5,
                         help=field_help(Network, "latency_s"))
         intra = c3.select_slider("Intra-node bandwidth (GB/s)",
                                  _options(INTRA_GB, round(cl.intra_node.bandwidth_bytes_per_s / units.GB, 3)),
                                  key=_seed("intra_gb", round(cl.intra_node.bandwidth_bytes_per_s / units.GB, 3)),
                                  help=field_help(Link, "bandwidth_bytes_per_s"), format_func=lambda v: f"{v:g}")
+        if cl.collective_fits:  # the fits answer the sizes they cover: those ignore the link sliders
+            st.caption("This cluster has calibrated collective fits (cluster.collective_fits): collectives of the "
+                       "ops, tiers and sizes they cover take the measured times, so the link sliders move only the "
+                       "others.")
         keep_batch = st.toggle("Keep the global batch when nodes change", key=_seed("keep_batch", False),
                                help="Off: the global batch grows with the GPUs, keeping the samples per "
                                     "data-parallel replica (weak scaling). On: the global batch is kept (strong "
                                     "scaling).")
     updates: dict[str, Any] = {}
-    if cap != (ddp.bucket_cap_mb or 25.0):
-        updates["ddp.bucket_cap_mb"] = float(cap)
+    if cap != ddp.bucket_cap_mb:
+        updates["ddp.bucket_cap_mb"] = None if cap is None else float(cap)
     if nodes != cl.num_nodes:
         updates["cluster.num_nodes"] = int(nodes)
     if zero != base_s.parallelism.zero_stage:
         updates["parallelism.zero_stage"] = int(zero or 0)
     if nic != round(cl.inter_node.nic_bandwidth_bytes_per_s / units.GBIT, 3):
         updates["cluster.inter_node.nic_bandwidth_bytes_per_s"] = float(nic) * units.GBIT
-    if lat != round(cl.inter_node.latency_s / units.US, 3):
+    if lat != lat_us:
         updates["cluster.inter_node.latency_s"] = float(lat) * units.US
     if intra != round(cl.intra_node.bandwidth_bytes_per_s / units.GB, 3):
         updates["cluster.intra_node.bandwidth_bytes_per_s"] = float(intra) * units.GB
@@ -140,8 +153,8 @@ if base_s is not None and base is not None:
         view = st.segmented_control("Explore", ["Bucket-cap sweep", "Heatmap"], default="Bucket-cap sweep",
                                     key="whatif_view", required=True)
         if view == "Bucket-cap sweep":
-            current_cap = float(cap)
-            caps = tuple(sorted({*CAPS_MB, current_cap}))
+            current_cap = None if cap is None else float(cap)  # the framework's default: no marker on the axis
+            caps = tuple(sorted({*CAPS_MB, *([current_cap] if current_cap is not None else [])}))
             bsweep = state.bucket_cap_sweep(what_if, caps)
             if bsweep is not None:
                 st.plotly_chart(charts.bucket_sweep(bsweep, current_cap), key="bucket_sweep")

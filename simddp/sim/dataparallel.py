@@ -30,7 +30,7 @@ import simpy
 
 from simddp.collectives import CollectiveCost, chunked_cost, collective_cost
 from simddp.compute import memory_s
-from simddp.config import Scenario
+from simddp.config import Scenario, ScenarioError
 from simddp.memory import memory_breakdown
 from simddp.results import BREAKDOWN_PARTS, Bounds, Span, StepPart, StepResult, Trace
 from simddp.sanity import check_range
@@ -201,7 +201,7 @@ def _result(scenario: Scenario, plan: DataParallelPlan, end_s: float, acct: dict
     host = cluster.host_overhead_s
     step_s = end_s + host
     if step_s <= 0:
-        raise ValueError("the step takes no time: every layer has zero FLOP and no measured time")
+        raise ScenarioError("the step takes no time: every layer has zero FLOP and no measured time")
     values = {
         "compute": acct.get("compute", 0.0),
         "recompute": acct.get("recompute", 0.0),

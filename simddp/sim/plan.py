@@ -15,7 +15,7 @@ from operator import attrgetter
 from typing import Any
 
 from simddp.bucketing import BucketSpec, ddp_initial_buckets
-from simddp.collectives import CollectiveCost, Op, collective_cost
+from simddp.collectives import CollectiveCost, Op, UnsupportedAlgorithm, collective_cost
 from simddp.compute import (
     LayerTiming,
     grad_accumulation_s,
@@ -734,8 +734,8 @@ def _bucket_reduction(scenario: Scenario, op: Op, size_bytes: int, group: CommGr
     NVSwitch SHARP or with one data-parallel rank per node) is a :class:`ScenarioError` naming ``ddp.algorithm``."""
     try:
         return dp_collective(scenario, op, size_bytes, group, algorithm)
-    except ValueError as e:
-        if algorithm == "auto" or isinstance(e, ScenarioError):
+    except UnsupportedAlgorithm as e:
+        if algorithm == "auto":
             raise
         raise ScenarioError(f"ddp.algorithm: {algorithm} cannot run the data-parallel {op} here: {e}") from None
 

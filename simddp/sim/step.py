@@ -126,6 +126,13 @@ def not_modelled(scenario: Scenario) -> list[str]:
             f"training.seq_len({seq}) exceeds the model's {tf.max_position_embeddings} learned positions "
             f"(model.transformer.max_position_embeddings): the model as defined cannot embed this sequence; the "
             f"step is timed as if its position table were long enough")
+    layers = scenario.model.layers
+    if seq > 1 and layers and all(s.fwd_flop_per_sample is not None or s.gemm_shape is not None for s in layers):
+        # ResNet-50 left at the default seq_len printed 73.5 M tokens/s: every layer costs per sample, so the
+        # length is read nowhere else (workload._parameter_list_workload)
+        notes.append(f"training.seq_len({seq}) only counts tokens here: this model's layers give their cost per "
+                     f"sample (model.layers), so tokens/s is samples/s x {seq}; set training.seq_len=1 for a model "
+                     "that does not take sequences")
     if par.tp > 1 and scenario.model.transformer is None:
         notes.append(f"tp={par.tp}: tensor-parallel collectives are only timed for transformer models")
     if par.pp > 1 and scenario.model.transformer is None:
@@ -653,7 +660,7 @@ def _result(plan: StepPlan, states: list[Any], spans: list[Span] | None) -> Step
     host = cluster.host_overhead_s
     step_s = max(st.end_s for st in states) + host
     if step_s <= 0:
-        raise ValueError("the step takes no time: every layer has zero FLOP and no measured time")
+        raise ScenarioError("the step takes no time: every layer has zero FLOP and no measured time")
     st = reported_state(states)
     rp = st.plan
     m = plan.num_micro_batches
