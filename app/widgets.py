@@ -63,16 +63,18 @@ def number(
     scale: float = 1.0,
     integer: bool = False,
     placeholder: str | None = None,
+    nullable: bool = False,
     min_value: float | int | None = None,
     max_value: float | int | None = None,
     step: float | int | None = None,
     fmt: str | None = None,
     where: Any = None,
 ) -> Any:
-    """A number input for ``path``; ``scale`` converts the shown unit into the scenario's (GB/s -> bytes/s). A key
-    the scenario leaves null (``value`` None: the framework's default) shows ``placeholder`` in an empty field, and
-    emptying the field writes null back. An integer field shown in a scaled unit (HBM in GiB) writes whole numbers:
-    80.3 GiB was refused as "86221468467.2 bytes"."""
+    """A number input for ``path``; ``scale`` converts the shown unit into the scenario's (GB/s -> bytes/s). A
+    ``nullable`` key (null: the framework's default) shows ``placeholder`` in an empty field while null, and
+    emptying the field writes null back (without ``nullable`` Streamlit refills an emptied field with its minimum).
+    An integer field shown in a scaled unit (HBM in GiB) writes whole numbers: 80.3 GiB was refused as
+    "86221468467.2 bytes"."""
     key = _key(path)
     shown = None if value is None else int(value) if integer else float(value) / scale
     _seed(key, shown)
@@ -85,12 +87,15 @@ def number(
         return int(v) if integer else round(float(v) * scale) if whole else float(v) * scale
 
     if shown is not None:  # bounds that hold the scenario's own value (8,192 nodes: the config takes 2^24 GPUs)
-        min_value = None if min_value is None else type(min_value)(min(min_value, shown))
-        max_value = None if max_value is None else type(max_value)(max(max_value, shown))
+        low, high = span(min_value if min_value is not None else shown, max_value if max_value is not None else shown,
+                         shown)
+        min_value = None if min_value is None else type(min_value)(low)
+        max_value = None if max_value is None else type(max_value)(high)
     if not integer and scale > 1.0:  # a shown value whose scaled one would overflow to inf is refused here
         max_value = min(max_value if max_value is not None else math.inf, sys.float_info.max / scale / (1 + 1e-9))
     return (where or st).number_input(
         label, min_value=min_value, max_value=max_value, step=step, format=fmt, key=key, placeholder=placeholder,
+        value=None if nullable else "min",
         help=field_help(model, field), on_change=_write, args=(key, path, to_value),
     )
 

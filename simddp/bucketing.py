@@ -51,7 +51,7 @@ from typing import Any, Protocol
 from pydantic import BaseModel, ConfigDict, Field
 
 from simddp.errors import ScenarioError, whole_number
-from simddp.units import DTYPE_BYTES, MiB, dtype_bytes, mib_to_bytes
+from simddp.units import MiB, dtype_bytes, mib_to_bytes
 
 
 class ParamLike(Protocol):
@@ -192,8 +192,11 @@ def _check_params(params: Sequence[ParamLike]) -> None:
             raise ScenarioError(f"params[{i}]: expected a parameter with numel and dtype "
                                 f"(simddp.config.ParameterSpec), got {type(p).__name__}")
         whole_number(f"params[{i}].numel", numel, 0)  # an int, or a numpy integer
-        if not isinstance(dtype, str) or dtype.removeprefix("torch.") not in DTYPE_BYTES:
-            raise ScenarioError(f"params[{i}].dtype: unknown dtype {dtype!r}; expected one of {sorted(DTYPE_BYTES)}")
+        try:
+            dtype_bytes(dtype)
+        except (ValueError, AttributeError) as e:  # an unknown name, or not a name (a torch.dtype)
+            why = e if isinstance(e, ValueError) else f"expected a torch dtype name (text), got {dtype!r}"
+            raise ScenarioError(f"params[{i}].dtype: {why}") from None
 
 
 def assign_in_order(params: Sequence[ParamLike], order: Sequence[int],

@@ -500,8 +500,10 @@ def best(
     """The fastest (algorithm, protocol) among those allowed, as NCCL's tuner picks."""
     terms = _candidate_terms(op, group, algorithm, protocol, allow_nvls)
     if not terms:
-        raise UnsupportedAlgorithm(
-            f"no algorithm runs {op} with algorithm={algorithm}, protocol={protocol} on this group")
+        why = f"no algorithm runs {op} with algorithm={algorithm}, protocol={protocol} on this group"
+        if algorithm == "auto" and protocol == "auto":  # nothing was asked for: a bug in the tuner's tables
+            raise ValueError(why)
+        raise UnsupportedAlgorithm(why)
     if group.num_ranks == 1 or size_bytes == 0:  # nothing to send: every candidate takes 0, the first wins
         name, proto_name = terms[0][:2]
         return _cost(op, size_bytes, group, name, proto_name, (0.0, 0.0))
@@ -542,6 +544,7 @@ __all__ = [
     "OPS",
     "PROTOCOLS",
     "CollectiveCost",
+    "UnsupportedAlgorithm",
     "all_to_all_s",
     "best",
     "checked_cost",

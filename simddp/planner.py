@@ -426,6 +426,7 @@ def plan_layouts(scenario: Scenario | dict[str, Any] | str | Path, num_gpus: int
     ``jobs`` > 1 checks the candidates' memory in that many worker processes (same result).
     """
     scenario = as_scenario(scenario)  # a Scenario, a dict of its keys or a path, as simulate takes
+    num_gpus = whole_number("num_gpus", num_gpus)  # "8" and None were TypeErrors, True and 8.0 taken
     if not 1 <= whole_number("--top", top) <= MAX_PLAN_TOP:
         raise ScenarioError(f"--top({top}) must be in 1..{MAX_PLAN_TOP}")
     if objective not in get_args(Objective):  # checked before the search, not when its result is built

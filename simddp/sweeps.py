@@ -35,6 +35,7 @@ from simddp.config import (
     set_value,
     validate_scenario,
 )
+from simddp.errors import whole_number
 from simddp.limits import worker_pool, worker_processes
 from simddp.results import StepResult
 from simddp.scenario_io import scenario_data, scenario_from_dict
@@ -455,6 +456,14 @@ def default_gpu_counts(gpus_per_node: int, max_gpus: int = 2048) -> list[int]:
     return counts
 
 
+def _value_list(name: str, values: Iterable[Any]) -> list[Any]:
+    """``values`` as a list, where they are a collection of values and not one string (``"5,25"`` swept ``'5'``,
+    ``','``, ``'2'``, ``'5'``, and simulated a bucket cap of 2 MiB without a word)."""
+    if isinstance(values, str | bytes) or not isinstance(values, Iterable):
+        raise ScenarioError(f"{name}: expected a list of values, not {type(values).__name__} {str(values)[:60]!r}")
+    return list(values)
+
+
 def scaling_sweep(
     scenario: Scenario | dict[str, Any] | str | Path,
     gpu_counts: Iterable[int] | None = None,
@@ -464,11 +473,10 @@ def scaling_sweep(
     base = as_scenario_dict(scenario)
     ref = scenario_from_dict(base)
     per_node = ref.cluster.gpus_per_node
-    counts = list(gpu_counts) if gpu_counts is not None else default_gpu_counts(per_node)
+    counts = _value_list("gpu_counts", gpu_counts) if gpu_counts is not None else default_gpu_counts(per_node)
     points = []
     for g in counts:
-        if g < 1:
-            raise ScenarioError(f"gpu count({g}) must be >= 1")
+        g = whole_number("gpu count", g)
         if g < per_node:
             nodes, gpn = 1, g
         elif g % per_node:
@@ -487,11 +495,12 @@ def bucket_cap_sweep(
     scenario: Scenario | dict[str, Any] | str | Path, caps_mb: Iterable[float] = DEFAULT_BUCKET_CAPS_MB
 ) -> BucketCapSweep:
     """The scenario with each DDP bucket cap (MiB)."""
+    caps = _value_list("caps_mb", caps_mb)
     base = as_scenario_dict(scenario)
     ref = scenario_from_dict(base)
     points = [
         BucketCapPoint(bucket_cap_mb=cap, **_variant_metrics(base, {"ddp.bucket_cap_mb": cap}, base_scenario=ref))
-        for cap in caps_mb
+        for cap in caps
     ]
     return BucketCapSweep(scenario=ref.name, reference_bucket_cap_mb=ref.ddp.bucket_cap_mb, points=points)
 
@@ -555,6 +564,7 @@ def grid_sweep(
     """Every (x, y) combination of values at two dotted paths, e.g. bucket cap against number of nodes."""
     if x_path == y_path:
         raise ScenarioError(f"grid sweep needs two different keys (got {x_path!r} twice)")
+    x_values, y_values = _value_list(x_path, x_values), _value_list(y_path, y_values)
     base = as_scenario_dict(scenario)
     ref = scenario_from_dict(base)
     points = [
@@ -668,12 +678,10 @@ def vary_sweep(
 
     A combination that is not a valid scenario, or that the cost model rejects, is kept with its reason.
     """
-    if not varies:
-        raise ScenarioError("a sweep needs at least one --vary key.path=v1,v2,...")
+    if not isinstance(varies, Mapping) or not varies:
+        raise ScenarioError("a sweep needs at least one --vary key.path=v1,v2,... (a mapping: path -> values)")
+    varies = {path: _value_list(f"--vary {path}", values) for path, values in varies.items()}
     for path, values in varies.items():
-        if isinstance(values, str | bytes) or not isinstance(values, Sequence):  # "5,25" swept '5', ',', '2', '5'
-            raise ScenarioError(f"--vary {path}: expected a list of values, not {type(values).__name__} "
-                                f"{str(values)[:60]!r}")
         if not values:
             raise ScenarioError(f"--vary {path}: no values")
     base = as_scenario_dict(scenario)

@@ -182,6 +182,18 @@ def test_planner_and_sweeps_take_what_simulate_takes(tmp_path) -> None:
         plan_layouts(SMALL, 8, top=2.5)
     with pytest.raises(ScenarioError, match=r"--vary ddp\.bucket_cap_mb: expected a list of values, not str '5,25'"):
         vary_sweep(SMALL, {"ddp.bucket_cap_mb": "5,25"})
+    from simddp.sweeps import bucket_cap_sweep, grid_sweep, scaling_sweep
+    with pytest.raises(ScenarioError, match=r"^training\.micro_batch_size: expected a list of values, not str"):
+        grid_sweep(SMALL, "ddp.bucket_cap_mb", [5, 25], "training.micro_batch_size", "12")
+    with pytest.raises(ScenarioError, match=r"^caps_mb: expected a list of values, not str '525'"):
+        bucket_cap_sweep(SMALL, "525")  # swept 5, 2 and 5 MiB
+    with pytest.raises(ScenarioError, match=r"^gpu_counts: expected a list of values, not str '8'"):
+        scaling_sweep(SMALL, "8")  # a TypeError
+    with pytest.raises(ScenarioError, match=r"^gpu count\(2\.5\) must be a whole number"):
+        scaling_sweep(SMALL, [8, 2.5])
+    for bad in ("8", None, True, 8.0):  # "8" and None were TypeErrors; True and 8.0 were taken
+        with pytest.raises(ScenarioError, match=r"^num_gpus\("):
+            plan_layouts(SMALL, bad)
     points = [vary_sweep(s, {"ddp.bucket_cap_mb": [5, 25]}).points for s in (SMALL, str(path))]
     assert [p.step_time_s for p in points[0]] == [p.step_time_s for p in points[1]]
     assert points[0][0].step_time_s != points[0][1].step_time_s
@@ -196,7 +208,7 @@ def test_a_per_sample_model_says_what_its_sequence_length_counts() -> None:
     long = simddp.simulate({**base, "training": {**base["training"], "seq_len": 2048}}, trace=False)
     assert long.step_time_s == one.step_time_s
     assert long.tokens_per_s == pytest.approx(2048 * one.tokens_per_s)
-    said = [n for n in long.not_modelled if "training.seq_len(2048) only counts tokens" in n]
+    said = [n for n in long.not_modelled if "training.seq_len(2048) does not change this step" in n]
     assert len(said) == 1 and not [n for n in one.not_modelled if "seq_len" in n]
     gpt2 = simddp.simulate(SMALL, trace=False)  # a transformer's tokens are real
-    assert not [n for n in gpt2.not_modelled if "only counts tokens" in n]
+    assert not [n for n in gpt2.not_modelled if "does not change this step" in n]

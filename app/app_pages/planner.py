@@ -236,7 +236,7 @@ with col_layout:
     # DeepSpeed's default is 5e8 elements); emptying the field goes back to it.
     widgets.number("Bucket cap (MiB)", "ddp.bucket_cap_mb", ddp.bucket_cap_mb, model=DDPConfig,
                    field="bucket_cap_mb", min_value=0.0, step=5.0, fmt="%.1f", where=c1,
-                   placeholder=_DEFAULT_CAP.get(rule.bucket_rule, "default"))
+                   placeholder=_DEFAULT_CAP.get(rule.bucket_rule, "default"), nullable=True)
     widgets.choice("All-reduce algorithm", "ddp.algorithm", ddp.algorithm, ["auto", "ring", "tree", "hierarchical"],
                    model=DDPConfig, field="algorithm", where=c2)
     widgets.flag("Overlap communication with backward", "ddp.overlap", rule.overlap, model=DDPConfig, field="overlap",
@@ -246,6 +246,9 @@ with col_layout:
     st.caption(describe(rule))
     if rule.bucket_rule == "units":  # FSDP reduces per unit: a cap set here is read by nothing
         st.caption("The bucket cap is not read by this implementation: FSDP reduces each unit's gradients at once.")
+    elif rule.bucket_rule == "megatron" and rule.bucket_numel is None:  # Megatron buckets only with overlap
+        st.caption("The bucket cap is not read here: without overlap Megatron reduces the gradients in one bucket "
+                   "(turn overlap on to bucket them).")
     if ddp.overlap is not None and ddp.overlap != rule.overlap:  # the toggle moved, the step did not
         st.caption(f"{rule.name} does not take ddp.overlap={ddp.overlap}: it "
                    f"{'overlaps' if rule.overlap else 'reduces after the backward'} as shown above.")

@@ -54,12 +54,16 @@ seq_len = base.training.seq_len
 mean_len = d[2].number_input("Mean document (tokens)", min_value=1, max_value=seq_len,
                              value=int(var.mean_seq_len or max(1, seq_len // 4)), key="var_mean",
                              help=field_help(VariabilityConfig, "mean_seq_len"))
+# A seed beyond the box (2^53, which the scenario takes) is used as it is, not clamped: the box is then disabled.
+beyond = var.seed > _MAX_SEED
 seed = d[3].number_input("Seed", min_value=0, max_value=_MAX_SEED, value=min(int(var.seed), _MAX_SEED), key="var_seed",
-                         help=field_help(VariabilityConfig, "seed"))
+                         disabled=beyond, help=field_help(VariabilityConfig, "seed") + (
+                             f" The scenario's seed {var.seed} is beyond this box; it is used as it is."
+                             if beyond else ""))
 
 settings = {"jitter_cv": cv / 100, "num_stragglers": int(stragglers), "straggler_slowdown": slowdown,
             "seq_len_distribution": lengths, "sequence_handling": handling or "padding",
-            "mean_seq_len": int(mean_len), "seed": int(seed)}
+            "mean_seq_len": int(mean_len), "seed": int(var.seed if beyond else seed)}
 variant = copy.deepcopy(data)
 variant["variability"] = {**variant.get("variability", {}), **settings}
 if st.button("Keep these settings in the scenario", key="var_keep", icon=":material/save:",

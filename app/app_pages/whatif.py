@@ -35,10 +35,11 @@ GRID_PARAMS: dict[str, tuple[str, tuple[Any, ...], Any]] = {
 }
 
 
-def _options(values: tuple[Any, ...], current: Any) -> list[Any]:
-    if current is None:  # a key the scenario leaves to the framework: its own option, first
-        return [None, *values]
-    return sorted({*values, current})
+def _options(values: tuple[Any, ...], current: Any, nullable: bool = False) -> list[Any]:
+    """The slider's values with the scenario's own; a ``nullable`` key has the framework's default (None) first,
+    whatever its value (after applying 25 MiB there was no way back to the default but Reset)."""
+    known = sorted({*values, *([current] if current is not None else [])})
+    return [None, *known] if nullable else known
 
 
 def _cap_label(v: float | None) -> str:
@@ -100,7 +101,7 @@ if base_s is not None and base is not None:
     lat_us = round(cl.inter_node.latency_s / units.US, 3)
     with st.container(border=True):
         c1, c2, c3 = st.columns(3)
-        cap = c1.select_slider("Bucket cap (MiB)", _options(CAPS_MB, ddp.bucket_cap_mb),
+        cap = c1.select_slider("Bucket cap (MiB)", _options(CAPS_MB, ddp.bucket_cap_mb, nullable=True),
                                key=_seed("bucket_cap_mb", ddp.bucket_cap_mb),
                                help=field_help(DDPConfig, "bucket_cap_mb"), format_func=_cap_label)
         nodes = c2.select_slider("Number of nodes", _options(NODES, cl.num_nodes), key=_seed("num_nodes", cl.num_nodes),

@@ -127,12 +127,14 @@ def not_modelled(scenario: Scenario) -> list[str]:
             f"(model.transformer.max_position_embeddings): the model as defined cannot embed this sequence; the "
             f"step is timed as if its position table were long enough")
     layers = scenario.model.layers
-    if seq > 1 and layers and all(s.fwd_flop_per_sample is not None or s.gemm_shape is not None for s in layers):
-        # ResNet-50 left at the default seq_len printed 73.5 M tokens/s: every layer costs per sample, so the
-        # length is read nowhere else (workload._parameter_list_workload)
-        notes.append(f"training.seq_len({seq}) only counts tokens here: this model's layers give their cost per "
-                     f"sample (model.layers), so tokens/s is samples/s x {seq}; set training.seq_len=1 for a model "
-                     "that does not take sequences")
+    if seq > 1 and layers and all(s.fwd_flop_per_sample is not None or s.gemm_shape is not None
+                                  or not s.param_indices for s in layers):
+        # ResNet-50 left at the default seq_len printed 73.5 M tokens/s: every layer costs per sample (a layer
+        # without parameters or FLOP costs nothing), so the step does not read the length
+        # (workload._parameter_list_workload)
+        notes.append(f"training.seq_len({seq}) does not change this step: this model's layers give their cost per "
+                     f"sample (model.layers), so the length only multiplies samples into tokens/s (x {seq}); set "
+                     "training.seq_len=1 for a model that does not take sequences")
     if par.tp > 1 and scenario.model.transformer is None:
         notes.append(f"tp={par.tp}: tensor-parallel collectives are only timed for transformer models")
     if par.pp > 1 and scenario.model.transformer is None:

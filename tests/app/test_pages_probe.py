@@ -72,6 +72,10 @@ def test_variability_shows_the_scenarios_own_spread() -> None:
     expected = simddp.tails(data, steps=200)
     assert metric(at, "Mean step") == units.fmt_time(expected.mean_s)
     assert metric(at, "p99 step") == units.fmt_time(expected.p99_s)
+    data["variability"]["seed"] = 2**53  # beyond a browser's number box: used as it is, the box disabled
+    at = _on(data, "variability")
+    assert at.number_input(key="var_seed").disabled
+    assert metric(at, "Mean step") == units.fmt_time(simddp.tails(data, steps=200).mean_s)
 
 
 def test_a_variability_section_that_no_longer_fits_can_be_dropped() -> None:
@@ -109,6 +113,39 @@ def test_a_null_bucket_cap_is_the_frameworks_default_not_25_mib() -> None:
     null = simddp.simulate(data, trace=False)
     assert at25.step_time_s != null.step_time_s
     assert metric(at, "Step time") == units.fmt_time(at25.step_time_s)
+
+
+def test_a_set_bucket_cap_goes_back_to_the_default() -> None:
+    """Emptying the Planner's cap once a cap was typed wrote 0.0 (Streamlit refills an emptied field with its
+    minimum), an invalid scenario; after applying 25 MiB on What-if, "default" was no longer offered."""
+    at = _fresh(default_dict())
+    cap = at.number_input(key="w:ddp.bucket_cap_mb")
+    cap.set_value(10.0).run()
+    assert at.session_state["scenario"]["ddp"]["bucket_cap_mb"] == 10.0
+    at.number_input(key="w:ddp.bucket_cap_mb").set_value(None).run()
+    assert_clean(at)
+    assert at.session_state["scenario"]["ddp"]["bucket_cap_mb"] is None
+    open_page(at, "whatif")
+    at.select_slider(key="wi:bucket_cap_mb").set_value(25.0).run()
+    at.button(key="whatif_apply").click().run()
+    assert at.session_state["scenario"]["ddp"]["bucket_cap_mb"] == 25.0
+    cap = at.select_slider(key="wi:bucket_cap_mb")
+    assert cap.options[0] == "default" and cap.value == 25.0
+    cap.set_value(None).run()
+    assert_clean(at)
+    assert metric(at, "Step time") == units.fmt_time(simddp.simulate(default_dict(), trace=False).step_time_s)
+
+
+def test_the_planner_holds_a_cluster_beyond_its_usual_range() -> None:
+    """Number of nodes stopped at 4,096 and GPUs per node at 64: a scenario beyond them (the config takes 2^24
+    GPUs) ended the Planner in a traceback."""
+    data = default_dict()
+    data["cluster"]["num_nodes"] = 8192
+    data["training"].pop("global_batch_size", None)  # a micro-batch per GPU (512 does not split over 65,536)
+    assert simddp.scenario_from_dict(data).cluster.num_gpus == 65536
+    at = _fresh(data, errors_allowed=True)
+    nodes = at.number_input(key="w:cluster.num_nodes")
+    assert nodes.value == 8192 and nodes.max == 8192
 
 
 def test_hbm_shows_gib_and_takes_fractional_gib() -> None:
@@ -183,6 +220,11 @@ def test_settings_the_model_does_not_read_say_so() -> None:
     data["parallelism"]["zero_stage"] = 0
     ds = _fresh(data, errors_allowed=True)  # it does not fit: the banner says so
     assert any("does not take ddp.overlap=True" in c.value for c in ds.main.caption)
+    data = default_dict()
+    data["ddp"] = {"implementation": "megatron"}  # without overlap: one bucket, whatever the cap
+    data["parallelism"]["zero_stage"] = 0
+    assert any("without overlap Megatron reduces the gradients in one bucket" in c.value
+               for c in _fresh(data, errors_allowed=True).main.caption)
     plain = _fresh(default_dict())
     assert not any("does not take ddp.overlap" in c.value or "bucket cap is not read" in c.value
                    for c in plain.main.caption)

@@ -174,6 +174,9 @@ def test_validate_names_the_ddp_world_size_over_the_limit(calibration_files: dic
                                                        "greater than 0"),
     (lambda d: d["run"].update(world_size=1, ranks_per_node=2, num_nodes=1),
      "run: world_size(1) is not num_nodes(1) x ranks_per_node(2)"),
+    # A cap of 10^15 MiB was refused as ddp.bucket_cap_mb, a key the user never wrote (a dashboard probe).
+    (lambda d: d["cases"][0].update(bucket_cap_mb=1e15), "cases.0 (bucket_cap_mb 1000000000000000.0).bucket_cap_mb: "
+                                                         "Input should be less than or equal to 1099511627776"),
 ])
 def test_a_ddp_file_is_refused_for_what_it_says(calibration_files: dict[str, Path], tmp_path: Path, edit,
                                                 message: str, capsys: pytest.CaptureFixture[str]) -> None:
