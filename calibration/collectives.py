@@ -31,6 +31,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from simddp.cli import positive_int
 from simddp.profile import (
     MEASUREMENT_VERSION,
     CommCase,
@@ -78,12 +79,17 @@ def parse_sizes(text: str) -> list[int]:
 
     if ":" in text:
         lo, hi = (one(t) for t in text.split(":", 1))
+        if lo > hi:  # 4K:1K measured nothing and wrote a "complete" file of no cases
+            raise CollectorError(f"--sizes {text!r}: a range runs from the smaller size to the larger (1K:256M)")
         out, s = [], lo
         while s <= hi:
             out.append(s)
             s *= 2
         return out
-    return sorted({one(t) for t in text.split(",") if t.strip()})
+    sizes = sorted({one(t) for t in text.split(",") if t.strip()})
+    if not sizes:  # '' ran the whole default sweep (a minute here, far longer on a cluster)
+        raise CollectorError(f"--sizes {text!r}: no size given (4096, 64K, 1M, or a range 1K:256M)")
+    return sizes
 
 
 def default_repeats(size_bytes: int) -> int:
@@ -264,9 +270,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--ops", default=",".join(OPS), help=f"comma-separated subset of {','.join(OPS)}")
     p.add_argument("--interference-sizes", default=None,
                    help="all-reduce sizes of the interference benchmark (default 1M,4M,16M; 'none' skips it)")
-    p.add_argument("--iters", type=int, default=None,
+    p.add_argument("--iters", type=positive_int, default=None,
                    help="back-to-back ops per timed repeat (default: ~8 MiB of traffic, 1 to 10)")
-    p.add_argument("--matmul-n", type=int, default=None,
+    p.add_argument("--matmul-n", type=positive_int, default=None,
                    help="matmul size of the interference compute (default 256 on CPU, 4096 on GPU)")
     add_common_args(p)
     return p
@@ -276,7 +282,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         set_threads(args.threads)
-        sizes = parse_sizes(args.sizes) if args.sizes else DEFAULT_SIZES
+        sizes = parse_sizes(args.sizes) if args.sizes is not None else DEFAULT_SIZES
         ops = [o.strip() for o in args.ops.split(",") if o.strip()]
         bad = [o for o in ops if o not in OPS]
         if bad:
@@ -284,7 +290,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.interference_sizes == "none":
             isizes: list[int] = []
         else:
-            isizes = parse_sizes(args.interference_sizes) if args.interference_sizes else [
+            isizes = parse_sizes(args.interference_sizes) if args.interference_sizes is not None else [
                 s for s in DEFAULT_INTERFERENCE_SIZES if s <= max(sizes)] or [max(sizes)]
         d = Dist(args.backend, args.timeout, pin=args.pin)
         if d.world_size < 2:

@@ -457,6 +457,9 @@ class Collector:
         self._measurements = 0
         self.watchdog = Watchdog(timeout_s, self._fail_hard)
         signal.signal(signal.SIGTERM, self._on_signal)
+        # Ctrl-C reaches every rank (the terminal signals the whole group): the partial file records why it stopped
+        # (it said "error": null, and each rank printed a KeyboardInterrupt traceback).
+        signal.signal(signal.SIGINT, self._on_signal)
 
     def save_partial(self) -> None:
         """Called after every measurement, on every rank; rank 0 rewrites the file."""

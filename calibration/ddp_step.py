@@ -27,6 +27,8 @@ from typing import Any
 import torch
 from torch.nn.parallel import DistributedDataParallel as DDP
 
+from simddp.cli import positive_int
+from simddp.config import MAX_BUCKET_CAP_MB
 from simddp.profile import MEASUREMENT_VERSION, DDPCase, DDPKnobCase, DDPMeasurements, timing_stats
 from simddp_calibration.common import (
     Collector,
@@ -57,8 +59,8 @@ def parse_cap(text: str) -> float | None:
         value = float(text)
     except ValueError:
         raise CollectorError(f"--bucket-cap-mb {text!r}: expected a number of MiB or 'default'") from None
-    if not value > 0:
-        raise CollectorError(f"--bucket-cap-mb {text!r}: must be > 0")
+    if not 0 < value <= MAX_BUCKET_CAP_MB:  # inf passed here and ended mid-run in an OverflowError
+        raise CollectorError(f"--bucket-cap-mb {text!r}: must be > 0 and at most {MAX_BUCKET_CAP_MB:,} (1 EiB)")
     return value
 
 
@@ -82,7 +84,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--bucket-cap-mb", nargs="+", default=["default"],
                    help="one or more caps in MiB ('default' = torch's 25 MiB with a 1 MiB first bucket)")
     p.add_argument("--optimizer", choices=("sgd", "adam", "adamw"), default="sgd")
-    p.add_argument("--rounds", type=int, default=None, help="rounds over the caps (default 8)")
+    p.add_argument("--rounds", type=positive_int, default=None, help="rounds over the caps (default 8)")
     p.add_argument("--gradient-as-bucket-view", action="store_true", help="pass gradient_as_bucket_view=True")
     p.add_argument("--knobs", action="store_true",
                    help="also measure find_unused_parameters and static_graph at the first cap")
@@ -95,6 +97,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         set_threads(args.threads)
         caps = [parse_cap(c) for c in args.bucket_cap_mb]
+        if len(set(caps)) < len(caps):  # each was measured and scored twice, counted twice in the MAPE
+            raise CollectorError(f"--bucket-cap-mb {' '.join(args.bucket_cap_mb)}: a cap is listed twice")
         backend = args.backend or ("nccl" if torch.cuda.is_available() else "gloo")
         d = Dist(backend, args.timeout, pin=args.pin)
         if d.world_size < 2:
@@ -105,7 +109,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         base.train()
     except CollectorError as err:
         return usage_error("simddp_calibration.ddp_step", err)
-    rounds = args.rounds or 8
+    rounds = args.rounds if args.rounds is not None else 8
     per_round = args.repeats or 3
     warmup = args.warmup if args.warmup is not None else 3
     info = run_info(d, utc_now())

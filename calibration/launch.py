@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 import sys
 from collections.abc import Sequence
 
@@ -19,8 +20,11 @@ from collections.abc import Sequence
 def worker_status(exit_codes: Sequence[int]) -> int:
     """The collectors' documented status from the failed workers' codes: 2 when every failed worker refused
     its arguments (nothing was measured), else 3 (a rank stopped, crashed or was killed: the run ended early
-    and rank 0 kept what was measured in the partial file)."""
-    return 2 if exit_codes and all(c == 2 for c in exit_codes) else 3
+    and rank 0 kept what was measured in the partial file). A worker ended by SIGTERM (-15) beside one that failed
+    on its own is torchrun stopping the others after the first failure, not a cause: a bad argument refused by one
+    rank while torchrun stopped the other read as 3, about half the time."""
+    causes = [c for c in exit_codes if c != -signal.SIGTERM] or list(exit_codes)
+    return 2 if causes and all(c == 2 for c in causes) else 3
 
 
 def nproc_problem(args: Sequence[str]) -> str | None:
@@ -56,10 +60,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     for name in list(logging.root.manager.loggerDict):
         if name.startswith("torch.distributed.elastic"):
             logging.getLogger(name).setLevel(logging.CRITICAL)
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+
     try:
         torchrun(args)
     except ChildFailedError as err:
         return worker_status([f.exitcode for _, f in sorted(err.failures.items())])
+    except SignalException as err:  # the launcher was stopped (Ctrl-C, SIGTERM): its workers were too, and say so
+        name = signal.Signals(err.sigval).name
+        print(f"simddp calibrate collect: stopped by {name}; what was measured is in the partial file (the ranks' "
+              "lines above say where)", file=sys.stderr)
+        return 3
     except KeyboardInterrupt:
         return 130
     return 0

@@ -11,6 +11,7 @@ import argparse
 import math
 import os
 import re
+import signal
 import sys
 from collections.abc import Callable, Sequence
 from importlib import resources
@@ -860,6 +861,7 @@ def _launcher_parser(kind: str) -> argparse.ArgumentParser:
     p.add_argument("--rdzv-endpoint", "--rdzv_endpoint")
     p.add_argument("--rdzv-backend", "--rdzv_backend")
     p.add_argument("--rdzv-id", "--rdzv_id")
+    p.add_argument("--standalone", action="store_true")  # one node: added anyway where nothing else says where
     return p
 
 
@@ -887,15 +889,29 @@ def cmd_calibrate_collect(args: argparse.Namespace) -> int:
     safeio.check_output(known.out, inputs, "--out")
     safeio.check_output(safeio.partial_path(known.out), inputs, "--out")
     torchrun = [f"--nproc-per-node={launch.nproc_per_node}", f"--nnodes={launch.nnodes}"]
-    distributed = {k: v for k, v in vars(launch).items() if k not in ("nproc_per_node", "nnodes") and v is not None}
-    if not distributed and launch.nnodes == "1":
+    distributed = {k: v for k, v in vars(launch).items()
+                   if k not in ("nproc_per_node", "nnodes", "standalone") and v is not None}
+    if launch.standalone or (not distributed and launch.nnodes == "1"):
         torchrun.append("--standalone")
     torchrun += [f"--{k.replace('_', '-')}={v}" for k, v in distributed.items()]
     cmd = [sys.executable, "-m", "simddp_calibration.launch", *torchrun, "-m", module, *rest]
+    proc = subprocess.Popen(cmd)
+    # SIGTERM (timeout, Slurm's scancel) goes to the launcher too, which stops its ranks and ends with the
+    # collectors' status; this process ended at once with 143 and no word.
+    before = signal.signal(signal.SIGTERM, lambda signum, frame: proc.send_signal(signum))
+    interrupts = 0
     try:
-        return subprocess.run(cmd, check=False).returncode
-    except KeyboardInterrupt:
-        return 130
+        while True:
+            try:
+                code = proc.wait()
+                break
+            except KeyboardInterrupt:  # Ctrl-C reached the launcher and its ranks too: wait for their status
+                interrupts += 1
+                if interrupts > 1:  # a second Ctrl-C: stop waiting for them
+                    proc.kill()
+    finally:
+        signal.signal(signal.SIGTERM, before)
+    return code if code >= 0 else 128 - code
 
 
 # ------------------------------------------------------------------------------------- parser

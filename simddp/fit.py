@@ -371,10 +371,7 @@ def fit_profile(comm: CommMeasurements, compute: ComputeMeasurements, sources: d
     _check_compute(compute, compute_src)
     fits = fit_collectives(cases, comm_src, gpus_per_node=comm.run.ranks_per_node)
     # The simulator reads one set of segments per (op, tier): world for its tier, intra-node for intra.
-    used: list[FitReport] = []
-    for r in fits:
-        if r.group == "world" or (r.group == "intra-node" and r.fit.tier == "intra"):
-            used.append(r)
+    used = [r for r in fits if r.simulated]
     world_tier = "inter" if cr.num_nodes > 1 else "intra"
     for tier in dict.fromkeys([world_tier, "intra"] if cr.ranks_per_node > 1 else [world_tier]):
         if not any(r.fit.op == "all-reduce" and r.fit.tier == tier for r in used):
@@ -417,6 +414,10 @@ def fit_profile(comm: CommMeasurements, compute: ComputeMeasurements, sources: d
     }
     intra, inter = _link_placeholders(used, run.num_nodes)
     ddp_overhead = compute.ddp_overhead.median_s if compute.ddp_overhead is not None else 0.0
+    if compute.ddp_overhead is None:  # it read "measured: ... DDP Reducer overhead" and 0.000 ms, without a word
+        placeholders.append("PLACEHOLDER: the DDP Reducer overhead was not measured (the compute collector stopped "
+                            "before it, ran with --no-ddp-overhead, or could not on this device): host_overhead_s "
+                            "holds none of it, and DDP's unused-parameter search takes the simulator's default")
     host_overhead = max(0.0, compute.host.median_s) + max(0.0, ddp_overhead)
     search = compute.graph_search
     cluster_extra: dict[str, object] = {}
@@ -451,7 +452,8 @@ def fit_profile(comm: CommMeasurements, compute: ComputeMeasurements, sources: d
     }
     notes = [
         "measured: collective times (median of repeats, slowest rank), per-layer forward/backward times, "
-        "optimizer step, host time, DDP Reducer overhead without communication, interference benchmark",
+        "optimizer step, host time, " + ("DDP Reducer overhead without communication, "
+                                          if compute.ddp_overhead is not None else "") + "interference benchmark",
         "assumed: collectives extrapolate to other world sizes with ring step counts and nccl-tests data "
         "factors at the fitted per-step latency and bus bandwidth",
         "cluster.intra_node/inter_node are placeholders carrying the all-reduce fit; collective_fits replace "

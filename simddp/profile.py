@@ -39,6 +39,7 @@ from simddp.config import (
     MAX_GPUS,
     Cluster,
     CollectiveFit,
+    DDPConfig,
     LayerSpec,
     ModelConfig,
     ParameterSpec,
@@ -354,6 +355,12 @@ class FitReport(_Frozen):
         default_factory=list, description="(size_bytes, measured median s, fitted s) of each point."
     )
 
+    @property
+    def simulated(self) -> bool:
+        """Whether the simulator reads this segment: one set per (op, tier), the world group's for its tier and the
+        intra-node group's for intra (the inter-node group, one rank per host, is kept for inspection)."""
+        return self.group == "world" or (self.group == "intra-node" and self.fit.tier == "intra")
+
 
 class InterferenceFit(_Frozen):
     """The compute slowdown factor ``i`` fitted from the interference benchmark."""
@@ -417,6 +424,11 @@ class CalibrationProfile(_Frozen):
         for key, model in (("cluster", Cluster), ("model", ModelConfig), ("training", Training)):
             if isinstance(out.get(key), dict):
                 out[key] = model.model_validate(out[key]).model_dump(mode="json", exclude_none=True)
+        if isinstance(out.get("ddp"), dict):  # checked, kept as given (only the keys measured, under the user's):
+            try:  # a cap of -5 failed later, as a scenario key the user never wrote
+                DDPConfig.model_validate(out["ddp"])
+            except ValidationError as err:
+                raise ValueError("ddp." + format_validation_error(err)) from None
         return out
 
     def scenario_defaults(self) -> dict[str, Any]:

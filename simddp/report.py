@@ -173,7 +173,9 @@ def _scaled_profile_keys(profile: CalibrationProfile, direction: int, z: float) 
     if direction == 0:
         return keys
     fits = []
-    by_bounds = {(r.fit.op, r.fit.tier, r.fit.min_bytes): r for r in profile.fits}
+    # The segments the simulator reads: the inter-node group's share the world's (op, tier, bounds) on 2+ hosts, and
+    # took the band from its own, noisier errors (a band of 11-742 ms where the world fit gives 12-23 ms).
+    by_bounds = {(r.fit.op, r.fit.tier, r.fit.min_bytes): r for r in profile.fits if r.simulated}
     for f in keys["cluster"]["collective_fits"]:
         r = by_bounds.get((f["op"], f["tier"], f["min_bytes"]))
         if r is None:
@@ -206,6 +208,7 @@ def predict(profile: CalibrationProfile | str | Path, overrides: dict[str, Any] 
             z: float = 2.0) -> Prediction:
     """Simulate the calibrated scenario with ``overrides`` (scenario keys) and its band (``0 <= z <= 10``)."""
     from simddp.sim import simulate_step
+    from simddp.sim.step import measured_elsewhere
 
     if not 0 <= z <= 10:
         raise ScenarioError(f"z({z}) must be between 0 and 10 standard errors")
@@ -237,6 +240,10 @@ def predict(profile: CalibrationProfile | str | Path, overrides: dict[str, Any] 
     sc = scenarios[0]
     measured_ranks = prof.comm_run.world_size
     notes = list(nominal.not_modelled)
+    if any(layer.fwd_time_s is not None for layer in sc.model.layers or []):  # the scenario names no profile file
+        elsewhere = measured_elsewhere(sc, prof.training)  # (it is popped above): the note simulate gives
+        if elsewhere is not None:
+            notes.append(elsewhere)
     if sc.cluster.num_nodes > 1 and not any(f.tier == "inter" for f in sc.cluster.collective_fits):
         notes.append(
             "the profile has no inter-node fit (calibrated on one node): inter-node collectives use "

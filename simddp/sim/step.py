@@ -94,6 +94,12 @@ def _measured_elsewhere(scenario: Scenario) -> str | None:
                                     lambda: load_profile(path).training)
     except (ScenarioError, OSError):
         return None
+    return measured_elsewhere(scenario, measured)
+
+
+def measured_elsewhere(scenario: Scenario, measured: dict[str, Any]) -> str | None:
+    """The note of :func:`_measured_elsewhere` for a profile's ``training`` keys ``measured`` (where its layer
+    times were measured), for a scenario that runs them."""
     tr = scenario.training
     at = (measured.get("micro_batch_size"), measured.get("seq_len"))
     if at == (tr.micro_batch_size, tr.seq_len) or None in at:

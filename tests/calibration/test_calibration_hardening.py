@@ -200,3 +200,76 @@ def test_profile_counts_and_noise_are_bounded(calibration_files: dict[str, Path]
     prof = _edit(calibration_files["profile"], tmp_path / "p.json", edit)
     err = _one_line_error(["calibrate", "predict", str(prof), "--ranks", "2"], capsys)
     assert field in err and "less than or equal to" in err, err
+
+
+def _two_hosts(noise: float):  # type: ignore[no-untyped-def]
+    """comm measurements of 2 hosts x 2 ranks: the world group, the intra-node group and the inter-node group (one
+    rank per host, kept for inspection), whose times alone carry ``noise``."""
+    from conftest import comm_measurements
+
+    from simddp.profile import CommMeasurements
+
+    base = comm_measurements().model_dump()
+    base["run"].update(world_size=4, num_nodes=2, ranks_per_node=2, hosts=["a", "a", "b", "b"],
+                       device_names=["cpu"] * 4)
+    rng = np.random.default_rng(1)
+    cases = []
+    for group, ranks, nodes, tier, jitter in (("world", 4, 2, "inter", 0.0), ("intra-node", 2, 1, "intra", 0.0),
+                                              ("inter-node", 2, 2, "inter", noise)):
+        for case in base["cases"]:
+            t = case["stats"]["median_s"] * (1 + jitter * rng.random())
+            cases.append({**case, "group": group, "num_ranks": ranks, "num_nodes": nodes, "tier": tier,
+                          "stats": stats(t).model_dump()})
+    return CommMeasurements.model_validate({**base, "cases": cases})
+
+
+def test_the_band_comes_from_the_fits_the_simulator_reads() -> None:
+    """On 2 hosts the inter-node group's segments share the world's (op, tier, bounds): the band took their errors
+    (a probe: 11-742 ms with a noisy inter-node group, where the world fit alone gives 12-23 ms)."""
+    from conftest import compute_measurements
+
+    from simddp.fit import fit_profile
+    from simddp.report import predict
+
+    compute = compute_measurements()
+    quiet, noisy = fit_profile(_two_hosts(0.0), compute), fit_profile(_two_hosts(3.0), compute)
+    assert [r.fit for r in quiet.fits if r.simulated] == [r.fit for r in noisy.fits if r.simulated]
+    assert any(r.group == "inter-node" and r.latency_stderr_s > 0 for r in noisy.fits)
+    on = {"cluster": {"num_nodes": 2, "gpus_per_node": 2}, "parallelism": {"dp": 4}}
+    a, b = predict(quiet, on), predict(noisy, on)
+    assert (a.step_time_s, a.low_s, a.high_s) == (b.step_time_s, b.low_s, b.high_s)
+    assert a.low_s < a.step_time_s < a.high_s
+
+
+def test_what_the_calibration_did_not_measure_is_said(calibration_files: dict[str, Path], tmp_path: Path,
+                                                      capsys: pytest.CaptureFixture[str]) -> None:
+    """A collector probe: a compute file without the DDP Reducer overhead (stopped early, --no-ddp-overhead) gave a
+    profile whose notes said it was measured, at 0.000 ms; `calibrate predict` at another micro-batch dropped the
+    note `simulate` gives; a profile's `ddp` section was not checked when read; `--standalone` was refused."""
+    from conftest import comm_measurements, compute_measurements
+
+    from simddp.fit import fit_profile
+    from simddp.profile import load_profile
+    from simddp.report import predict
+
+    compute = compute_measurements().model_copy(update={"ddp_overhead": None, "graph_search": None})
+    notes = fit_profile(comm_measurements(), compute).notes
+    assert any(n.startswith("PLACEHOLDER: the DDP Reducer overhead was not measured") for n in notes)
+    assert not any("DDP Reducer overhead without communication" in n for n in notes)
+    assert any("DDP Reducer overhead without communication" in n
+               for n in fit_profile(comm_measurements(), compute_measurements()).notes)
+
+    profile = calibration_files["profile"]
+    other = predict(profile, {"training": {"micro_batch_size": 64}}).notes
+    assert [n for n in other if "measured at micro-batch 8 x 1 tokens and are used as they are at 64 x 1" in n]
+    assert not [n for n in predict(profile).notes if "measured at micro-batch" in n]
+
+    bad = _edit(profile, tmp_path / "p.json", lambda d: d["ddp"].update(bucket_cap_mb=-5))
+    with pytest.raises(ScenarioError, match=r"p\.json: malformed simddp-profile: ddp\.bucket_cap_mb: Input should be "
+                                            r"greater than 0"):
+        load_profile(bad)
+    assert load_profile(profile).ddp == json.loads(profile.read_text())["ddp"]  # kept as given
+
+    from simddp.cli import _launcher_parser
+    launch, rest = _launcher_parser("comm").parse_known_args(["--standalone", "--nproc-per-node", "2", "--sizes", "1K"])
+    assert launch.standalone and rest == ["--sizes", "1K"]

@@ -238,3 +238,56 @@ def test_nccl_with_more_ranks_than_gpus_is_a_clear_error(monkeypatch: pytest.Mon
     with pytest.raises(CollectorError, match=r"2 ranks on this node but 1 visible GPU\(s\); NCCL needs one GPU per "
                                              r"rank: launch at most 1 rank\(s\) per node"):
         Dist("nccl", 10.0)
+
+
+@pytest.mark.parametrize("sig", ["SIGINT", "SIGTERM"])
+def test_a_stopped_collection_ends_in_one_line_and_keeps_why(tmp_path: Path, sig: str) -> None:
+    """Ctrl-C (SIGINT to the terminal's group) ended in 116-169 lines of torchrun traceback, exit 1, and a partial
+    file whose error was null; SIGTERM to the group (timeout, scancel) ended `simddp` at once, exit 143, no word."""
+    import signal
+
+    out = tmp_path / "comm.json"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "simddp.cli", "calibrate", "collect", "comm", "--out", str(out), "--sizes", "1K:16M",
+         "--repeats", "3", "--interference-sizes", "none", "--timeout", "60"], stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, text=True, cwd=tmp_path, env=dict(os.environ, OMP_NUM_THREADS="1",
+                                                                   PYTHONPATH=str(ROOT)), start_new_session=True)
+    partial = tmp_path / "comm.partial.json"
+    deadline = time.monotonic() + 90
+    while not partial.exists() and time.monotonic() < deadline:  # a measurement is kept: then stop the run
+        time.sleep(0.2)
+    os.killpg(proc.pid, getattr(signal, sig))
+    _, err = proc.communicate(timeout=90)
+    assert proc.returncode == 3, err[-3000:]
+    assert "Traceback" not in err and "SignalException" not in err, err[-3000:]
+    assert f"simddp calibrate collect: stopped by {sig}" in err
+    data = json.loads(partial.read_text())
+    assert data["complete"] is False and f"stopped by signal {sig}" in data["error"]
+    assert not out.exists()
+
+
+def test_collector_arguments_that_measure_nothing_are_refused(tmp_path: Path) -> None:
+    """--sizes 4K:1K wrote a "complete" file of no cases, --sizes '' ran the whole default sweep, --iters 0 and
+    --matmul-n 0 meant the default, --rounds -1 measured nothing, --bucket-cap-mb inf died mid-run, a cap listed
+    twice was measured and scored twice; a bad argument exited 3 ("stopped early") about half the time."""
+    from simddp_calibration import collectives, ddp_step
+    from simddp_calibration.common import CollectorError
+    from simddp_calibration.launch import worker_status
+
+    for text, why in (("4K:1K", "a range runs from the smaller size to the larger"), ("", "no size given"),
+                      (" , ", "no size given")):
+        with pytest.raises(CollectorError, match=why):
+            collectives.parse_sizes(text)
+    assert collectives.parse_sizes("1K:4K") == [1024, 2048, 4096]
+    for cap in ("inf", "nan", "0", "2e12"):
+        with pytest.raises(CollectorError, match="must be > 0 and at most"):
+            ddp_step.parse_cap(cap)
+    for parser, flag, rest in ((collectives.build_parser(), "--iters", []),
+                               (collectives.build_parser(), "--matmul-n", []),
+                               (ddp_step.build_parser(), "--rounds", ["--model", "m.py:f"])):
+        assert getattr(parser.parse_args([flag, "3", "--out", "x.json", *rest]), flag[2:].replace("-", "_")) == 3
+        with pytest.raises(SystemExit):
+            parser.parse_args([flag, "0", "--out", "x.json", *rest])
+    assert ddp_step.main(["--model", TINY, "--bucket-cap-mb", "1", "1", "--out", str(tmp_path / "d.json")]) == 2
+    assert worker_status([2, -15]) == worker_status([-15, 2]) == 2  # torchrun stopped the other rank
+    assert worker_status([-15, -15]) == worker_status([17, -15]) == worker_status([2, 3]) == 3
