@@ -32,7 +32,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from simddp import safeio
 from simddp.config import Scenario, ScenarioError, deep_merge
 from simddp.fit import interference_settings
-from simddp.profile import CalibrationProfile, DDPMeasurements, load_profile
+from simddp.profile import CalibrationProfile, DDPMeasurements, load_profile, model_key
 from simddp.results import StepResult
 from simddp.scenario_io import scenario_from_dict
 
@@ -293,7 +293,7 @@ def extrapolate(profile: CalibrationProfile | str | Path, world_sizes: Sequence[
 def setup_differences(prof: CalibrationProfile, ddp: DDPMeasurements) -> list[str]:
     """How the measured DDP run differs from the profile's: model, gradient bytes, micro-batch, ranks, optimizer."""
     out = []
-    if ddp.model != prof.model_name:
+    if model_key(ddp.model) != model_key(prof.model_name):
         out.append(f"DDP model {ddp.model!r} differs from the profile's {prof.model_name!r}")
     sizes = next((c.bucket_sizes_bytes for c in ddp.cases if c.bucket_sizes_bytes), None)
     if sizes:

@@ -273,3 +273,12 @@ def test_what_the_calibration_did_not_measure_is_said(calibration_files: dict[st
     from simddp.cli import _launcher_parser
     launch, rest = _launcher_parser("comm").parse_known_args(["--standalone", "--nproc-per-node", "2", "--sizes", "1K"])
     assert launch.standalone and rest == ["--sizes", "1K"]
+
+
+def test_the_same_model_file_run_from_another_folder_is_the_same_model() -> None:
+    """validate and merge compared the --model text: models/x.py:tiny and /abs/models/x.py:tiny were "different"."""
+    from simddp.profile import model_key
+
+    assert model_key("models/small_transformer.py:tiny") == model_key("/abs/models/small_transformer.py:tiny")
+    assert model_key("a.py:tiny") != model_key("a.py:small") and model_key("toy") == "toy"
+    assert model_key("st.py:tiny") != model_key("small_transformer.py:tiny")  # another file: still said
