@@ -96,11 +96,11 @@ base_s = state.current_scenario()
 base = state.simulate(base_data) if base_s is not None else None
 if base_s is not None and base is not None:
     cl, ddp = base_s.cluster, base_s.ddp
-    # A null bucket cap is the framework's own (torch 25 MiB after a 1 MiB first bucket, DeepSpeed 5e8 elements,
-    # Megatron max(4e7, 1e6 x dp) elements): "default", not 25 MiB, which the step would not have used.
     lat_us = round(cl.inter_node.latency_s / units.US, 3)
     with st.container(border=True):
         c1, c2, c3 = st.columns(3)
+        # A null bucket cap is the framework's own (torch 25 MiB after a 1 MiB first bucket, DeepSpeed 5e8
+        # elements, Megatron max(4e7, 1e6 x dp) elements): "default", not 25 MiB, which the step would not use.
         cap = c1.select_slider("Bucket cap (MiB)", _options(CAPS_MB, ddp.bucket_cap_mb, nullable=True),
                                key=_seed("bucket_cap_mb", ddp.bucket_cap_mb),
                                help=field_help(DDPConfig, "bucket_cap_mb"), format_func=_cap_label)
