@@ -53,27 +53,55 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"simddp calibrate collect: error: {problem}", file=sys.stderr)
         return 2
     os.environ.setdefault("LOGLEVEL", "ERROR")
-    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
-    from torch.distributed.run import main as torchrun
+    # Until torchrun installs its own handlers (while torch imports, a few seconds), a SIGTERM ended this process
+    # with 143 and no word: it is the same stop as later.
+    signal.signal(signal.SIGTERM, _stopped)
+    try:
+        from torch.distributed.elastic.multiprocessing.api import SignalException
+        from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+        from torch.distributed.run import main as torchrun
+    except _Stopped:
+        return _say_stopped(signal.SIGTERM, args)
+    except KeyboardInterrupt:
+        return _say_stopped(signal.SIGINT, args)
 
     logging.getLogger("torch.distributed.elastic").setLevel(logging.CRITICAL)
     for name in list(logging.root.manager.loggerDict):
         if name.startswith("torch.distributed.elastic"):
             logging.getLogger(name).setLevel(logging.CRITICAL)
-    from torch.distributed.elastic.multiprocessing.api import SignalException
-
     try:
         torchrun(args)
     except ChildFailedError as err:
         return worker_status([f.exitcode for _, f in sorted(err.failures.items())])
-    except SignalException as err:  # the launcher was stopped (Ctrl-C, SIGTERM): its workers were too, and say so
-        name = signal.Signals(err.sigval).name
-        print(f"simddp calibrate collect: stopped by {name}; what was measured is in the partial file (the ranks' "
-              "lines above say where)", file=sys.stderr)
-        return 3
+    except SignalException as err:  # the launcher was stopped (Ctrl-C, SIGTERM), and its ranks with it
+        return _say_stopped(err.sigval, args)
+    except _Stopped:
+        return _say_stopped(signal.SIGTERM, args)
     except KeyboardInterrupt:
-        return 130
+        return _say_stopped(signal.SIGINT, args)
     return 0
+
+
+class _Stopped(Exception):
+    """SIGTERM before torchrun's own handler was in place."""
+
+
+def _stopped(signum: int, frame: object) -> None:
+    raise _Stopped
+
+
+def _say_stopped(sig: int, args: Sequence[str]) -> int:
+    """One line for a run stopped by a signal, saying where what was measured is, or that nothing was (the line
+    claimed a partial file when the ranks had not started); the collectors' status 3."""
+    from simddp.safeio import partial_path, shown_path
+
+    out = next((a.split("=", 1)[1] for a in args if a.startswith("--out=")), None) or next(
+        (args[k + 1] for k, a in enumerate(args[:-1]) if a == "--out"), None)
+    partial = partial_path(out) if out else None
+    kept = (f"what was measured is in {shown_path(partial)}" if partial is not None and partial.exists()
+            else "nothing was measured")
+    print(f"simddp calibrate collect: stopped by {signal.Signals(sig).name}; {kept}", file=sys.stderr)
+    return 3
 
 
 if __name__ == "__main__":

@@ -891,24 +891,28 @@ def cmd_calibrate_collect(args: argparse.Namespace) -> int:
     torchrun = [f"--nproc-per-node={launch.nproc_per_node}", f"--nnodes={launch.nnodes}"]
     distributed = {k: v for k, v in vars(launch).items()
                    if k not in ("nproc_per_node", "nnodes", "standalone") and v is not None}
+    if launch.standalone and (distributed or launch.nnodes != "1"):  # torchrun would put the rendezvous on
+        # localhost without a word (an info log): each node would wait for peers that cannot join
+        raise UsageError(f"--standalone is one node: not with --nnodes {launch.nnodes} or "
+                         f"{', '.join('--' + k.replace('_', '-') for k in distributed) or 'a rendezvous'}")
     if launch.standalone or (not distributed and launch.nnodes == "1"):
         torchrun.append("--standalone")
     torchrun += [f"--{k.replace('_', '-')}={v}" for k, v in distributed.items()]
     cmd = [sys.executable, "-m", "simddp_calibration.launch", *torchrun, "-m", module, *rest]
-    proc = subprocess.Popen(cmd)
-    # SIGTERM (timeout, Slurm's scancel) goes to the launcher too, which stops its ranks and ends with the
-    # collectors' status; this process ended at once with 143 and no word.
+    # The launcher in a process group of its own: a signal reaches it once, passed on from here, whether it was sent
+    # to this process alone or to the terminal's group (Ctrl-C; it got two then, and a second SIGINT ends torchrun's
+    # shutdown with 130). SIGTERM (timeout, Slurm's scancel) and Ctrl-C stop its ranks (torchrun starts each in a
+    # session of its own: only the launcher passes a signal on), and it ends with the collectors' status. This
+    # process ended at once with 143 and no word, and a SIGINT to it alone was ignored: the run went on.
+    proc = subprocess.Popen(cmd, process_group=0)
     before = signal.signal(signal.SIGTERM, lambda signum, frame: proc.send_signal(signum))
-    interrupts = 0
     try:
         while True:
             try:
                 code = proc.wait()
                 break
-            except KeyboardInterrupt:  # Ctrl-C reached the launcher and its ranks too: wait for their status
-                interrupts += 1
-                if interrupts > 1:  # a second Ctrl-C: stop waiting for them
-                    proc.kill()
+            except KeyboardInterrupt:
+                proc.send_signal(signal.SIGINT)
     finally:
         signal.signal(signal.SIGTERM, before)
     return code if code >= 0 else 128 - code

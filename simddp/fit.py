@@ -414,10 +414,10 @@ def fit_profile(comm: CommMeasurements, compute: ComputeMeasurements, sources: d
     }
     intra, inter = _link_placeholders(used, run.num_nodes)
     ddp_overhead = compute.ddp_overhead.median_s if compute.ddp_overhead is not None else 0.0
-    if compute.ddp_overhead is None:  # it read "measured: ... DDP Reducer overhead" and 0.000 ms, without a word
-        placeholders.append("PLACEHOLDER: the DDP Reducer overhead was not measured (the compute collector stopped "
-                            "before it, ran with --no-ddp-overhead, or could not on this device): host_overhead_s "
-                            "holds none of it, and DDP's unused-parameter search takes the simulator's default")
+    unmeasured_overhead = [] if compute.ddp_overhead is not None else [  # it read "measured" at 0.000 ms
+        "not measured: the DDP Reducer overhead (measured on CPU only, and not with --no-ddp-overhead or by a "
+        "compute run that stopped before it): host_overhead_s holds none of it, and DDP's unused-parameter search "
+        "takes the simulator's default"]
     host_overhead = max(0.0, compute.host.median_s) + max(0.0, ddp_overhead)
     search = compute.graph_search
     cluster_extra: dict[str, object] = {}
@@ -472,7 +472,7 @@ def fit_profile(comm: CommMeasurements, compute: ComputeMeasurements, sources: d
         notes.append("fitted from partial measurements (a collector stopped early)")
     if precision != "fp32":
         notes.append(f"parameter dtypes {sorted(dtypes)}: precision set to bf16-mixed")
-    notes += mixed_notes + placeholders
+    notes += unmeasured_overhead + mixed_notes + placeholders
     try:
         return _profile(comm, compute, sources, fits, interference, cluster, model, training, notes)
     except ValidationError as err:

@@ -610,8 +610,10 @@ def _pool(stats: Sequence[TimingStats]) -> TimingStats:
 
 
 def model_key(spec: str) -> str:
-    """A collector's ``--model`` spec (``PATH.py:factory``) as the model it names: the file's name and the factory,
-    wherever the file was run from (``models/x.py:tiny`` and ``/abs/models/x.py:tiny`` were "different models")."""
+    """A collector's ``--model`` spec (``PATH.py:factory``) as ``validate``'s warning compares it: the file's name and
+    the factory, wherever the file was run from (``models/x.py:tiny`` and ``/abs/models/x.py:tiny`` were warned
+    about as "different models"). Merging compares the spec exactly: two folders' ``model.py`` may differ, and only
+    the warning has the gradient bytes beside it."""
     path, colon, factory = spec.rpartition(":")
     return f"{Path(path).name}:{factory}" if colon and path.endswith(".py") else spec
 
@@ -652,9 +654,8 @@ def merge_measurements(items: Sequence[_Measurements]) -> _Measurements:
         comp_items = [m for m in items if isinstance(m, ComputeMeasurements)]
         shape = [(la.name, la.param_indices) for la in first.layers]
         for m in comp_items[1:]:
-            if (model_key(m.model), m.parameters, m.grad_ready_order, m.micro_batch_size, m.optimizer) != (
-                    model_key(first.model), first.parameters, first.grad_ready_order, first.micro_batch_size,
-                    first.optimizer):
+            if (m.model, m.parameters, m.grad_ready_order, m.micro_batch_size, m.optimizer) != (
+                    first.model, first.parameters, first.grad_ready_order, first.micro_batch_size, first.optimizer):
                 raise ScenarioError(f"cannot merge compute timings of different models or settings ({m.model!r})")
             if [(la.name, la.param_indices) for la in m.layers] != shape:
                 raise ScenarioError("cannot merge compute timings with different layer groupings")
@@ -677,8 +678,7 @@ def merge_measurements(items: Sequence[_Measurements]) -> _Measurements:
     ddp_items = [m for m in items if isinstance(m, DDPMeasurements)]
     by_cap: dict[float | None, list[DDPCase]] = {}
     for m in ddp_items:
-        if (model_key(m.model), m.run.world_size, m.optimizer) != (model_key(first.model), first.run.world_size,
-                                                                  first.optimizer):
+        if (m.model, m.run.world_size, m.optimizer) != (first.model, first.run.world_size, first.optimizer):
             raise ScenarioError(f"cannot merge DDP timings of different models, worlds or optimizers ({m.model!r})")
         for c in m.cases:
             by_cap.setdefault(c.bucket_cap_mb, []).append(c)

@@ -243,7 +243,7 @@ def test_the_band_comes_from_the_fits_the_simulator_reads() -> None:
 
 def test_what_the_calibration_did_not_measure_is_said(calibration_files: dict[str, Path], tmp_path: Path,
                                                       capsys: pytest.CaptureFixture[str]) -> None:
-    """A collector probe: a compute file without the DDP Reducer overhead (stopped early, --no-ddp-overhead) gave a
+    """A collector probe: a compute file without the DDP Reducer overhead (a GPU run, --no-ddp-overhead) gave a
     profile whose notes said it was measured, at 0.000 ms; `calibrate predict` at another micro-batch dropped the
     note `simulate` gives; a profile's `ddp` section was not checked when read; `--standalone` was refused."""
     from conftest import comm_measurements, compute_measurements
@@ -254,7 +254,8 @@ def test_what_the_calibration_did_not_measure_is_said(calibration_files: dict[st
 
     compute = compute_measurements().model_copy(update={"ddp_overhead": None, "graph_search": None})
     notes = fit_profile(comm_measurements(), compute).notes
-    assert any(n.startswith("PLACEHOLDER: the DDP Reducer overhead was not measured") for n in notes)
+    assert any(n.startswith("not measured: the DDP Reducer overhead") for n in notes)
+    assert not any(n.startswith("PLACEHOLDER") for n in notes)  # a complete GPU run measures none: not partial
     assert not any("DDP Reducer overhead without communication" in n for n in notes)
     assert any("DDP Reducer overhead without communication" in n
                for n in fit_profile(comm_measurements(), compute_measurements()).notes)
@@ -273,6 +274,11 @@ def test_what_the_calibration_did_not_measure_is_said(calibration_files: dict[st
     from simddp.cli import _launcher_parser
     launch, rest = _launcher_parser("comm").parse_known_args(["--standalone", "--nproc-per-node", "2", "--sizes", "1K"])
     assert launch.standalone and rest == ["--sizes", "1K"]
+    # with a second node or a rendezvous, torchrun would move the rendezvous to localhost without a word
+    for extra in (["--nnodes", "2"], ["--rdzv-endpoint", "h:29400"]):
+        err = _one_line_error(["calibrate", "collect", "comm", "--standalone", *extra, "--out",
+                               str(tmp_path / "c.json")], capsys)
+        assert "--standalone is one node" in err
 
 
 def test_the_same_model_file_run_from_another_folder_is_the_same_model() -> None:
@@ -282,3 +288,11 @@ def test_the_same_model_file_run_from_another_folder_is_the_same_model() -> None
     assert model_key("models/small_transformer.py:tiny") == model_key("/abs/models/small_transformer.py:tiny")
     assert model_key("a.py:tiny") != model_key("a.py:small") and model_key("toy") == "toy"
     assert model_key("st.py:tiny") != model_key("small_transformer.py:tiny")  # another file: still said
+    # Merging compares the spec exactly: two folders' model.py may be two models (a review: they merged).
+    from test_calibration_consistency import _ddp
+
+    from simddp.profile import merge_measurements
+    a, b = _ddp(), _ddp()
+    with pytest.raises(ScenarioError, match="cannot merge DDP timings of different models"):
+        merge_measurements([a.model_copy(update={"model": "exp_small/model.py:build"}),
+                            b.model_copy(update={"model": "exp_big/model.py:build"})])

@@ -240,10 +240,13 @@ def test_nccl_with_more_ranks_than_gpus_is_a_clear_error(monkeypatch: pytest.Mon
         Dist("nccl", 10.0)
 
 
-@pytest.mark.parametrize("sig", ["SIGINT", "SIGTERM"])
-def test_a_stopped_collection_ends_in_one_line_and_keeps_why(tmp_path: Path, sig: str) -> None:
+@pytest.mark.parametrize(("sig", "to"), [("SIGINT", "group"), ("SIGTERM", "group"), ("SIGINT", "simddp"),
+                                         ("SIGTERM", "simddp")])
+def test_a_stopped_collection_ends_in_one_line_and_keeps_why(tmp_path: Path, sig: str, to: str) -> None:
     """Ctrl-C (SIGINT to the terminal's group) ended in 116-169 lines of torchrun traceback, exit 1, and a partial
-    file whose error was null; SIGTERM to the group (timeout, scancel) ended `simddp` at once, exit 143, no word."""
+    file whose error was null; SIGTERM to the group (timeout, scancel) ended `simddp` at once, exit 143, no word.
+    A signal to the `simddp` process alone is passed to the launcher (a SIGINT to it alone was ignored and the run
+    went on to the end)."""
     import signal
 
     out = tmp_path / "comm.json"
@@ -256,14 +259,27 @@ def test_a_stopped_collection_ends_in_one_line_and_keeps_why(tmp_path: Path, sig
     deadline = time.monotonic() + 90
     while not partial.exists() and time.monotonic() < deadline:  # a measurement is kept: then stop the run
         time.sleep(0.2)
-    os.killpg(proc.pid, getattr(signal, sig))
+    (os.killpg if to == "group" else os.kill)(proc.pid, getattr(signal, sig))
     _, err = proc.communicate(timeout=90)
     assert proc.returncode == 3, err[-3000:]
     assert "Traceback" not in err and "SignalException" not in err, err[-3000:]
-    assert f"simddp calibrate collect: stopped by {sig}" in err
+    assert f"simddp calibrate collect: stopped by {sig}; what was measured is in {partial}" in err
     data = json.loads(partial.read_text())
     assert data["complete"] is False and f"stopped by signal {sig}" in data["error"]
     assert not out.exists()
+
+
+def test_a_collection_stopped_before_its_ranks_start_says_nothing_was_measured(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """SIGTERM while the launcher still imported torch ended it with 143 and no word; a little later, the line
+    claimed a partial file that did not exist."""
+    from simddp_calibration.launch import _say_stopped
+
+    assert _say_stopped(15, ["--standalone", "-m", "x", "--out", str(tmp_path / "c.json")]) == 3
+    assert capsys.readouterr().err == "simddp calibrate collect: stopped by SIGTERM; nothing was measured\n"
+    (tmp_path / "c.partial.json").write_text("{}")
+    assert _say_stopped(2, ["-m", "x", f"--out={tmp_path / 'c.json'}"]) == 3
+    assert capsys.readouterr().err.startswith("simddp calibrate collect: stopped by SIGINT; what was measured is in ")
 
 
 def test_collector_arguments_that_measure_nothing_are_refused(tmp_path: Path) -> None:
