@@ -456,6 +456,16 @@ class Collector:
         self._failing = False  # fail() has started (on any thread): a signal then must not re-enter it
         self._measurements = 0
         self.watchdog = Watchdog(timeout_s, self._fail_hard)
+        if d.is_main and self.partial.exists():  # an earlier run's, which the docs ask to send back: a re-run
+            # replaced it at its first measurement (22 measurements became 1)
+            previous = self.partial.with_name(f"{self.partial.stem}.previous{self.partial.suffix}")
+            try:
+                os.replace(self.partial, previous)
+                print(f"calibration: an earlier run's partial results moved to {previous}", file=sys.stderr,
+                      flush=True)
+            except OSError as err:
+                print(f"calibration: warning: an earlier run's partial results in {self.partial} will be replaced "
+                      f"({one_line(err)})", file=sys.stderr, flush=True)
         signal.signal(signal.SIGTERM, self._on_signal)
         # Ctrl-C reaches every rank (the terminal signals the whole group): the partial file records why it stopped
         # (it said "error": null, and each rank printed a KeyboardInterrupt traceback).

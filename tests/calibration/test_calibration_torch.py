@@ -120,6 +120,21 @@ def test_a_failed_rerun_keeps_the_complete_result(tmp_path: Path) -> None:
     assert "Traceback" not in r.stderr and "ChildFailedError" not in r.stderr
 
 
+def test_a_rerun_keeps_the_earlier_runs_partial_results(tmp_path: Path) -> None:
+    """The partial file of a stopped run (which the docs ask to send back) was replaced by the next run's at its
+    first measurement: 22 measurements became 1. It is moved aside, once a run starts."""
+    out = tmp_path / "comm.json"
+    earlier = '{"complete": false, "cases": ["22 of them"]}'
+    (tmp_path / "comm.partial.json").write_text(earlier)
+    r = torchrun("-m", "simddp_calibration.collectives", "--out", str(out), "--sizes", "1K,4K", "--repeats", "2",
+                 "--warmup", "0", "--interference-sizes", "none", timeout=90)
+    assert r.returncode == 0, r.stderr[-3000:]
+    previous = tmp_path / "comm.partial.previous.json"
+    assert previous.read_text() == earlier
+    assert f"an earlier run's partial results moved to {previous}" in r.stderr
+    assert json.loads(out.read_text())["complete"] is True and not (tmp_path / "comm.partial.json").exists()
+
+
 @pytest.mark.parametrize("out", ["/proc/simddp-test/comm.json", "."])
 def test_an_unwritable_out_stops_every_rank_before_measuring(tmp_path: Path, out: str) -> None:
     """Direct torchrun: rank 0 checks --out, every rank exits 2, one message (rank 0's)."""
