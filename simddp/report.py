@@ -240,10 +240,9 @@ def predict(profile: CalibrationProfile | str | Path, overrides: dict[str, Any] 
     sc = scenarios[0]
     measured_ranks = prof.comm_run.world_size
     notes = list(nominal.not_modelled)
-    if any(layer.fwd_time_s is not None for layer in sc.model.layers or []):  # the scenario names no profile file
-        elsewhere = measured_elsewhere(sc, prof.training)  # (it is popped above): the note simulate gives
-        if elsewhere is not None:
-            notes.append(elsewhere)
+    elsewhere = measured_elsewhere(sc, lambda: prof.training)  # the note simulate gives (the scenario names no
+    if elsewhere is not None:  # profile file: it is popped above)
+        notes.append(elsewhere)
     if sc.cluster.num_nodes > 1 and not any(f.tier == "inter" for f in sc.cluster.collective_fits):
         notes.append(
             "the profile has no inter-node fit (calibrated on one node): inter-node collectives use "

@@ -68,13 +68,10 @@ def group(cluster: Cluster, num_ranks: int, stride: int = 1) -> CommGroup:
 
 def _group_counts(num_ranks: object, stride: object) -> tuple[int, int]:
     """:func:`group`'s counts as ints (a numpy integer is one), else a :class:`ScenarioError` naming the bad one."""
-    counts = []
-    for name, value, top in (("num_ranks", num_ranks, MAX_GPUS), ("stride", stride, None)):
-        number = whole_number(f"group: {name}", value)
-        if top is not None and number > top:
-            raise ScenarioError(f"group: {name}({value!r}) must be at most {top:,} (simddp.config.MAX_GPUS)")
-        counts.append(number)
-    return counts[0], counts[1]
+    ranks = whole_number("group: num_ranks", num_ranks)
+    if ranks > MAX_GPUS:
+        raise ScenarioError(f"group: num_ranks({num_ranks!r}) must be at most {MAX_GPUS:,} (simddp.config.MAX_GPUS)")
+    return ranks, whole_number("group: stride", stride)
 
 
 def _make(cluster: Cluster, num_ranks: int, num_nodes: int, ranks_per_node: int) -> CommGroup:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+from typing import Any
 
 import streamlit as st
 
@@ -22,38 +23,31 @@ if base is None:
     state.offer_to_drop("run", "run")
     st.stop()
 run = base.run
-span = widgets.span  # bounds that hold the scenario's own value (any the config takes: a Compare upload)
-tokens_value = float((run.tokens or 300e9) / 1e9)
-price_value, mtbf_value = float(run.gpu_hour_cost_usd), float(run.mtbf_hours)
-storage_value, restart_value = float(run.storage_write_bytes_per_s / units.GB), float(run.restart_overhead_s / 60)
-tflops_value = float(run.achieved_tflops_per_gpu or 0.0)
+
+
+def box(where: Any, label: str, low: float, high: float, value: float, key: str, field: str) -> float:
+    """A number box for one ``run`` key, its bounds widened to hold the scenario's own value (any the config takes:
+    a Compare upload; a value outside the box ended the page in a traceback)."""
+    lo, hi = widgets.span(low, high, value)
+    return float(where.number_input(label, min_value=lo, max_value=hi, value=value, key=key,
+                                    help=field_help(RunConfig, field)))
+
 
 c = st.columns(4)
-lo, hi = span(0.001, 1e6, tokens_value)
-tokens_b = c[0].number_input("Tokens (billions)", min_value=lo, max_value=hi, value=tokens_value, key="run_tokens",
-                             help=field_help(RunConfig, "tokens"))
-lo, hi = span(0.0, 1000.0, price_value)
-price = c[1].number_input("GPU-hour (USD)", min_value=lo, max_value=hi, value=price_value,
-                          key="run_price", help=field_help(RunConfig, "gpu_hour_cost_usd"))
-lo, hi = span(0.01, 1e9, mtbf_value)
-mtbf = c[2].number_input("MTBF (hours)", min_value=lo, max_value=hi, value=mtbf_value, key="run_mtbf",
-                         help=field_help(RunConfig, "mtbf_hours"))
+tokens_b = box(c[0], "Tokens (billions)", 0.001, 1e6, float((run.tokens or 300e9) / 1e9), "run_tokens", "tokens")
+price = box(c[1], "GPU-hour (USD)", 0.0, 1000.0, float(run.gpu_hour_cost_usd), "run_price", "gpu_hour_cost_usd")
+mtbf = box(c[2], "MTBF (hours)", 0.01, 1e9, float(run.mtbf_hours), "run_mtbf", "mtbf_hours")
 scope = c[3].segmented_control("MTBF per", ["gpu", "node"], default=run.mtbf_scope, key="run_scope", required=True,
                                help=field_help(RunConfig, "mtbf_scope"))
 d = st.columns(4)
 saving = d[0].segmented_control("Checkpoint saving", ["rank0", "sharded"], default=run.checkpoint_saving,
                                 key="run_saving", required=True, help=field_help(RunConfig, "checkpoint_saving"))
-lo, hi = span(0.001, 1e6, storage_value)
-storage = d[1].number_input("Storage write (GB/s)", min_value=lo, max_value=hi, value=storage_value, key="run_storage",
-                            help=field_help(RunConfig, "storage_write_bytes_per_s"))
-lo, hi = span(0.0, 1e5, restart_value)
-restart = d[2].number_input("Restart overhead (min)", min_value=lo, max_value=hi, value=restart_value,
-                            key="run_restart",
-                            help=field_help(RunConfig, "restart_overhead_s"))
-lo, hi = span(0.0, 1e5, tflops_value)
-tflops = d[3].number_input("Measured TFLOP/s per GPU (0 = simulate)", min_value=lo, max_value=hi, value=tflops_value,
-                           key="run_tflops",
-                           help=field_help(RunConfig, "achieved_tflops_per_gpu"))
+storage = box(d[1], "Storage write (GB/s)", 0.001, 1e6, float(run.storage_write_bytes_per_s / units.GB), "run_storage",
+              "storage_write_bytes_per_s")
+restart = box(d[2], "Restart overhead (min)", 0.0, 1e5, float(run.restart_overhead_s / 60), "run_restart",
+              "restart_overhead_s")
+tflops = box(d[3], "Measured TFLOP/s per GPU (0 = simulate)", 0.0, 1e5, float(run.achieved_tflops_per_gpu or 0.0),
+             "run_tflops", "achieved_tflops_per_gpu")
 
 variant = copy.deepcopy(data)
 variant["run"] = {**variant.get("run", {}), "tokens": tokens_b * 1e9, "gpu_hour_cost_usd": price,

@@ -734,9 +734,7 @@ def _bucket_reduction(scenario: Scenario, op: Op, size_bytes: int, group: CommGr
     NVSwitch SHARP or with one data-parallel rank per node) is a :class:`ScenarioError` naming ``ddp.algorithm``."""
     try:
         return dp_collective(scenario, op, size_bytes, group, algorithm)
-    except UnsupportedAlgorithm as e:
-        if algorithm == "auto":
-            raise
+    except UnsupportedAlgorithm as e:  # (with algorithm "auto" nothing was asked for: never raised)
         raise ScenarioError(f"ddp.algorithm: {algorithm} cannot run the data-parallel {op} here: {e}") from None
 
 

@@ -82,26 +82,29 @@ _MEASURED_AT = KeyedCache(maxsize=64)
 def _measured_elsewhere(scenario: Scenario) -> str | None:
     """Where a calibrated scenario runs its profile's measured layer times at another micro-batch or sequence
     than they were measured at: a note saying so, else None."""
-    layers = scenario.model.layers or []
-    if not scenario.calibration or not any(la.fwd_time_s is not None for la in layers):
+    path = scenario.calibration
+    if not path:
         return None
     from simddp.profile import load_profile
 
-    path = scenario.calibration
-    try:
+    def measured() -> dict[str, Any]:
         st = os.stat(path)
-        measured = _MEASURED_AT.get((path, st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns),
-                                    lambda: load_profile(path).training)
+        return _MEASURED_AT.get((path, st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns),
+                                lambda: load_profile(path).training)
+
+    try:
+        return measured_elsewhere(scenario, measured)
     except (ScenarioError, OSError):
         return None
-    return measured_elsewhere(scenario, measured)
 
 
-def measured_elsewhere(scenario: Scenario, measured: dict[str, Any]) -> str | None:
-    """The note of :func:`_measured_elsewhere` for a profile's ``training`` keys ``measured`` (where its layer
-    times were measured), for a scenario that runs them."""
-    tr = scenario.training
-    at = (measured.get("micro_batch_size"), measured.get("seq_len"))
+def measured_elsewhere(scenario: Scenario, measured: Callable[[], dict[str, Any]]) -> str | None:
+    """The note of :func:`_measured_elsewhere` for a scenario and its profile's ``training`` keys (``measured``,
+    read only where the scenario's layers carry measured times: where their layer times were measured)."""
+    if not any(la.fwd_time_s is not None for la in scenario.model.layers or []):
+        return None
+    tr, known = scenario.training, measured()
+    at = (known.get("micro_batch_size"), known.get("seq_len"))
     if at == (tr.micro_batch_size, tr.seq_len) or None in at:
         return None
     return (f"the calibration profile's layer times were measured at micro-batch {at[0]} x {at[1]} tokens and are "
