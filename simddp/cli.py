@@ -80,6 +80,8 @@ def parse_size(text: str) -> int:
 
 def _checked_number(text: str, kind: type, minimum: float, inclusive: bool) -> Any:
     try:
+        if not text.isascii():  # int() reads other scripts' digits ('\u0663' is 3): a flag takes ASCII ones
+            raise ValueError
         value = kind(text)
     except ValueError:
         raise argparse.ArgumentTypeError(
@@ -99,6 +101,17 @@ def positive_int(text: str) -> int:
 def non_negative_int(text: str) -> int:
     """argparse type: an integer >= 0."""
     return int(_checked_number(text, int, 0, inclusive=True))
+
+
+def seed_number(text: str) -> int:
+    """argparse type: a seed, an integer 0..2^53 (what ``variability.seed`` takes, so that a seed printed by
+    `simddp tails --json` goes back into a scenario)."""
+    from simddp.config import MAX_INPUT_INT
+
+    value = non_negative_int(text)
+    if value > MAX_INPUT_INT:
+        raise argparse.ArgumentTypeError(f"{value} is over the limit of 2^53 ({MAX_INPUT_INT:,})")
+    return value
 
 
 def positive_float(text: str) -> float:
@@ -956,7 +969,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("tails", help="step-time tails: jitter, stragglers, sequence lengths (Monte Carlo)")
     scenario_args(p)
     p.add_argument("--steps", type=positive_int, default=200, help="Monte Carlo steps (default 200)")
-    p.add_argument("--seed", type=non_negative_int, help="seed of the draws (default: variability.seed)")
+    p.add_argument("--seed", type=seed_number, help="seed of the draws, 0..2^53 (default: variability.seed)")
     p.set_defaults(func=cmd_tails)
 
     p = sub.add_parser("run", help="the whole training run: days, GPU-hours, cost, failures, checkpoints, goodput")

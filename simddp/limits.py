@@ -43,8 +43,9 @@ MAX_PLAN_TOP = 100
 MAX_PLAN_LAYER_GROUPS = 500_000
 #: Most Monte Carlo steps of `simddp tails`.
 MAX_TAIL_STEPS = 100_000
-#: Most random draws of one array of `simddp tails` (steps x ranks, or steps x replicas x samples): 64 MiB of
-#: float64 each.
+#: Most elements of one array of `simddp tails` (steps x ranks, steps x replicas x samples, or in a pipeline steps x
+#: replicas x stages x micro-batches: :func:`tails_draws`): 64 MiB of float64 each. Until 2026-11-29 the pipeline's
+#: arrays were not counted: 2,048 steps of pp 32 and 4,096 samples took 6.5 GB.
 MAX_TAIL_DRAWS = 2**23
 
 
@@ -163,18 +164,36 @@ def check_simulation_size(scenario: Scenario) -> None:
             )
 
 
-def check_tails_size(scenario: Scenario, num_steps: int) -> None:
-    """Refuse a Monte Carlo whose arrays would not fit in memory."""
+def tails_draws(scenario: Scenario) -> tuple[int, str]:
+    """The largest array of one Monte Carlo step of `simddp tails` (elements) and what it holds: ranks (the
+    jitter), micro-batches of every replica (their costs), samples (document lengths, drawn unless they are
+    fixed) or, in a pipeline, replicas x stages x micro-batches (each stage's work per micro-batch)."""
+    par = scenario.parallelism
+    micro = scenario.dp * scenario.num_micro_batches
+    sizes = {"ranks": scenario.cluster.num_gpus, "micro-batches per step": micro}
+    if scenario.variability.seq_len_distribution != "fixed":
+        sizes["samples per step"] = micro * scenario.training.micro_batch_size
+    if par.pp > 1:
+        sizes["replicas x stages x micro-batches"] = micro * par.pp
+    what = max(sizes, key=sizes.__getitem__)
+    return sizes[what], what
+
+
+def max_tail_steps(scenario: Scenario) -> int:
+    """Most Monte Carlo steps whose arrays stay within :data:`MAX_TAIL_DRAWS` (at least 1)."""
+    return max(1, min(MAX_TAIL_STEPS, MAX_TAIL_DRAWS // tails_draws(scenario)[0]))
+
+
+def check_tails_size(scenario: Scenario, num_steps: int, fewer: str = "use fewer steps") -> None:
+    """Refuse a Monte Carlo whose arrays would not fit in memory (``fewer``: what the caller can change)."""
     if not 1 <= num_steps <= MAX_TAIL_STEPS:
         raise ScenarioError(f"steps({num_steps:,}) must be 1..{MAX_TAIL_STEPS:,} (simddp.limits.MAX_TAIL_STEPS)")
-    ranks = scenario.cluster.num_gpus
-    samples = scenario.dp * scenario.num_micro_batches * scenario.training.micro_batch_size
-    draws = num_steps * max(ranks, samples)
+    size, what = tails_draws(scenario)
+    draws = num_steps * size
     if draws > MAX_TAIL_DRAWS:
         raise ScenarioError(
-            f"steps({num_steps:,}) x {max(ranks, samples):,} {'ranks' if ranks >= samples else 'samples per step'} "
-            f"= {draws:,} draws is over the limit of {MAX_TAIL_DRAWS:,} (simddp.limits.MAX_TAIL_DRAWS); use "
-            "fewer steps"
+            f"steps({num_steps:,}) x {size:,} {what} = {draws:,} draws is over the limit of {MAX_TAIL_DRAWS:,} "
+            f"(simddp.limits.MAX_TAIL_DRAWS); {fewer}"
         )
 
 
@@ -209,7 +228,9 @@ __all__ = [
     "check_scenario_size",
     "check_simulation_size",
     "check_tails_size",
+    "max_tail_steps",
     "num_model_layers",
+    "tails_draws",
     "too_many_gpus",
     "worker_pool",
     "worker_processes",

@@ -147,7 +147,11 @@ class StepResult(_Result):
         description="Data-parallel communication the GPU waits for (not hidden behind compute)."
     )
     tp_comm_time_s: float = Field(default=0.0, description="Time compute waits for tensor-parallel collectives.")
-    tp_comm_total_s: float = Field(default=0.0, description="All tensor-parallel collective time (hidden or not).")
+    tp_comm_total_s: float = Field(
+        default=0.0,
+        description="All tensor-parallel collective time (hidden or not), each collective timed alone on its link; "
+        "where data-parallel reductions share that link they take longer, and tp_comm_time_s can exceed this.",
+    )
     pipeline_bubble_time_s: float = Field(
         default=0.0, description="Waiting for other pipeline stages, up to a balanced pipeline's bubble."
     )

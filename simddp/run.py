@@ -229,9 +229,16 @@ def simulate_run(scenario: Scenario, run: RunConfig | None = None, curve_points:
         source = f"fed: {run.achieved_tflops_per_gpu:g} TFLOP/s per GPU (run.achieved_tflops_per_gpu)"
         step_s = full_tokens / tokens_per_s
     elif scenario.variability.active:
+        from simddp.limits import check_tails_size, max_tail_steps
         from simddp.variability import simulate_tails
 
-        tails = simulate_tails(scenario)
+        # The mean step of 200 Monte Carlo steps, or of as many as the draws' limit allows (`simddp run` has no
+        # --steps: a 64k-sample batch was refused with "use fewer steps"); at a batch that large the mean of fewer
+        # steps is already over many replicas.
+        num_steps = min(200, max_tail_steps(scenario))
+        check_tails_size(scenario, num_steps, "too large for the Monte Carlo: leave the variability section out "
+                                              "to use the simulated step")
+        tails = simulate_tails(scenario, num_steps)
         tokens_per_s, step_s = tails.tokens_per_s, tails.mean_s
         step_tokens = tails.tokens_per_step  # real tokens: padding trains none (tokens_per_s counts the same)
         source = f"Monte Carlo mean step ({tails.num_steps} steps, variability on)"
@@ -241,6 +248,9 @@ def simulate_run(scenario: Scenario, run: RunConfig | None = None, curve_points:
         step = simulate_step(scenario, trace=False)
         tokens_per_s, step_s = step.tokens_per_s, step.step_time_s
         source = "simulated step"
+    if run.achieved_tflops_per_gpu is not None:  # the fed throughput alone sets the step
+        check_range(step_s, cause=f"run.achieved_tflops_per_gpu (--tflops-per-gpu) {run.achieved_tflops_per_gpu:g} "
+                                  "TFLOP/s is too small")
     check_range(step_s)  # the bound `simulate` keeps to (simddp.sanity)
     if not tokens_per_s > 0:
         raise ScenarioError("the step trains no tokens: check training.seq_len and the batch sizes")
@@ -256,7 +266,19 @@ def simulate_run(scenario: Scenario, run: RunConfig | None = None, curve_points:
     mtbf_s = per / units
     restart_s = run.restart_overhead_s + load_time(scenario, num_bytes)
     interval = run.checkpoint_interval_s or daly_interval(delta, mtbf_s)
-    interval = min(interval, training_s) if math.isfinite(interval) else training_s
+    chosen = "run.checkpoint_interval_s" if run.checkpoint_interval_s else "Daly's optimum"
+    if interval < step_s:  # a checkpoint is taken between steps (Megatron's --save-interval counts iterations)
+        notes.append(f"checkpoint interval: {chosen}, {interval:.3g} s, is shorter than one step: raised to the step, "
+                     f"{step_s:.3g} s (a checkpoint is taken between steps)")
+        interval = step_s
+    if not interval < training_s:
+        if run.checkpoint_interval_s and math.isfinite(interval):
+            notes.append(f"checkpoint interval: {interval:.3g} s is longer than the training, {training_s:.3g} s: "
+                         "one checkpoint at the end")
+        interval = training_s
+    if delta > interval:
+        notes.append(f"a checkpoint takes {delta:.3g} s, longer than the {interval:.3g} s of training between two: "
+                     "most of the run is spent saving (raise the storage bandwidth or save sharded)")
     startup = startup_time(scenario)
     wall = startup + expected_wall_s(training_s, interval, delta, restart_s, mtbf_s)
     if not wall <= MAX_RUN_DAYS * DAY:

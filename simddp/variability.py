@@ -27,13 +27,15 @@ The model (numpy over ranks and steps; no simpy process per rank):
   one, a rank's optimizer step is part of its work before the next step's reduction;
 * what follows the compute path (exposed reduction, optimizer, host, clipping) keeps its simulated time.
 
-With no variation every draw is 1 and each step equals the simulated step exactly. The "balanced" step of
+With no variation every draw is 1 and each step equals the simulated step (to a rounding of the pipeline's
+recurrence, 1e-15 relative). The "balanced" step of
 a draw replaces every rank's work by the mean over ranks (nobody waits); the step minus the balanced step
 is the throughput lost to the tail, and it splits exactly into the waits at each synchronisation point
 (each point's ``max`` minus the ``mean`` of what it synchronises, averaged over the groups outside it).
 
-Randomness only through ``numpy.random.default_rng(variability.seed)``: the same seed gives the same
-draws, in the same order.
+Randomness only through three ``numpy.random.default_rng`` streams spawned from ``variability.seed`` (the
+jitter, the stragglers, the documents): the same seed gives the same draws, and each setting draws from its own
+stream, so that changing one leaves the others' draws alone.
 """
 
 from __future__ import annotations
@@ -44,7 +46,7 @@ from typing import Any
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
-from simddp.config import Scenario, ScenarioError, VariabilityConfig
+from simddp.config import MAX_INPUT_INT, Scenario, ScenarioError, VariabilityConfig
 from simddp.results import StepResult
 from simddp.scenario_io import scenario_from_dict
 
@@ -72,8 +74,9 @@ class SyncPointWait(_Result):
 
     key: str = Field(description="tp, pp, dp or optimizer.")
     label: str = Field(description="Human name.")
-    wait_s: float = Field(ge=0, description="Mean wait per step, s.")
-    share: float = Field(ge=0, description="Share of the throughput lost to the tail.")
+    wait_s: float = Field(description="Mean wait per step, s; the pipeline boundaries' can be below zero (slow units "
+                          "off the critical path: the pipeline absorbs some of the variation).")
+    share: float = Field(description="Share of the throughput lost to the tail (below zero with the wait).")
 
 
 class VariabilityResult(_Result):
@@ -282,12 +285,18 @@ def simulate_tails(scenario: Scenario, num_steps: int = 200, seed: int | None = 
     check_tails_size(scenario, num_steps)
     var = scenario.variability
     if seed is not None:
-        var = var.model_copy(update={"seed": seed})
+        if isinstance(seed, bool) or not isinstance(seed, int | np.integer) or not 0 <= seed <= MAX_INPUT_INT:
+            raise ScenarioError(f"seed({seed!r}) must be an integer 0..2^53, as variability.seed")
+        var = var.model_copy(update={"seed": int(seed)})
     det = step or simulate_step(scenario, trace=False)
     check_range(det.step_time_s)  # the bound `simulate` keeps to (simddp.sanity)
     par, tr = scenario.parallelism, scenario.training
     dp, tp, pp, m = scenario.dp, par.tp, par.pp, scenario.num_micro_batches
-    rng = np.random.default_rng(var.seed)
+    # Three streams of one seed: the jitter, the stragglers and the documents draw apart, so that changing one
+    # setting leaves the others' draws as they were (common random numbers). Until 2026-11-29 they shared one
+    # stream and each count of stragglers drew its own set: 4 stragglers read a 5.9% faster step than 3, and a
+    # jitter CV of 0.001 against 0 moved the stragglers.
+    jitter_rng, straggler_rng, rng = (np.random.default_rng(s) for s in np.random.SeedSequence(var.seed).spawn(3))
 
     tail = sum(det.part(k) for k in TAIL_PARTS)
     path_s = det.step_time_s - tail  # the compute path: compute, TP waits, pipeline waits
@@ -297,11 +306,12 @@ def simulate_tails(scenario: Scenario, num_steps: int = 200, seed: int | None = 
     # Rank factors: lognormal jitter per (step, replica, stage, tp rank) times the stragglers' slowdown.
     mu, sigma = lognormal_params(var.jitter_cv)
     shape = (num_steps, dp, pp, tp)
-    jitter = rng.lognormal(mu, sigma, size=shape) if var.jitter_cv > 0 else np.ones(shape)
+    jitter = jitter_rng.lognormal(mu, sigma, size=shape) if var.jitter_cv > 0 else np.ones(shape)
     slow = np.ones(dp * pp * tp)
     stragglers: list[int] = []
     if var.num_stragglers and var.straggler_slowdown > 1:
-        chosen = rng.choice(dp * pp * tp, size=var.num_stragglers, replace=False)
+        # The first k of one permutation: k stragglers are among any larger number's, so more never run faster.
+        chosen = straggler_rng.permutation(dp * pp * tp)[:var.num_stragglers]
         slow[chosen] = var.straggler_slowdown
         stragglers = sorted(_global_rank(int(i), dp, pp, tp) for i in chosen)
     factor = jitter * slow.reshape(dp, pp, tp)
@@ -359,9 +369,13 @@ def simulate_tails(scenario: Scenario, num_steps: int = 200, seed: int | None = 
     mean = float(steps.mean())
     loss = float(mean - balanced.mean())
     # Mean waits, a float residue of the step (differences of equal sums) counted as none; shares of their total.
+    # The pipeline's can be below zero: the balanced pipeline gives every unit the mean, and a jittered pipeline whose
+    # slow units fall off its critical path ends sooner. It is kept, so that the waits still add up to the loss
+    # (until 2026-11-29 it was counted as none: the waits then exceeded the loss by 4.3e-5 s at seed 0 of a
+    # pp-4 test scenario).
     residue = _WAIT_RESIDUE * mean
     mean_waits = {k: float(w.mean()) for k, w in waits.items() if (k != "tp" or tp > 1) and (k != "pp" or pp > 1)}
-    mean_waits = {k: w if w > residue else 0.0 for k, w in mean_waits.items()}
+    mean_waits = {k: w if abs(w) > residue else 0.0 for k, w in mean_waits.items()}
     total_wait = sum(mean_waits.values())
     sync = [SyncPointWait(key=k, label=SYNC_POINTS[k], wait_s=w, share=w / total_wait if total_wait > 0 else 0.0)
             for k, w in mean_waits.items()]

@@ -179,7 +179,7 @@ def test_run_refuses_what_it_cannot_answer(capsys: pytest.CaptureFixture[str]) -
         (["--tokens", "1e12", "--mtbf-hours", "1e306"], "run.mtbf_hours: Input should be less than"),
         (["--tokens", "1e12", "--tflops-per-gpu", "1e6"], "run.achieved_tflops_per_gpu: 1e+06 TFLOP/s is above"),
         (["--tokens", "1"], "run.tokens: 1 is less than one step's"),
-        (["--tokens", "1e12", "--checkpoint-interval", "1e-300"], "beyond the 1e+06 answered for"),
+        (["--tokens", "3e11", "--tflops-per-gpu", "1e-9"], "run.achieved_tflops_per_gpu (--tflops-per-gpu) 1e-09"),
         (["--tokens", "1e12", "--set", "cluster.intra_node.latency_s=1e308"], "beyond the 1e+09 s"),
     ]
     for flags, message in cases:
@@ -188,3 +188,31 @@ def test_run_refuses_what_it_cannot_answer(capsys: pytest.CaptureFixture[str]) -
         assert err.count("\n") == 1 and message in err, (flags, err)
     with pytest.raises(ScenarioError, match=r"run\.tokens: 1e\+18 tokens take .* days of training"):
         simulate_run(scenario(run={"tokens": 1e18}, cluster={"num_nodes": 1}))
+
+
+def test_checkpoint_intervals_the_run_cannot_take_are_said() -> None:
+    # A checkpoint is taken between steps: an interval shorter than a step is raised to the step (until 2026-11-29
+    # an interval of 1e-300 s was a run that never finishes, and 0.5 s for a 1.35 s step read goodput 11.4% with no
+    # word); one longer than the training is one checkpoint at the end; a checkpoint longer than its interval says
+    # most of the run is saving.
+    s = scenario(run={"tokens": 3e11}, cluster={"num_nodes": 16})
+    step = simulate_run(s).step_time_s
+    short = simulate_run(s, s.run.model_copy(update={"checkpoint_interval_s": step / 3}))
+    assert short.checkpoint_interval_s == step
+    assert any("shorter than one step: raised to the step" in n for n in short.notes)
+    assert any("longer than the" in n and "most of the run is spent saving" in n for n in short.notes)
+    long = simulate_run(s, s.run.model_copy(update={"checkpoint_interval_s": 1e300}))
+    assert long.checkpoint_interval_s == long.training_s
+    assert any("one checkpoint at the end" in n for n in long.notes)
+    daly = simulate_run(s)
+    assert not any("raised to the step" in n or "checkpoint at the end" in n for n in daly.notes)
+
+
+def test_run_with_variability_takes_the_steps_the_draws_allow() -> None:
+    # `simddp run` has no --steps: a 64k-sample batch on 8,192 GPUs was refused with "use fewer steps". It now
+    # averages as many Monte Carlo steps as the draws' limit allows: 2^23 / (8,192 replicas x 8 micro-batches) = 128.
+    s = scenario(run={"tokens": 1e12}, cluster={"num_nodes": 1024},
+                 training={"global_batch_size": 65536, "micro_batch_size": 1}, variability={"jitter_cv": 0.05})
+    r = simulate_run(s)
+    assert "(128 steps, variability on)" in r.throughput_source
+

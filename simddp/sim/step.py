@@ -145,7 +145,9 @@ def not_modelled(scenario: Scenario) -> list[str]:
                      f"sample (model.layers), so the length only multiplies samples into tokens/s (x {seq}); set "
                      "training.seq_len=1 for a model that does not take sequences")
     if par.tp > 1 and scenario.model.transformer is None:
-        notes.append(f"tp={par.tp}: tensor-parallel collectives are only timed for transformer models")
+        notes.append(f"tp={par.tp}: a parameter-list model is not split by tensor parallelism: each GPU of a tp group "
+                     "computes and holds every layer whole, and no tensor-parallel collective is timed (only a "
+                     "transformer's layers are split)")
     if par.pp > 1 and scenario.model.transformer is None:
         notes.append(f"pp={par.pp}: activation send/recv between stages is not timed for parameter-list models")
     ddp = scenario.ddp
@@ -767,7 +769,12 @@ def _bounds(plan: StepPlan, states: list[Any], host: float) -> Bounds:
     no interference), and the most any resource of a GPU must be busy (perfect overlap)."""
     m, rule = plan.num_micro_batches, plan.rule
     upper, lower = [], []
-    kernels_end = _pipeline_end(plan, 0, serial=False) if plan.mode == "pipeline" else 0.0  # the latest rank's
+    # A pipeline rank's own kernels-only end: its optimizer follows its own backwards (nothing in the step waits
+    # for every rank before it). Until 2026-11-29 each rank added its optimizer to the latest rank's end: a lower
+    # bound above the step where the last rank to finish its kernels is not the one with the longest optimizer
+    # (ResNet-50 on pp 2: 2.47 ms for a 2.05 ms step, which `simddp simulate` refused as an internal error).
+    pipeline = plan.mode == "pipeline"
+    kernel_ends, serial_ends = (_pipeline_ends(plan, False), _pipeline_ends(plan, True)) if pipeline else ([], [])
     for st in states:
         rp = st.plan
         dp_serial = _reductions(plan, rp.buckets)[1] * rp.rounds
@@ -786,8 +793,8 @@ def _bounds(plan: StepPlan, states: list[Any], host: float) -> Bounds:
             # Every unit is gathered for forward and, unless kept gathered (the root among them), for backward.
             dp_serial = m * sum(u.gather.time_s * (2 if u.gather_bwd else 1)
                                 + (u.reduce.time_s if u.reduce is not None else 0.0) for u in units)
-        if plan.mode == "pipeline":
-            serial, kernels = _pipeline_end(plan, rp.index, serial=True), kernels_end
+        if pipeline:
+            serial, kernels = serial_ends[rp.index], kernel_ends[rp.index]
         else:
             serial, kernels = m * (rp.kernel_s + rp.tp_comm_s), m * rp.kernel_s
         upper.append(serial + dp_serial + tail_serial)
@@ -805,7 +812,10 @@ def _bounds(plan: StepPlan, states: list[Any], host: float) -> Bounds:
     if plan.mode == "dp" and plan.ranks[0].rounds == 1 and not gathers:
         st = states[0]
         ready_at = st.ready_at
-        readies = [ready_at[(0, b.index)] for b in st.plan.buckets]
+        # Without overlap the reductions wait for the whole backward (until 2026-11-29 the recurrence read the
+        # gradients' ready times regardless: 0.329 s for the default's 0.390 s step with ddp.overlap false).
+        readies = ([ready_at[(0, b.index)] for b in st.plan.buckets] if st.plan.overlap
+                   else [st.compute_end_s] * len(st.plan.buckets))
         costs = list(_reductions(plan, st.plan.buckets)[0])  # appended to below
         if st.plan.unused_map_reduce is not None and readies:  # queued behind the last bucket
             readies.append(max(readies))
@@ -827,15 +837,10 @@ def _reductions(plan: StepPlan, buckets: list[BucketPlan]) -> tuple[list[float],
     return got
 
 
-def _pipeline_end(plan: StepPlan, rank: int, serial: bool) -> float:
-    """End of ``rank``'s schedule: with TP and send/recv serialised (``serial``), or kernels only."""
-    ends = _pipeline_ends(plan, serial)
-    return ends[rank] if serial else max(ends)
-
-
 def _pipeline_ends(plan: StepPlan, serial: bool) -> list[float]:
-    """Every rank's schedule end (see :func:`_pipeline_end`): both kinds in one traversal, once per plan (the
-    fast engine runs them in its own traversal and records them, :func:`record_pipeline_ends`)."""
+    """Every rank's schedule end, with TP and send/recv serialised (``serial``) or kernels only: both kinds in
+    one traversal, once per plan (the fast engine runs them in its own traversal and records them,
+    :func:`record_pipeline_ends`)."""
     if "pipeline_ends" not in plan.cache:
         par = plan.scenario.parallelism
         run = ScheduleRun(plan.ops, par.pp * par.virtual_stages, list(bound_steps(plan)))
