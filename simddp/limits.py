@@ -180,7 +180,8 @@ def tails_draws(scenario: Scenario) -> tuple[int, str]:
 
 
 def max_tail_steps(scenario: Scenario) -> int:
-    """Most Monte Carlo steps whose arrays stay within :data:`MAX_TAIL_DRAWS` (at least 1)."""
+    """Most Monte Carlo steps whose arrays stay within :data:`MAX_TAIL_DRAWS`; 1 where even one step is beyond it
+    (:func:`check_tails_size` then refuses it)."""
     return max(1, min(MAX_TAIL_STEPS, MAX_TAIL_DRAWS // tails_draws(scenario)[0]))
 
 

@@ -272,7 +272,7 @@ def simulate_run(scenario: Scenario, run: RunConfig | None = None, curve_points:
                      f"{step_s:.3g} s (a checkpoint is taken between steps)")
         interval = step_s
     if not interval < training_s:
-        if run.checkpoint_interval_s and math.isfinite(interval):
+        if run.checkpoint_interval_s and math.isfinite(interval) and interval > training_s:
             notes.append(f"checkpoint interval: {interval:.3g} s is longer than the training, {training_s:.3g} s: "
                          "one checkpoint at the end")
         interval = training_s
@@ -298,7 +298,7 @@ def simulate_run(scenario: Scenario, run: RunConfig | None = None, curve_points:
                      "needs host memory for all of it")
     if run.checkpoint_interval_s is None:
         notes.append("checkpoint interval: Daly's optimum for this checkpoint time and MTBF")
-    curve = goodput_curve(training_s, delta, restart_s, mtbf_s, startup, interval, curve_points)
+    curve = goodput_curve(training_s, delta, restart_s, mtbf_s, startup, interval, curve_points, step_s)
     gpu_hours = wall * n / HOUR
     return RunResult(
         scenario=scenario.name, num_gpus=n, num_nodes=cluster.num_nodes, tokens=run.tokens,
@@ -315,11 +315,12 @@ def simulate_run(scenario: Scenario, run: RunConfig | None = None, curve_points:
 
 
 def goodput_curve(training_s: float, delta_s: float, restart_s: float, mtbf_s: float, startup_s: float,
-                  around_s: float, points: int = 41) -> list[GoodputPoint]:
-    """Goodput at intervals from around/30 to 30 x around (log-spaced), capped at the training time."""
+                  around_s: float, points: int = 41, step_s: float = 0.0) -> list[GoodputPoint]:
+    """Goodput at intervals from around/30 to 30 x around (log-spaced), no shorter than one step (a checkpoint is
+    taken between steps) and capped at the training time."""
     if points < 2 or not around_s > 0:
         return []
-    lo, hi = math.log(around_s / 30), math.log(min(around_s * 30, training_s))
+    lo, hi = math.log(max(around_s / 30, step_s)), math.log(min(around_s * 30, training_s))
     if hi <= lo:
         hi = lo + math.log(2)
     out = []

@@ -63,7 +63,9 @@ def mib_to_bytes(mib: float) -> int:
 
 
 def fmt_time(seconds: float) -> str:
-    """Seconds as a readable string (us, ms or s)."""
+    """Seconds as a readable string (us, ms or s); a negative time (a pipeline wait below zero) by its size."""
+    if seconds < 0:
+        return "-" + fmt_time(-seconds)
     if seconds < 1e-3:
         return f"{seconds / US:.1f} us"
     if seconds < 1.0:

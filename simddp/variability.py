@@ -76,7 +76,7 @@ class SyncPointWait(_Result):
     label: str = Field(description="Human name.")
     wait_s: float = Field(description="Mean wait per step, s; the pipeline boundaries' can be below zero (slow units "
                           "off the critical path: the pipeline absorbs some of the variation).")
-    share: float = Field(description="Share of the throughput lost to the tail (below zero with the wait).")
+    share: float = Field(description="Share of the waiting: of the positive waits' sum (below zero with the wait).")
 
 
 class VariabilityResult(_Result):
@@ -369,14 +369,17 @@ def simulate_tails(scenario: Scenario, num_steps: int = 200, seed: int | None = 
     mean = float(steps.mean())
     loss = float(mean - balanced.mean())
     # Mean waits, a float residue of the step (differences of equal sums) counted as none; shares of their total.
-    # The pipeline's can be below zero: the balanced pipeline gives every unit the mean, and a jittered pipeline whose
-    # slow units fall off its critical path ends sooner. It is kept, so that the waits still add up to the loss
-    # (until 2026-11-29 it was counted as none: the waits then exceeded the loss by 4.3e-5 s at seed 0 of a
-    # pp-4 test scenario).
+    # The pipeline's can be below zero. The makespan is convex in the units (a max of sums), so with ranks alike
+    # its expected wait is at least zero (Jensen), but the mean of a few hundred steps scatters around a small one
+    # (Llama-2 pp 8, CV 10%, 2,000 steps: -0.67 to +0.38 ms by seed); and a straggler off the critical path makes
+    # the pipeline end sooner than the balanced one, which gives every unit the mean. It is kept, so that the waits
+    # add up to the loss (until 2026-11-29 it was counted as none: the waits then exceeded the loss by 4.3e-5 s at
+    # seed 0 of a pp-4 test scenario). Shares are of the positive waits' sum: those add up to 1, a negative one
+    # reads as what the pipeline absorbs against them.
     residue = _WAIT_RESIDUE * mean
     mean_waits = {k: float(w.mean()) for k, w in waits.items() if (k != "tp" or tp > 1) and (k != "pp" or pp > 1)}
     mean_waits = {k: w if abs(w) > residue else 0.0 for k, w in mean_waits.items()}
-    total_wait = sum(mean_waits.values())
+    total_wait = sum(w for w in mean_waits.values() if w > 0)
     sync = [SyncPointWait(key=k, label=SYNC_POINTS[k], wait_s=w, share=w / total_wait if total_wait > 0 else 0.0)
             for k, w in mean_waits.items()]
     sync.sort(key=lambda w: -w.wait_s)
@@ -412,8 +415,9 @@ class RanksPoint(_Result):
 
 def tails_vs_ranks(scenario: Scenario, num_nodes: list[int], num_steps: int = 200) -> list[RanksPoint]:
     """Weak scaling: the same samples per data-parallel replica on more nodes, and the tails at each size. A size
-    the layout does not fit (pp x tp more than its GPUs, more stragglers than GPUs) is left out; if every size is,
-    the first one's error is raised."""
+    the layout does not fit (pp x tp more than its GPUs, more stragglers than GPUs), or whose draws are beyond the
+    limit (:func:`simddp.limits.check_tails_size`), is left out; if every size is, the first one's error is raised."""
+    from simddp.limits import check_tails_size
     from simddp.sweeps import scenario_to_dict, with_values
 
     data = scenario_to_dict(scenario)
@@ -423,6 +427,7 @@ def tails_vs_ranks(scenario: Scenario, num_nodes: list[int], num_steps: int = 20
     for nodes in num_nodes:
         try:
             variant = scenario_from_dict(with_values(data, {"cluster.num_nodes": nodes}))
+            check_tails_size(variant, num_steps)
         except ScenarioError as err:
             first_error = first_error or err
             continue

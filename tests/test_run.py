@@ -216,3 +216,9 @@ def test_run_with_variability_takes_the_steps_the_draws_allow() -> None:
     r = simulate_run(s)
     assert "(128 steps, variability on)" in r.throughput_source
 
+
+
+def test_goodput_curve_starts_at_one_step() -> None:
+    s = scenario(run={"tokens": 3e11, "checkpoint_interval_s": 0.5}, cluster={"num_nodes": 16})
+    r = simulate_run(s)
+    assert r.curve and min(p.checkpoint_interval_s for p in r.curve) >= r.step_time_s * (1 - 1e-12)

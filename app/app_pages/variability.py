@@ -100,5 +100,6 @@ if result is not None:
         st.plotly_chart(charts.tails_vs_ranks(points), key="var_ranks")
         left_out = sorted(set(nodes) - {p.num_nodes for p in points})
         st.caption(f"{per_node} GPUs per node; the seed is the same at every size."
-                   + (f" Left out (the layout does not fit them): {', '.join(map(str, left_out))} node(s)."
+                   + (f" Left out (the layout does not fit them, or their draws are beyond the Monte Carlo's limit): "
+                      f"{', '.join(map(str, left_out))} node(s)."
                       if left_out else ""))
