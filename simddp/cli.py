@@ -401,7 +401,7 @@ def cmd_buckets(args: argparse.Namespace) -> int:
     if args.json and args.csv:
         raise UsageError("--json and --csv: choose one")
     scenario = _load(args)
-    export = bucket_export(scenario)
+    export = bucket_export(scenario, args.stage)
     if args.json:
         print(safeio.json_text(export.to_json_dict()))
         return 0
@@ -413,7 +413,11 @@ def cmd_buckets(args: argparse.Namespace) -> int:
     rule = zero_rule(scenario)
     if rule.sharded_params and par.pp == 1:
         return _print_reduction_units(scenario)
-    where = f"pipeline stage 0 of {par.pp}, " if par.pp > 1 else ""
+    if scenario.ddp.wrapper == "dataparallel":
+        print("no DDP buckets: DataParallel (ddp.wrapper) sums every replica's gradients onto GPU 0 after backward "
+              "(see simddp simulate --trace)")
+        return 0
+    where = f"pipeline stage {export.stage} of {par.pp}, " if par.pp > 1 else ""
     print(f"{len(buckets)} buckets, {units.fmt_bytes(sum(b.size_bytes for b in buckets))} of gradients "
           f"({where}tp shard {(par.tp > 1 and f'1 of {par.tp}') or 'whole model'}; parameter indices are this "
           "rank's, in model.parameters() order)")
@@ -435,11 +439,23 @@ def _print_reduction_units(scenario: Scenario) -> int:
     reduced = rank.reduced_units
     what = _reduction_units(scenario, 1)
     size = units.fmt_bytes(sum(u.grad_bytes for u in reduced))
-    print(f"{len(reduced)} {what}, {size} of gradients, each reduce-scattered after its backward "
-          f"({zero_rule(scenario).name}; `--json` / `--csv` list each one's parameters)")
-    print(f"{'#':>4} {'size':>12} {'layers':>7}  unit")
-    for k, u in enumerate(reduced):
-        print(f"{k:>4} {units.fmt_bytes(u.grad_bytes):>12} {len(u.layers):>7}  {u.name}")
+    rule = zero_rule(scenario)
+    if rule.unit_rule == "block":
+        print(f"{len(reduced)} {what}, {size} of gradients, each reduce-scattered after its backward "
+              f"({rule.name}; `--json` / `--csv` list each one's parameters)")
+        print(f"{'#':>4} {'size':>12} {'layers':>7}  unit")
+        for u in reduced:
+            print(f"{u.index:>4} {units.fmt_bytes(u.grad_bytes):>12} {len(u.layers):>7}  {u.name}")
+        return 0
+    # DeepSpeed's reduce bucket goes after a module's backward and holds the gradients that filled it (numbered as
+    # `simulate` numbers them: by the module it follows).
+    params = build_plan(scenario).workload.parameters
+    print(f"{len(reduced)} {what}, {size} of gradients, each reduce-scattered once full, after the backward of "
+          f"the module named ({rule.name}; `--json` / `--csv` list each one's parameters)")
+    print(f"{'#':>4} {'size':>12} {'params':>7}  after  (first .. last parameter)")
+    for u in reduced:
+        first, last = params[u.reduce_ids[0]].name, params[u.reduce_ids[-1]].name
+        print(f"{u.index:>4} {units.fmt_bytes(u.grad_bytes):>12} {len(u.reduce_ids):>7}  {u.name}  ({first} .. {last})")
     return 0
 
 
@@ -1002,6 +1018,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("buckets", help="DDP gradient buckets, exactly as torch builds them")
     scenario_args(p)
     p.add_argument("--csv", action="store_true", help="print CSV: one row per parameter, with its bucket")
+    p.add_argument("--stage", type=non_negative_int, default=0,
+                   help="pipeline stage whose buckets to list (default 0; `simulate` reports its reported_stage's)")
     p.set_defaults(func=cmd_buckets)
 
     p = sub.add_parser("memory", help="per-GPU memory: model states, activations, buffers; does it fit?")

@@ -98,6 +98,8 @@ def bucket_export(scenario: Scenario, stage: int = 0) -> BucketExport:
     rule = zero_rule(scenario)
     if rule.sharded_params and pp == 1:
         return _unit_export(scenario, rule)
+    if scenario.ddp.wrapper == "dataparallel":  # it reduces gradients to GPU 0 by its own means: no DDP bucket
+        return BucketExport(scenario=scenario.name, stage=stage, kind="none (DataParallel)", buckets=[])
     workload = build_workload(scenario)
     grads = rank_gradients(scenario, workload, stage)
     buckets = []
@@ -124,12 +126,12 @@ def _unit_export(scenario: Scenario, rule: Any) -> BucketExport:
     cap = (rule.bucket_numel * rule.gradient_dtype_bytes  # DeepSpeed's reduce_bucket_size, in elements
            if rule.unit_rule != "block" and rule.bucket_numel else None)
     buckets = []
-    for k, u in enumerate(rank.reduced_units):
+    for u in rank.reduced_units:  # numbered as the step's records number them (a unit's or module's index)
         grads = [grad_reduce_spec(params[g], rule.reduce_in_fp32) for g in u.reduce_ids]
         entries = [ParamEntry(index=g, name=params[g].name, dtype=params[g].dtype, numel=params[g].numel,
                               size_bytes=grad.numel * dtype_bytes(grad.dtype))
                    for g, grad in zip(u.reduce_ids, grads, strict=True)]
-        buckets.append(BucketEntry(index=k, size_bytes=u.grad_bytes, dtype=grads[0].dtype, cap_bytes=cap,
+        buckets.append(BucketEntry(index=u.index, size_bytes=u.grad_bytes, dtype=grads[0].dtype, cap_bytes=cap,
                                    param_indices=list(u.reduce_ids), params=entries))
     kind = "FSDP units" if rule.unit_rule == "block" else "ZeRO-3 reduce buckets"
     return BucketExport(scenario=scenario.name, stage=0, kind=kind, buckets=buckets)
@@ -192,7 +194,8 @@ def layer_rows(scenario: Scenario, result: StepResult) -> list[LayerRow]:
     from simddp.zero import zero_rule
 
     workload = build_workload(scenario)
-    sharded = zero_rule(scenario).sharded_params
+    # Sharded parameters reduce per unit, and DataParallel has no DDP bucket: no bucket column then.
+    sharded = zero_rule(scenario).sharded_params or scenario.ddp.wrapper == "dataparallel"
     spans: dict[str, tuple[float, float]] = {}
     for s in result.trace.spans if result.trace is not None else []:
         if s.stream == "compute":  # pp = 1: one span per layer and phase of the traced micro-batch
@@ -232,7 +235,9 @@ def write_step_csv(directory: str | Path, scenario: Scenario, result: StepResult
     """Write :data:`STEP_CSV_NAMES` into ``directory`` (created if missing; an existing one is written into),
     each file as :func:`simddp.safeio.write_text` writes it: never over one of ``inputs``."""
     paths = safeio.check_output_dir(directory, STEP_CSV_NAMES, inputs, "--csv")
-    export = bucket_export(scenario)
+    # The reported GPU's buckets (until 2026-11-29 stage 0's: a pipeline reported on stage 1 had its buckets named
+    # with stage 0's parameters and dtypes, or left unnamed where the sizes differed).
+    export = bucket_export(scenario, result.reported_stage)
     tables = (
         dicts_to_csv(summary_rows(result, extra), ["metric", "value"]),
         rows_to_csv(bucket_timing_rows(result, export), BucketTimingRow),

@@ -437,7 +437,7 @@ def write_html(report: ValidationReport, path: str | Path, extrapolation: Sequen
         fig.update_yaxes(title_text="step time (ms)", row=2, col=1)
     fig.update_layout(barmode="group", height=450 * rows, title=f"simddp calibration: {report.model}")
     table = report.to_text().replace("&", "&amp;").replace("<", "&lt;")
-    html = fig.to_html(include_plotlyjs=True, full_html=True)
+    html = safeio.titled_html(fig.to_html(include_plotlyjs=True, full_html=True), f"simddp calibration: {report.model}")
     html = html.replace("</body>", f"<pre style='font-size:13px'>{table}</pre></body>")
     return safeio.write_text(path, html, inputs, "--html")
 

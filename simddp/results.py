@@ -170,6 +170,8 @@ class StepResult(_Result):
     scaling_efficiency: float = Field(description="Throughput per GPU relative to one GPU without communication.")
     num_params: int = Field(description="Parameters on this GPU (its tp shard and pipeline stage).")
     reported_rank: str = Field(default="every rank (data parallel)", description="Which GPU the figures are for.")
+    reported_stage: int = Field(default=0, description="Pipeline stage of the GPU the figures are for (0 without "
+                                "pipelining): its buckets are the result's buckets.")
     buckets: list[BucketTiming]
     bounds: Bounds
     not_modelled: list[str] = Field(default_factory=list)

@@ -596,6 +596,14 @@ def write_bytes(path: str | Path, data: bytes, inputs: Iterable[str | Path] = ()
     return p
 
 
+def titled_html(html: str, title: str) -> str:
+    """A full HTML page (plotly's ``to_html``) with a ``<title>``, which HTML5 requires and plotly leaves out; the
+    title escaped (a scenario's name is user text)."""
+    import html as markup
+
+    return html.replace("<head>", f"<head>\n    <title>{markup.escape(title)}</title>", 1)
+
+
 def write_text(path: str | Path, text: str, inputs: Iterable[str | Path] = (), flag: str = "output") -> Path:
     """:func:`write_bytes` of UTF-8 text."""
     return write_bytes(path, text.encode("utf-8"), inputs, flag)
@@ -635,6 +643,7 @@ __all__ = [
     "read_mapping",
     "short_repr",
     "strip_control",
+    "titled_html",
     "too_deep",
     "undo_created_dirs_on_error",
     "write_bytes",

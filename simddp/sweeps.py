@@ -733,7 +733,9 @@ def sweep_html(sweep: VarySweep) -> str:
               for r in rows] for c in columns]
     fig.add_trace(go.Table(header={"values": columns}, cells={"values": cells}), row=2, col=1)
     fig.update_layout(height=900, title=f"simddp sweep of {sweep.scenario}")
-    return str(fig.to_html(include_plotlyjs=True, full_html=True))
+    from simddp.safeio import titled_html
+
+    return titled_html(str(fig.to_html(include_plotlyjs=True, full_html=True)), f"simddp sweep of {sweep.scenario}")
 
 
 __all__ += ["VaryPoint", "VarySweep", "sweep_html", "vary_sweep"]

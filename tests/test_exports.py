@@ -74,6 +74,8 @@ def test_buckets_under_zero3_are_the_units_simulate_reduces(sets: list[str], kin
     assert export.kind == kind
     assert [b.size_bytes for b in export.buckets] == [b.size_bytes for b in result.buckets]
     assert [len(b.params) for b in export.buckets] == [b.num_params for b in result.buckets]
+    # Numbered alike (DeepSpeed's were 0, 1, 2, ... in the export and 0, 4, 8, ... in simulate until 2026-11-29)
+    assert [b.index for b in export.buckets] == [b.index for b in result.buckets]
     assert all(b.num_params > 0 and b.algorithm in ("ring", "tree", "nvls", "nvls-tree") and b.protocol in
                ("LL", "LL128", "Simple") for b in result.buckets)
     for b in export.buckets:
@@ -193,3 +195,80 @@ def test_a_name_with_a_newline_is_a_one_line_error(tmp_path: Path) -> None:
     assert out.returncode == 2 and out.stdout == ""
     assert out.stderr.strip().count("\n") == 0
     assert "model.parameters.1.name: a name is one line: no newlines or tabs" in out.stderr
+
+
+PIPELINE_OF_TWO_DTYPES = {
+    "cluster": {"preset": "dgx-a100-80gb", "num_nodes": 2, "gpus_per_node": 4},
+    "model": {"parameters": [{"name": "fc1.weight", "numel": 100_000_000, "dtype": "float32"},
+                             {"name": "fc2.weight", "numel": 200_000_000, "dtype": "bfloat16"}],
+              "layers": [{"name": "fc1", "param_indices": [0], "fwd_time_s": 0.0021, "bwd_time_s": 0.0003},
+                         {"name": "fc2", "param_indices": [1], "fwd_time_s": 0.0019, "bwd_time_s": 0.0003}]},
+    "parallelism": {"pp": 2},
+    "training": {"precision": "fp32", "optimizer": "adamw", "micro_batch_size": 64, "seq_len": 1,
+                 "global_batch_size": 1024},
+    "ddp": {"bucket_cap_mb": 5000}}
+
+
+def test_simulate_csv_names_the_reported_stages_buckets(tmp_path: Path) -> None:
+    # A probe (2026-11-29): the step reports stage 1 (fc2, bfloat16), but buckets.csv named its bucket from stage
+    # 0's (fc1.weight, float32). The result says which stage it reports; the CSV and `buckets --stage` read it.
+    scenario = simddp.as_scenario(PIPELINE_OF_TWO_DTYPES)
+    result = simddp.simulate(scenario, trace=False)
+    assert result.reported_stage == 1 and result.reported_rank == "pipeline stage 1 of 2"
+    path = tmp_path / "s.yaml"
+    path.write_text(json.dumps(PIPELINE_OF_TWO_DTYPES))
+    assert run("simulate", str(path), "--csv", str(tmp_path / "out")).returncode == 0
+    (row,) = _csv((tmp_path / "out" / "buckets.csv").read_text())
+    assert (row["first_param"], row["dtype"], row["size_bytes"]) == ("fc2.weight", "bfloat16", "400000000")
+    listed = json.loads(run("buckets", str(path), "--stage", "1", "--json").stdout)
+    assert [p["name"] for b in listed["buckets"] for p in b["params"]] == ["fc2.weight"]
+    bad = run("buckets", str(path), "--stage", "2")
+    assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "stage(2) must be in 0..1" in bad.stderr
+
+
+def test_dataparallel_lists_no_ddp_buckets() -> None:
+    # DataParallel sums gradients onto GPU 0 by its own means: `buckets` listed 17 DDP buckets and layers.csv
+    # pointed at them, while the step has none.
+    scenario = load_scenario(default_scenario_path(), ["ddp.wrapper=dataparallel", "parallelism.zero_stage=0",
+                                                       "cluster.num_nodes=1", "model.preset=gpt2"])
+    result = simddp.simulate(scenario)
+    assert result.buckets == [] and bucket_export(scenario).buckets == []
+    assert all(r.buckets == "" for r in layer_rows(scenario, result))
+    text = run("buckets", "--set", "ddp.wrapper=dataparallel", "--set", "parallelism.zero_stage=0",
+               "--set", "cluster.num_nodes=1", "--set", "model.preset=gpt2")
+    assert text.returncode == 0 and text.stdout.startswith("no DDP buckets: DataParallel")
+
+
+def test_deepspeed_reduce_buckets_are_named_for_when_they_go() -> None:
+    # A DeepSpeed ZeRO-3 reduce bucket is issued after a module's backward and holds what filled it: the trace
+    # called the bucket holding only lm_head.weight "reduce-scatter model.layers.7.mlp.down_proj".
+    scenario = load_scenario(default_scenario_path(), ["ddp.implementation=deepspeed", "parallelism.zero_stage=3",
+                                                       "model.preset=gpt2", "cluster.num_nodes=2"])
+    result = simddp.simulate(scenario)
+    assert result.trace is not None
+    names = [s.name for s in result.trace.spans if s.stream.startswith("comm reduce-scatter")]
+    assert names and all(n.startswith("reduce-scatter bucket ") and "'s backward)" in n for n in names)
+
+
+def test_a_traces_compute_spans_add_up_to_the_compute_with_tensor_parallelism() -> None:
+    # With tp 2 and accumulation, the quiet micro-batches' span held their TP waits: the compute stream's kernels
+    # summed to 5.9% over compute_time_s and the TP stream showed only the last micro-batch's collectives.
+    scenario = load_scenario(default_scenario_path(), ["model.preset=gpt2", "cluster.num_nodes=1",
+                                                       "cluster.comm_compute_interference=0", "parallelism.tp=2",
+                                                       "parallelism.tp_comm_overlap=none",
+                                                       "training.global_batch_size=64"])
+    result = simddp.simulate(scenario)
+    assert result.trace is not None and result.num_micro_batches > 1
+    spans = result.trace.spans
+    kernels = sum(s.end_s - s.start_s for s in spans if s.stream == "compute"
+                  and not s.name.startswith(("fwd ", "bwd ", "optimizer", "clip")))
+    assert kernels == pytest.approx(result.compute_time_s, rel=1e-9)  # recompute included
+    assert any(s.stream == "comm tp" and "(no_sync): tensor-parallel collectives" in s.name for s in spans)
+
+
+def test_sweep_report_has_a_title(tmp_path: Path) -> None:
+    out = tmp_path / "s.html"
+    assert run("sweep", "--vary", "ddp.bucket_cap_mb=5,25", "--set", "model.preset=gpt2", "--set",
+               "cluster.num_nodes=1", "--html", str(out)).returncode == 0
+    assert "<title>simddp sweep of" in out.read_text()
+

@@ -42,7 +42,7 @@ from simddp.engine_caches import KeyedCache, collector_paused
 from simddp.memory import memory_breakdown
 from simddp.results import BREAKDOWN_PARTS, Bounds, BucketTiming, Span, StepPart, StepResult, Trace
 from simddp.sanity import check_range
-from simddp.sim.layers import LayerPlan, Recorder, backward, forward, pass_alone_s
+from simddp.sim.layers import TP_STREAM, LayerPlan, Recorder, backward, forward, pass_alone_s
 from simddp.sim.periodic import Linear, ScheduleRun, steady
 from simddp.sim.pipeline import PipeOp, dependency, last_backward, op_codes
 from simddp.sim.plan import BucketPlan, FsdpUnitPlan, RankPlan, StepPlan, build_plan, last_backwards
@@ -245,10 +245,18 @@ def _fused(st: _Rank, vs: int, kind: str, times: int = 1, label: str = "") -> Pr
     st.add("interference", ran - work)
     if alone > work:
         # On an idle GPU the pass took ``alone``: its kernels ``busy`` (slowed beside its own TP
-        # collectives), the rest waiting for them.
-        yield env.timeout(alone - work)
+        # collectives), the rest waiting for them. The trace shows the kernels on the compute stream and the
+        # wait on the TP stream (until 2026-11-29 one compute span held both: a trace's compute spans summed
+        # to 5.9% over compute_time_s at tp 2, and its TP stream showed only the last micro-batch's collectives).
+        yield env.timeout(busy - work)
+        kernels_end = env.now
+        yield env.timeout(alone - busy)
         st.add("interference", busy - work)
         st.add("tp_comm", alone - busy)
+        st.rec.add(label or kind, "compute", start, kernels_end, virtual_stage=vs)
+        st.rec.add(f"{label or kind}: tensor-parallel collectives", f"comm {TP_STREAM}", kernels_end, env.now,
+                   virtual_stage=vs)
+        return
     st.rec.add(label or kind, "compute", start, env.now, virtual_stage=vs)
 
 
@@ -425,6 +433,9 @@ def _run_fsdp(env: simpy.Environment, plan: StepPlan, st: _Rank) -> None:
     p, m, gpu = st.plan, plan.num_micro_batches, st.gpu
     units, root = p.fsdp_units, p.fsdp_root
     reduces: list[simpy.Process] = []
+    # DeepSpeed's reduce bucket is issued after a module's backward and holds the gradients that filled it (the
+    # module's own may open the next one): named for when it goes, not as if it held that module's gradients.
+    ds_bucket = plan.rule.unit_rule != "block"
 
     def gather(unit: FsdpUnitPlan, phase: str) -> simpy.Process:
         def run() -> ProcessGen:
@@ -444,7 +455,8 @@ def _run_fsdp(env: simpy.Environment, plan: StepPlan, st: _Rank) -> None:
             if record:
                 st.ready_at[(0, unit.index)] = ready
                 st.reduced[(0, unit.index)] = (start, end)
-            st.rec.add(f"reduce-scatter {unit.name}", "comm reduce-scatter", start, end,
+            name = f"bucket {unit.index} (after {unit.name}'s backward)" if ds_bucket else unit.name
+            st.rec.add(f"reduce-scatter {name}", "comm reduce-scatter", start, end,
                        size_bytes=unit.reduce.size_bytes)
         return env.process(run())
 
@@ -756,6 +768,7 @@ def _result(plan: StepPlan, states: list[Any], spans: list[Span] | None) -> Step
         scaling_efficiency=one_gpu_s / step_s,
         num_params=rp.grads.num_params,
         reported_rank=f"pipeline stage {rp.index} of {par.pp}" if par.pp > 1 else "every rank (data parallel)",
+        reported_stage=rp.index,
         buckets=buckets,
         bounds=bounds,
         not_modelled=not_modelled(scenario) + workload.notes,
