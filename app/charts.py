@@ -29,6 +29,7 @@ COLORS = {
     "optimizer": "#B279A2",
     "host": "#BAB0AC",
     "comm": "#F58518",
+    "tp": "#F2CF5B",
     "exposed": "#E45756",
     "gather": "#EECA3B",
     "other": "#54A24B",
@@ -104,6 +105,10 @@ _PIPE_OP = re.compile(r"^[FB]\d")  # pipeline schedule operations: "F3", "B3 vs1
 
 
 def _span_kind(name: str, stream: str) -> str:
+    # The stream first: a TP wait is named for the pass it belongs to ("F0: tensor-parallel collectives") and was
+    # drawn as that pass's compute; TP collectives per layer were drawn as bucket all-reduces.
+    if stream.startswith("comm tp"):
+        return "tp"
     if _PIPE_OP.match(name):
         return "stage_forward" if name[0] == "F" else "stage_backward"
     if name.startswith("fwd"):
@@ -129,6 +134,7 @@ _KIND_LABEL = {
     "accumulation": "earlier micro-batches (no_sync)",
     "optimizer": "optimizer step",
     "comm": "bucket all-reduce / reduce-scatter",
+    "tp": "tensor-parallel collectives",
     "gather": "parameter all-gather",
     "other": "other",
 }

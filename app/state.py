@@ -347,9 +347,12 @@ def _guarded(cached: Any, data: dict[str, Any], what: str, *args: Any, show: boo
 
 @st.cache_data(max_entries=64, show_spinner="Drawing the Monte Carlo steps...")
 def _tails(scenario_json: str, steps: int) -> Any:
-    from simddp.variability import simulate_tails
+    from simddp.variability import max_tail_steps, simulate_tails
 
-    return simulate_tails(simddp.scenario_from_dict(json.loads(scenario_json)), steps)
+    scenario = simddp.scenario_from_dict(json.loads(scenario_json))
+    # No more steps than the draws' limit allows (every choice was refused for a 64k-sample pipeline batch, and the
+    # page showed nothing): the page says when it drew fewer (result.num_steps).
+    return simulate_tails(scenario, min(steps, max_tail_steps(scenario)))
 
 
 def tails(data: dict[str, Any], steps: int = 200) -> Any:

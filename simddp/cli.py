@@ -309,6 +309,8 @@ def cmd_tails(args: argparse.Namespace) -> int:
     lines += ["", "Waiting per step, by synchronisation point:"]
     for w in result.sync_points:
         lines.append(f"  {w.label:<58}{f(w.wait_s):>12}   {w.share:6.1%}")
+    if result.below_zero_note:
+        lines.append(f"  note: {result.below_zero_note}")
     print("\n".join(lines))
     return 0
 

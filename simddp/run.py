@@ -241,7 +241,8 @@ def simulate_run(scenario: Scenario, run: RunConfig | None = None, curve_points:
         tails = simulate_tails(scenario, num_steps)
         tokens_per_s, step_s = tails.tokens_per_s, tails.mean_s
         step_tokens = tails.tokens_per_step  # real tokens: padding trains none (tokens_per_s counts the same)
-        source = f"Monte Carlo mean step ({tails.num_steps} steps, variability on)"
+        source = (f"Monte Carlo mean step ({tails.num_steps} step{'s' if tails.num_steps != 1 else ''}, variability on"
+                  + (", fewer than 200: the draws' limit at this batch)" if tails.num_steps < 200 else ")"))
     else:
         from simddp.sim import simulate_step
 
@@ -267,7 +268,8 @@ def simulate_run(scenario: Scenario, run: RunConfig | None = None, curve_points:
     restart_s = run.restart_overhead_s + load_time(scenario, num_bytes)
     interval = run.checkpoint_interval_s or daly_interval(delta, mtbf_s)
     chosen = "run.checkpoint_interval_s" if run.checkpoint_interval_s else "Daly's optimum"
-    if interval < step_s:  # a checkpoint is taken between steps (Megatron's --save-interval counts iterations)
+    raised = interval < step_s
+    if raised:  # a checkpoint is taken between steps (Megatron's --save-interval counts iterations)
         notes.append(f"checkpoint interval: {chosen}, {interval:.3g} s, is shorter than one step: raised to the step, "
                      f"{step_s:.3g} s (a checkpoint is taken between steps)")
         interval = step_s
@@ -296,8 +298,11 @@ def simulate_run(scenario: Scenario, run: RunConfig | None = None, curve_points:
     if state_is_sharded(scenario) and run.checkpoint_saving == "rank0":
         notes.append("rank0 saving of a sharded state (tp, pp or ZeRO) gathers it to rank 0 first; rank 0 also "
                      "needs host memory for all of it")
-    if run.checkpoint_interval_s is None:
+    if run.checkpoint_interval_s is None and not raised:  # a raised one has its own note
         notes.append("checkpoint interval: Daly's optimum for this checkpoint time and MTBF")
+    elif run.checkpoint_interval_s is not None and not raised and interval < training_s:
+        notes.append(f"checkpoint interval: fixed by run.checkpoint_interval_s ({interval:.3g} s); Daly's optimum "
+                     f"would be {daly_interval(delta, mtbf_s):.3g} s")
     curve = goodput_curve(training_s, delta, restart_s, mtbf_s, startup, interval, curve_points, step_s)
     gpu_hours = wall * n / HOUR
     return RunResult(

@@ -110,6 +110,15 @@ class VariabilityResult(_Result):
         waits = [s for s in self.sync_points if s.wait_s > 0]
         return waits[0].label if waits else None
 
+    @property
+    def below_zero_note(self) -> str | None:
+        """Why a wait (the pipeline's) or the loss reads below zero, where one does; None otherwise."""
+        if self.tail_loss_fraction >= 0 and all(w.wait_s >= 0 for w in self.sync_points):
+            return None
+        return ("below zero: these steps' pipelines ended sooner than their balanced form (every unit at the mean); "
+                "slow units off the critical path do that, and with ranks alike it is Monte Carlo scatter around a "
+                "small wait (its expectation is not below zero); shares are of the positive waits")
+
     def to_json_dict(self) -> dict[str, Any]:
         data = self.model_dump(mode="json")
         data["worst_sync_point"] = self.worst_sync_point
@@ -371,13 +380,14 @@ def simulate_tails(scenario: Scenario, num_steps: int = 200, seed: int | None = 
     # Mean waits, a float residue of the step (differences of equal sums) counted as none; shares of their total.
     # The pipeline's can be below zero. The makespan is convex in the units (a max of sums), so with ranks alike
     # its expected wait is at least zero (Jensen), but the mean of a few hundred steps scatters around a small one
-    # (Llama-2 pp 8, CV 10%, 2,000 steps: -0.67 to +0.38 ms by seed); and a straggler off the critical path makes
+    # (GPT-2 on pp 8, CV 10%, 2,000 steps: -0.67 to +0.38 ms by seed); and a straggler off the critical path makes
     # the pipeline end sooner than the balanced one, which gives every unit the mean. It is kept, so that the waits
     # add up to the loss (until 2026-11-29 it was counted as none: the waits then exceeded the loss by 4.3e-5 s at
     # seed 0 of a pp-4 test scenario). Shares are of the positive waits' sum: those add up to 1, a negative one
     # reads as what the pipeline absorbs against them.
     residue = _WAIT_RESIDUE * mean
-    mean_waits = {k: float(w.mean()) for k, w in waits.items() if (k != "tp" or tp > 1) and (k != "pp" or pp > 1)}
+    mean_waits = {k: float(w.mean()) for k, w in waits.items()
+                  if (k != "tp" or tp > 1) and (k != "pp" or pp > 1) and (k != "dp" or dp > 1)}
     mean_waits = {k: w if abs(w) > residue else 0.0 for k, w in mean_waits.items()}
     total_wait = sum(w for w in mean_waits.values() if w > 0)
     sync = [SyncPointWait(key=k, label=SYNC_POINTS[k], wait_s=w, share=w / total_wait if total_wait > 0 else 0.0)
@@ -392,6 +402,14 @@ def simulate_tails(scenario: Scenario, num_steps: int = 200, seed: int | None = 
         padding_fraction=padding, tokens_per_step=float(real_tokens.mean()),
         tokens_per_s=float(real_tokens.sum() / steps.sum()), sync_points=sync, stragglers=stragglers,
     )
+
+
+def max_tail_steps(scenario: Scenario) -> int:
+    """Most Monte Carlo steps :func:`simulate_tails` takes for ``scenario`` (:func:`simddp.limits.max_tail_steps`:
+    its arrays within the draws' limit)."""
+    from simddp.limits import max_tail_steps as most
+
+    return most(scenario)
 
 
 def _global_rank(index: int, dp: int, pp: int, tp: int) -> int:
@@ -450,6 +468,7 @@ __all__ = [
     "expected_max_lognormal",
     "gpipe_makespan",
     "lognormal_params",
+    "max_tail_steps",
     "packed_rows",
     "sequence_costs",
     "simulate_tails",

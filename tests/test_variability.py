@@ -312,7 +312,7 @@ def test_a_pipelines_monte_carlo_counts_its_stage_arrays() -> None:
 
 
 def test_a_pipeline_wait_below_zero_keeps_the_sums_and_the_shares() -> None:
-    # Llama-2-size pp 8 with 10% jitter scatters its pipeline wait around a small one: at seed 5 it is below zero
+    # GPT-2 on pp 8 with 10% jitter scatters its pipeline wait around a small one: at seed 5 it is below zero
     # (-0.67 ms at 2,000 steps). The waits still add up to the loss, the positive ones' shares to 1, and the text
     # prints the negative wait by its size ("-665.7 us", not "-665700.0 us" from a negative compared with 1e-3).
     from simddp.units import fmt_time
@@ -340,3 +340,14 @@ def test_p99_against_gpus_leaves_out_sizes_beyond_the_draws() -> None:
     assert max_tail_steps(big) < 300 <= max_tail_steps(s)
     points = tails_vs_ranks(s, [8, 64], 300)
     assert [p.num_nodes for p in points] == [8]
+
+
+def test_tails_text_says_what_a_wait_below_zero_means(capsys: pytest.CaptureFixture[str], tmp_path: Any) -> None:
+    path = tmp_path / "s.json"
+    path.write_text(json.dumps({"cluster": {"preset": "dgx-a100-80gb", "num_nodes": 1}, "model": {"preset": "gpt2"},
+                                "parallelism": {"pp": 8},
+                                "training": {"micro_batch_size": 1, "seq_len": 1024, "global_batch_size": 64},
+                                "variability": {"jitter_cv": 0.1}}))
+    assert main(["tails", str(path), "--seed", "0"]) == 0
+    out = capsys.readouterr().out
+    assert "note: below zero:" in out and "data-parallel gradient reduction" not in out

@@ -15,7 +15,8 @@ from simddp_app.widgets import field_help
 st.title("Run")
 st.caption("The planner's scenario trained on a number of tokens: wall-clock days, GPU-hours and cost, with "
            "failures (exponential, per GPU or node), checkpoints (rank 0 alone or sharded) and restarts; the "
-           "checkpoint interval that maximises goodput (Daly 2006). Same model as `simddp run`.")
+           "checkpoint interval that maximises goodput (Daly 2006), unless the scenario fixes one "
+           "(run.checkpoint_interval_s; a note says so). Same model as `simddp run`.")
 
 data = state.scenario_dict()
 base = state.current_scenario()

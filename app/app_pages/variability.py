@@ -73,6 +73,9 @@ if st.button("Keep these settings in the scenario", key="var_keep", icon=":mater
 
 result = state.tails(variant, int(steps))
 if result is not None:
+    if result.num_steps < steps:
+        st.caption(f"{result.num_steps:,} Monte Carlo steps, not {steps:,}: more would take arrays beyond the draws' "
+                   "limit (simddp.limits.MAX_TAIL_DRAWS) at this batch.")
     m = st.columns(5)
     m[0].metric("Mean step", units.fmt_time(result.mean_s), border=True,
                 delta=f"{(result.mean_s / result.deterministic_step_s - 1):+.1%} vs simulated",
@@ -88,6 +91,8 @@ if result is not None:
     if result.worst_sync_point:
         st.markdown(f"Most of the waiting is at the **{result.worst_sync_point}**.")
     widgets.table(charts.sync_point_table(result), key="var_sync")
+    if result.below_zero_note:
+        st.caption(result.below_zero_note[0].upper() + result.below_zero_note[1:] + ".")
 
     st.subheader("p99 against the number of GPUs")
     per_node = base.cluster.gpus_per_node

@@ -236,3 +236,44 @@ def test_whatif_says_when_calibrated_fits_answer_the_collectives(tmp_path: Path)
     at = _on(calibrated, "whatif")
     assert any("calibrated collective fits" in c.value for c in at.main.caption)
     assert not any("calibrated collective fits" in c.value for c in _on(default_dict(), "whatif").main.caption)
+
+
+def _gpt2_pp8(**variability: object) -> dict:
+    return {"cluster": {"preset": "dgx-a100-80gb", "num_nodes": 1}, "model": {"preset": "gpt2"},
+            "parallelism": {"pp": 8},
+            "training": {"micro_batch_size": 1, "seq_len": 1024, "global_batch_size": 64},
+            "variability": {"jitter_cv": 0.1, **variability}}
+
+
+def test_variability_explains_a_pipeline_wait_below_zero() -> None:
+    """A second probe (2026-11-29): a pipeline wait below zero showed a share of -239.7% beside 100% and a loss of
+    -0.2% with no word. The page and `simddp tails` now say what it means; dp = 1 lists no data-parallel row."""
+    data = _gpt2_pp8(seed=0)
+    result = simddp.tails(data, steps=200)
+    assert {w.key for w in result.sync_points} == {"pp", "optimizer"}  # dp = 1: nothing to wait for there
+    assert any(w.wait_s < 0 for w in result.sync_points) and result.below_zero_note
+    at = _on(data, "variability")
+    assert any("below zero" in c.value for c in at.caption)
+
+
+def test_variability_draws_the_steps_a_large_batch_allows() -> None:
+    """Every choice of steps (50 at least) was refused for a 64k-sample pipeline batch, and the page showed nothing:
+    it now draws as many as the limit allows, and says so."""
+    data = default_dict()
+    data["parallelism"] = {"pp": 8}
+    data["training"]["global_batch_size"] = 65536
+    data["variability"] = {"jitter_cv": 0.1}
+    at = _on(data, "variability")
+    assert metric(at, "Mean step")
+    assert any("Monte Carlo steps, not 200" in c.value for c in at.caption)
+
+
+def test_the_timeline_draws_tensor_parallel_waits_as_collectives() -> None:
+    """The quiet micro-batches' TP wait, on the TP stream since 2026-11-29, was drawn as their computation, and
+    per-layer TP collectives as bucket all-reduces."""
+    from simddp_app.charts import _span_kind
+
+    assert _span_kind("micro-batches 0-6 forward (no_sync): tensor-parallel collectives", "comm tp") == "tp"
+    assert _span_kind("F0: tensor-parallel collectives", "comm tp 1") == "tp"
+    assert _span_kind("all-reduce fwd transformer.h.0.attn", "comm tp") == "tp"
+    assert _span_kind("F0", "compute 1") == "stage_forward"
