@@ -248,9 +248,10 @@ def _fused(st: _Rank, vs: int, kind: str, times: int = 1, label: str = "") -> Pr
         # collectives), the rest waiting for them. The trace shows the kernels on the compute stream and the
         # wait on the TP stream (until 2026-11-29 one compute span held both: a trace's compute spans summed
         # to 5.9% over compute_time_s at tp 2, and its TP stream showed only the last micro-batch's collectives).
-        yield env.timeout(busy - work)
-        kernels_end = env.now
-        yield env.timeout(alone - busy)
+        # One timeout, as the engines' sums have it; the kernels' end is placed in it for the trace only (busy and
+        # work can differ by a rounding below zero: two timeouts made simpy refuse a delay of -1e-19 s).
+        kernels_end = env.now + max(0.0, min(busy - work, alone - work))
+        yield env.timeout(alone - work)
         st.add("interference", busy - work)
         st.add("tp_comm", alone - busy)
         st.rec.add(label or kind, "compute", start, kernels_end, virtual_stage=vs)
