@@ -437,8 +437,8 @@ def _print_reduction_units(scenario: Scenario) -> int:
     as the simulated step reduces them (torch DDP's buckets play no part there)."""
     from simddp.sim.plan import build_plan
 
-    rank = build_plan(scenario).ranks[0]
-    reduced = rank.reduced_units
+    plan = build_plan(scenario)
+    reduced = plan.ranks[0].reduced_units
     what = _reduction_units(scenario, 1)
     size = units.fmt_bytes(sum(u.grad_bytes for u in reduced))
     rule = zero_rule(scenario)
@@ -451,7 +451,7 @@ def _print_reduction_units(scenario: Scenario) -> int:
         return 0
     # DeepSpeed's reduce bucket goes after a module's backward and holds the gradients that filled it (numbered as
     # `simulate` numbers them: by the module it follows).
-    params = build_plan(scenario).workload.parameters
+    params = plan.workload.parameters
     print(f"{len(reduced)} {what}, {size} of gradients, each reduce-scattered once full, after the backward of "
           f"the module named ({rule.name}; `--json` / `--csv` list each one's parameters)")
     print(f"{'#':>4} {'size':>12} {'params':>7}  after  (first .. last parameter)")

@@ -47,6 +47,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
 from simddp.config import MAX_INPUT_INT, Scenario, ScenarioError, VariabilityConfig
+from simddp.limits import check_tails_size, max_tail_steps  # max_tail_steps: the app reads it here
 from simddp.results import StepResult
 from simddp.scenario_io import scenario_from_dict
 
@@ -287,7 +288,6 @@ _WAIT_RESIDUE = 1e-12
 def simulate_tails(scenario: Scenario, num_steps: int = 200, seed: int | None = None,
                    step: StepResult | None = None) -> VariabilityResult:
     """Monte Carlo of ``num_steps`` steps of ``scenario`` under its ``variability`` settings."""
-    from simddp.limits import check_tails_size
     from simddp.sanity import check_range
     from simddp.sim import simulate_step
 
@@ -404,14 +404,6 @@ def simulate_tails(scenario: Scenario, num_steps: int = 200, seed: int | None = 
     )
 
 
-def max_tail_steps(scenario: Scenario) -> int:
-    """Most Monte Carlo steps :func:`simulate_tails` takes for ``scenario`` (:func:`simddp.limits.max_tail_steps`:
-    its arrays within the draws' limit)."""
-    from simddp.limits import max_tail_steps as most
-
-    return most(scenario)
-
-
 def _global_rank(index: int, dp: int, pp: int, tp: int) -> int:
     """Megatron's layout: global rank = tp_rank + tp x (dp_rank + dp x pp_rank), from a flat (dp, pp, tp) index."""
     d, rest = divmod(index, pp * tp)
@@ -435,7 +427,6 @@ def tails_vs_ranks(scenario: Scenario, num_nodes: list[int], num_steps: int = 20
     """Weak scaling: the same samples per data-parallel replica on more nodes, and the tails at each size. A size
     the layout does not fit (pp x tp more than its GPUs, more stragglers than GPUs), or whose draws are beyond the
     limit (:func:`simddp.limits.check_tails_size`), is left out; if every size is, the first one's error is raised."""
-    from simddp.limits import check_tails_size
     from simddp.sweeps import scenario_to_dict, with_values
 
     data = scenario_to_dict(scenario)
