@@ -177,7 +177,7 @@ def _verdict_lines(memory: Any) -> list[str]:
     """The first lines of a report whose layout does not fit in memory (none when it fits)."""
     from simddp.verdict import HYPOTHETICAL, MemoryVerdict
 
-    if memory is None or memory.fits:
+    if memory is None or MemoryVerdict.of(memory).fits:
         return []
     return [MemoryVerdict.of(memory).headline(), HYPOTHETICAL, ""]
 
@@ -492,7 +492,7 @@ def cmd_memory(args: argparse.Namespace) -> int:
     fb, tr, par = units.fmt_bytes, scenario.training, scenario.parallelism
     flight = f"{mem.in_flight_micro_batches:g}"
     lines = [
-        *_verdict_lines(mem)[:1], *([""] if not mem.fits else []),
+        *_verdict_lines(mem)[:1], *([""] if not MemoryVerdict.of(mem).fits else []),
         f"Memory     {scenario.name}: {mem.model} on {scenario.cluster.num_nodes} x "
         f"{scenario.cluster.preset or 'custom'} ({mem.num_gpus} x {mem.gpu}), dp={mem.dp} tp={mem.tp} pp={mem.pp}, "
         f"ZeRO-{mem.zero_stage}{', SP' if par.sequence_parallel else ''}",
@@ -513,7 +513,7 @@ def cmd_memory(args: argparse.Namespace) -> int:
             lines.append(f"    {i.name:<26}{fb(i.size_bytes):>12}   {i.note}")
     lines += [
         f"  {'-' * 40}",
-        f"  {'total':<28}{fb(mem.total_bytes):>12}   {MemoryVerdict.of(mem).short()}",
+        f"  {'total':<28}{fb(mem.total_bytes):>12}   {MemoryVerdict.of_stage(mem).short()}",
     ]
     if mem.pp > 1:
         stages = ", ".join(f"{s}: {fb(b)}" for s, b in enumerate(mem.stage_total_bytes))

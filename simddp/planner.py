@@ -24,7 +24,7 @@ from typing import Any, Literal, get_args
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from simddp.collectives import collective_cost
-from simddp.config import Cluster, Scenario, ScenarioError, default_overlap
+from simddp.config import Cluster, Scenario, ScenarioError, Training, default_overlap
 from simddp.errors import whole_number
 from simddp.limits import MAX_GPUS, MAX_PLAN_LAYER_GROUPS, MAX_PLAN_TOP, num_model_layers, worker_pool, worker_processes
 from simddp.memory import memory_breakdown
@@ -270,6 +270,10 @@ def plan_start(data: dict[str, Any], num_gpus: int | None = None) -> PlanStart:
     training = data.get("training")
     batch = training.get("global_batch_size") if isinstance(training, dict) else None
     if batch is not None and starts:
+        try:  # the batch's own value first (a negative or fractional one is not a batch no layout splits)
+            Training.model_validate(apply_calibration(data).get("training") or {})
+        except ValidationError as err:
+            raise ScenarioError("training." + format_validation_error(err)) from None
         try:  # valid with the batch derived: then the batch is what no layout can split
             variant([*starts[0], "training.global_batch_size=null"])
         except ScenarioError:

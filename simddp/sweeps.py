@@ -264,8 +264,8 @@ def _variant(
         put_value(out, path, value)
     if not any(p in updates for p in _CLUSTER_SIZE_PATHS):
         return out, _reusing_sections(out, base, reuse)
-    if get_path(out, "parallelism.dp") is not None:
-        put_value(out, "parallelism.dp", None)
+    if get_path(out, "parallelism.dp") is not None and "parallelism.dp" not in updates:
+        put_value(out, "parallelism.dp", None)  # the base's dp follows the GPUs; a dp the point sets is kept
     if batch != "weak" or _sets_batch(updates):
         # strong scaling, or a batch the point sets itself (varied beside the cluster size): kept as given
         return out, _reusing_sections(out, base, reuse)

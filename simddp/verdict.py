@@ -29,6 +29,13 @@ class MemoryVerdict(BaseModel):
 
     @classmethod
     def of(cls, memory: MemoryBreakdown) -> MemoryVerdict:
+        """The layout's verdict: its most loaded stage's, whichever stage ``memory`` reports (``--stage``)."""
+        peak = max(memory.stage_total_bytes, default=memory.total_bytes)
+        return cls(fits=peak <= memory.capacity_bytes, memory_bytes=peak, capacity_bytes=memory.capacity_bytes)
+
+    @classmethod
+    def of_stage(cls, memory: MemoryBreakdown) -> MemoryVerdict:
+        """The verdict of the stage ``memory`` reports (the layout's, unless ``--stage`` chose a lighter one)."""
         return cls(fits=memory.fits, memory_bytes=memory.total_bytes, capacity_bytes=memory.capacity_bytes)
 
     @property

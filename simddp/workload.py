@@ -1089,14 +1089,16 @@ def _parameter_list_workload(scenario: Scenario) -> Workload:
 
 
 def _assign_stages(layers: list[Layer], pp: int) -> list[Layer]:
-    """Split layers into ``pp`` contiguous stages with about equal forward FLOP (greedy)."""
+    """Split layers into ``pp`` contiguous stages with about equal forward FLOP (greedy): a layer goes to the stage
+    the FLOP before it point to, at most one past the previous layer's, and no stage is left empty (a first layer
+    with most of the FLOP is a stage of its own, the next layers one stage each until they must share)."""
     if pp == 1:
         return layers
     total = sum(la.model_flop for la in layers) or 1.0
-    out, acc = [], 0.0
+    out, acc, stage = [], 0.0, 0
     for i, la in enumerate(layers):
         remaining_layers = len(layers) - i
-        stage = min(pp - 1, int(acc / total * pp))
+        stage = min(pp - 1, int(acc / total * pp), stage + 1 if i else 0)  # never skip a stage
         stage = max(stage, pp - remaining_layers)  # never leave a later stage empty
         out.append(copy_with(la, stage=stage))
         acc += la.model_flop

@@ -480,3 +480,20 @@ def test_review_of_the_hostile_input_fixes(tmp_path: Path, capsys: pytest.Captur
     assert safeio.parse_yaml("1e3", "x") == 1000.0 and safeio.parse_yaml("+.5", "x") == 0.5
     rc, _, err = run(capsys, "simulate", str(small), "--set", "name=08")
     assert rc == 2 and "name" in err  # a number where a name goes, as `--set name=8` is
+
+
+def test_plan_and_sweep_probe_of_the_thirty_third_pass(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A consistency probe of plan and sweep: a dp varied beside the cluster size was dropped (every point ran the
+    derived dp and was labelled null), and plan called an invalid batch one no layout splits."""
+    small = tmp_path / "s.yaml"
+    small.write_text(SMALL_YAML)
+    rc, out, _ = run(capsys, "sweep", str(small), "--vary", "parallelism.dp=8,16,7", "--vary", "cluster.num_nodes=1,2",
+                     "--json")
+    points = _strict(out)["points"]
+    assert rc == 0 and [p["parallelism.dp"] for p in points] == [8, 8, 16, 16, 7, 7]
+    assert [p["error"] is None for p in points] == [True, False, False, True, False, False]
+    assert "dp(7)" in points[-1]["error"] and "does not match 16 GPUs" in points[-1]["error"]
+    for batch, why in (("-5", "Input should be greater than 0"), ("1.5", "fractional part"),
+                       ("true", "not a boolean"), ("9007199254740993", "over the limit of 2^53")):
+        rc, _, err = run(capsys, "plan", str(small), "--gpus", "8", "--set", f"training.global_batch_size={batch}")
+        assert rc == 2 and err.startswith("simddp: error: training.global_batch_size: ") and why in err, batch

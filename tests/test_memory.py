@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ast
 import dataclasses
+import itertools
 import json
 from pathlib import Path
 from typing import Any
@@ -220,11 +221,40 @@ def test_embedding_and_output_terms():
         ("gpipe", 4, 2, 8, 1, 8),
         ("interleaved-1f1b", 4, 0, 16, 2, 4 * (1 + 3 / 8)),  # Korthikanti et al. sec. 4.2.3
         ("interleaved-1f1b", 8, 0, 64, 4, 8 * (1 + 7 / 32)),
-        ("interleaved-1f1b", 4, 0, 16, 1, 4),
+        # One chunk keeps Megatron's interleaved warm-up, 2(p - 1) forwards on stage 0, plus the one in flight.
+        ("interleaved-1f1b", 4, 0, 16, 1, 7),
+        # m = p: Megatron's all_warmup_microbatches, every forward first on every stage (a probe found 2.5 here).
+        ("interleaved-1f1b", 4, 3, 4, 2, 4),
+        ("interleaved-1f1b", 4, 0, 4, 2, 4),
     ],
 )
 def test_in_flight_micro_batches(schedule, pp, stage, m, v, expected):
     assert in_flight_micro_batches(schedule, pp, stage, m, v) == pytest.approx(expected)
+
+
+def test_torch_interleaving_has_no_all_warmup_case():
+    """torch.distributed.pipelining's ScheduleInterleaved1F1B warms up (v - 1) p + 2 (p - 1 - rank) chunks whatever
+    m (get_rank_warmup_ops): at m = p the last stage holds 5 chunks of 8, as at m = 2p."""
+    assert in_flight_micro_batches("interleaved-1f1b", 4, 3, 4, 2, megatron=False) == pytest.approx(2.5)
+    assert in_flight_micro_batches("interleaved-1f1b", 4, 3, 8, 2, megatron=False) == pytest.approx(2.5)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.sampled_from(["1f1b", "gpipe", "interleaved-1f1b"]), st.integers(2, 8), st.integers(1, 4),
+       st.integers(1, 6), st.booleans(), st.data())
+def test_in_flight_is_the_simulated_schedules_peak(schedule, pp, v, groups, megatron, data):
+    """The memory model's in-flight micro-batches are the most forwards the simulated schedule has outstanding
+    (run, not yet run backward) on that rank, in whole micro-batches: the two read one schedule."""
+    from simddp.sim.pipeline import schedule as make
+
+    v = v if schedule == "interleaved-1f1b" else 1
+    m = pp * groups if schedule == "interleaved-1f1b" else data.draw(st.integers(1, 24))
+    stage = data.draw(st.integers(0, pp - 1))
+    outstanding = peak = 0
+    for op in make(schedule, pp, m, stage, v, all_warmup=megatron):
+        outstanding += 1 if op.kind == "F" else -1
+        peak = max(peak, outstanding)
+    assert in_flight_micro_batches(schedule, pp, stage, m, v, megatron) == pytest.approx(peak / v)
 
 
 # -------------------------------------------------------------------------------- properties
@@ -696,3 +726,98 @@ def test_fit_layout_cli_lists_every_layout_evaluated():
     listed = out.split("Every layout evaluated")[1].splitlines()[2:]
     assert len(listed) == layout["num_layouts"]
     assert "least recompute" in out and "least model parallel" in out
+
+
+# ------------------------------------------------------------------ a probe of the memory model (2026-11-29)
+def _interleaved_m_eq_p(implementation: str) -> Scenario:
+    """pp 4, 2 chunks, 4 micro-batches (m = p), a 256k untied vocabulary: the last stage's loss dominates."""
+    return scenario_from_dict({
+        "cluster": {"preset": "dgx-a100-80gb", "num_nodes": 1, "gpus_per_node": 4},
+        "model": {"transformer": {"num_layers": 8, "hidden_size": 1024, "num_heads": 16, "ffn_hidden_size": 4096,
+                                  "vocab_size": 256000, "tied_embeddings": False}},
+        "parallelism": {"pp": 4, "pipeline_schedule": "interleaved-1f1b", "virtual_stages": 2},
+        "training": {"micro_batch_size": 4, "global_batch_size": 16, "seq_len": 4096, "recompute": "none"},
+        "ddp": {"implementation": implementation},
+    })
+
+
+def test_megatron_interleaving_at_m_eq_p_holds_every_micro_batch():
+    """Megatron runs every forward first where m = p: each stage holds all 4 micro-batches, the loss's too (the
+    layout read as fitting at 34.2 GiB on its last stage; 4 losses of 23.5 GiB do not fit). torch's schedule has
+    no such case: 2.5 micro-batches and one loss on the last stage."""
+    mega = memory_breakdown(_interleaved_m_eq_p("megatron"), stage=3)
+    torch_ = memory_breakdown(_interleaved_m_eq_p("torch"), stage=3)
+    assert mega.in_flight_micro_batches == 4 and torch_.in_flight_micro_batches == 2.5
+    loss = {m.in_flight_micro_batches: sum(i.size_bytes for i in m.items if i.category == "activations"
+                                           and "output" in i.name.lower()) for m in (mega, torch_)}
+    assert loss[4] == 4 * loss[2.5] > 0
+    assert not mega.fits and torch_.fits
+
+
+def test_memory_stage_flag_keeps_the_layouts_verdict(tmp_path, capsys):
+    """--stage reports a lighter stage's lines; the top-level fits and headline stay the layout's (a probe saw
+    'fits': true for a layout whose last stage needs 114 GiB of 80)."""
+    path = tmp_path / "s.json"
+    data = _interleaved_m_eq_p("torch").model_dump(mode="json")
+    data["parallelism"].update(pipeline_schedule="1f1b", virtual_stages=1)
+    data["training"].update(micro_batch_size=16, global_batch_size=64)
+    path.write_text(json.dumps(data))
+    assert main(["memory", str(path), "--stage", "1", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["fits"] is False and out["memory_bytes"] == max(out["memory"]["stage_total_bytes"])
+    assert out["memory"]["stage"] == 1 and out["memory"]["fits"] is True
+    assert main(["memory", str(path), "--stage", "1"]) == 0
+    text = capsys.readouterr().out
+    assert text.startswith("DOES NOT FIT") and "fits," in text.split("total")[1]
+
+
+def test_fit_layout_finds_torch_fsdp_beside_pipelining():
+    """torch FSDP with pp is a valid layout (simddp plan tries it): --fit-layout said 'invalid layout' for it."""
+    s = make({"cluster": {"num_nodes": 2}, "parallelism": {"zero_stage": 3, "pp": 2},
+              "training": {"global_batch_size": 64}})
+    search = smallest_layout_that_fits(s)
+    assert search.current is not None and (search.current.zero_stage, search.current.pp) == (3, 2)
+    assert search.current.total_bytes == memory_breakdown(s).total_bytes
+    assert any(f.zero_stage >= 2 and f.pp > 1 for f in search.evaluated)
+
+
+def test_max_micro_batch_counts_an_out_of_range_micro_batch_as_not_fitting():
+    """A larger micro-batch whose bytes are beyond the range answered for does not fit (it ended the search in an
+    error though the scenario itself was answered)."""
+    s = make({"training": {"seq_len": 1_000_000, "attention": "unfused", "recompute": "none",
+                           "micro_batch_size": 1, "global_batch_size": 262144}})
+    memory_breakdown(s)  # the scenario itself is answered
+    assert max_micro_batch_that_fits(s) == 0
+
+
+def test_parameter_list_pipeline_leaves_no_stage_empty():
+    """A first layer with almost all the FLOP is a stage of its own and the three small ones follow, one a stage
+    (stages 1 and 2 were empty, stage 3 held three layers)."""
+    s = make({"model": {"preset": None, "parameters": [
+        {"name": f"{c}.weight", "numel": n, "dtype": "float32"}
+        for c, n in zip("abcd", (10**8, 1000, 1000, 1000), strict=True)],
+        "layers": [{"name": c, "param_indices": [k], "activation_numel_per_sample": 1000}
+                   for k, c in enumerate("abcd")]},
+        "parallelism": {"pp": 4}, "training": {"global_batch_size": 64}})
+    assert [la.stage for la in build_workload(s).layers] == [0, 1, 2, 3]
+
+
+def test_activation_functions_check_attention_whatever_the_recompute():
+    with pytest.raises(ValueError, match="unknown attention 'bogus'"):
+        transformer_layer_activation_bytes(GPT3, 16, 1, recompute="full", attention="bogus")
+    with pytest.raises(ValueError, match="unknown attention 'bogus'"):
+        recompute_working_set_bytes(GPT3, 16, 1, recompute="none", attention="bogus")
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.integers(1, 10**8), min_size=2, max_size=10), st.data())
+def test_parameter_list_stages_are_contiguous_and_never_empty(sizes, data):
+    pp = data.draw(st.sampled_from([p for p in (2, 4, 8) if p <= len(sizes)]))  # dividing 8 GPUs
+    s = make({"model": {"preset": None, "parameters": [
+        {"name": f"l{k}.weight", "numel": n, "dtype": "float32"} for k, n in enumerate(sizes)],
+        "layers": [{"name": f"l{k}", "param_indices": [k], "activation_numel_per_sample": 10}
+                   for k in range(len(sizes))]},
+        "parallelism": {"pp": pp}, "training": {"global_batch_size": None}})
+    stages = [la.stage for la in build_workload(s).layers]
+    assert stages[0] == 0 and stages[-1] == pp - 1
+    assert all(b - a in (0, 1) for a, b in itertools.pairwise(stages))

@@ -187,7 +187,7 @@ def _two_step_variant(base: dict[str, Any], updates: dict[str, Any]) -> dict[str
     out = copy.deepcopy(base)
     for path, value in updates.items():
         out = set_value(out, path, value)
-    if sweeps.get_path(out, "parallelism.dp") is not None:
+    if sweeps.get_path(out, "parallelism.dp") is not None and "parallelism.dp" not in updates:
         out = set_value(out, "parallelism.dp", None)
     resized = sweeps.scenario_from_dict_or_none(set_value(out, "training.global_batch_size", None))
     if resized is not None:
@@ -206,7 +206,8 @@ def _two_step_variant(base: dict[str, Any], updates: dict[str, Any]) -> dict[str
     {"cluster.num_nodes": 0},  # invalid cluster: no section-level answer
     {"cluster.num_nodes": 4, "parallelism": None},  # invalid section
     {"cluster.num_nodes": 4, "training.micro_batch_size": 4096},  # beyond what validation allows
-    {"cluster.num_nodes": 2, "parallelism.dp": 4},  # an explicit dp is dropped
+    {"cluster.num_nodes": 2, "parallelism.dp": 4},  # a dp the point sets is kept: invalid on 16 GPUs
+    {"cluster.num_nodes": 2, "parallelism.dp": 16},  # and valid where it matches (it was dropped: a probe)
 ])
 def test_a_weak_scaled_variant_is_the_two_step_one(updates: dict[str, Any]) -> None:
     """Sweeps validate a weak-scaled variant once, its dp from its own sections; the dict, and the validated

@@ -65,6 +65,7 @@ def transformer_layer_activation_bytes(
     _check_shape(spec, seq_len, micro_batch_size, tp, act_bytes)
     if recompute not in _RECOMPUTE:
         raise ValueError(f"unknown recompute {recompute!r}; expected one of {list(_RECOMPUTE)}")
+    _check_attention(attention)  # before full recompute's answer, which does not read it
     tokens = seq_len * micro_batch_size
     h, a = spec.hidden_size, spec.num_heads
     sp = tp if sequence_parallel else 1
@@ -83,12 +84,15 @@ def transformer_layer_activation_bytes(
     core = ((2 * act_bytes + mask) if dropout else act_bytes) * (a / tp) * seq_len
     if attention == "flash":
         core = _LSE_BYTES * (a / tp)
-    elif attention != "unfused":
-        raise ValueError(f"unknown attention {attention!r}; expected 'flash' or 'unfused'")
     if recompute == "selective-op":
         return round(_op_sac_per_token(spec, tp, sp, act_bytes, attention, q_width, kv_width) * tokens)
     per_token = replicated + sharded + (core if recompute == "none" else 0.0)
     return round(per_token * tokens)
+
+
+def _check_attention(attention: str) -> None:
+    if attention not in ("flash", "unfused"):
+        raise ValueError(f"unknown attention {attention!r}; expected 'flash' or 'unfused'")
 
 
 def recompute_working_set_bytes(
@@ -111,6 +115,7 @@ def recompute_working_set_bytes(
     parallelism its saved set is larger than the whole set without recompute, which the plain difference made a
     negative working set)."""
     if recompute == "none":
+        _check_attention(attention)
         return 0
     full, saved = (transformer_layer_activation_bytes(spec, seq_len, micro_batch_size, tp, sequence_parallel, r,
                                                       act_bytes, dropout, attention) for r in ("none", recompute))
@@ -198,25 +203,30 @@ def transformer_output_activation_bytes(
 
 
 def in_flight_micro_batches(
-    schedule: str, pp: int, stage: int, num_micro_batches: int, virtual_stages: int = 1
+    schedule: str, pp: int, stage: int, num_micro_batches: int, virtual_stages: int = 1, megatron: bool = True
 ) -> float:
     """Micro-batches whose activations pipeline stage ``stage`` holds at its peak.
 
     1F1B: min(p - stage, m) (Narayanan et al., SC'21); GPipe: m (Huang et al., NeurIPS'19); interleaved
     1F1B with v chunks per stage: Megatron's warm-up of 2(p - stage - 1) + (v - 1)p chunks plus the one in
     flight, capped at mv, in units of whole micro-batches (chunks / v); on the first stage this is
-    p(1 + (p - 1)/(pv)) (Korthikanti et al. 2022, sec. 4.2.3).
+    p(1 + (p - 1)/(pv)) (Korthikanti et al. 2022, sec. 4.2.3); one chunk (v = 1) keeps that warm-up, 2(p - stage
+    - 1) forwards, as the interleaved functions run it. With m = p, Megatron's interleaved schedule runs every
+    forward first (``all_warmup_microbatches`` in ``megatron/core/pipeline_parallel/schedules.py``): every stage
+    holds all m. torch.distributed.pipelining's ``ScheduleInterleaved1F1B`` (``megatron=False``) has no such case.
+    Both as :func:`simddp.sim.pipeline.interleaved_1f1b` orders them, and the simulator runs them.
     """
     _check_schedule(schedule, pp, num_micro_batches, virtual_stages)
     if not 0 <= stage < pp:
         raise ValueError(f"stage({stage}) must be in 0..{pp - 1} for pp({pp})")
-    return _in_flight(schedule, pp, stage, num_micro_batches, virtual_stages)
+    return _in_flight(schedule, pp, stage, num_micro_batches, virtual_stages, megatron)
 
 
-def in_flight_per_stage(schedule: str, pp: int, num_micro_batches: int, virtual_stages: int = 1) -> list[float]:
+def in_flight_per_stage(schedule: str, pp: int, num_micro_batches: int, virtual_stages: int = 1,
+                        megatron: bool = True) -> list[float]:
     """:func:`in_flight_micro_batches` of every stage, ``0 .. pp - 1`` (the inputs checked once)."""
     _check_schedule(schedule, pp, num_micro_batches, virtual_stages)
-    return [_in_flight(schedule, pp, stage, num_micro_batches, virtual_stages) for stage in range(pp)]
+    return [_in_flight(schedule, pp, stage, num_micro_batches, virtual_stages, megatron) for stage in range(pp)]
 
 
 def _check_schedule(schedule: str, pp: int, num_micro_batches: int, virtual_stages: int) -> None:
@@ -227,13 +237,22 @@ def _check_schedule(schedule: str, pp: int, num_micro_batches: int, virtual_stag
             raise ValueError(f"{name}({value}) must be >= 1")
 
 
-def _in_flight(schedule: str, pp: int, stage: int, num_micro_batches: int, virtual_stages: int) -> float:
+def all_warmup(schedule: str, pp: int, num_micro_batches: int, megatron: bool = True) -> bool:
+    """Whether every stage runs all its forwards before its first backward: GPipe, and Megatron's interleaved
+    1F1B with as many micro-batches as stages (its ``all_warmup_microbatches``, whatever the chunks)."""
+    return schedule == "gpipe" or (schedule == "interleaved-1f1b" and megatron and num_micro_batches == pp)
+
+
+def _in_flight(schedule: str, pp: int, stage: int, num_micro_batches: int, virtual_stages: int,
+               megatron: bool = True) -> float:
     if pp == 1:
         return 1.0
     if schedule == "gpipe":
         return float(num_micro_batches)
-    if schedule == "interleaved-1f1b" and virtual_stages > 1:
+    if schedule == "interleaved-1f1b":  # one chunk too: Megatron's interleaved warm-up, as simulated
         v = virtual_stages
+        if all_warmup(schedule, pp, num_micro_batches, megatron):
+            return float(num_micro_batches)
         chunks = min(num_micro_batches * v, 2 * (pp - stage - 1) + (v - 1) * pp + 1)
         return chunks / v
     return float(min(pp - stage, num_micro_batches))

@@ -16,6 +16,7 @@ from pydantic import TypeAdapter
 from simddp.config import Scenario
 from simddp.errors import pipeline_stage
 from simddp.memory.activations import (
+    all_warmup,
     in_flight_micro_batches,
     in_flight_per_stage,
     recompute_working_set_bytes,
@@ -138,7 +139,7 @@ def _in_flight(scenario: Scenario, stage: int, same: dict[tuple[object, ...], An
     m = same.get(("micro-batches",))
     if m is None:
         m = same[("micro-batches",)] = scenario.num_micro_batches
-    return in_flight_micro_batches(par.pipeline_schedule, par.pp, stage, m, par.virtual_stages)
+    return in_flight_micro_batches(par.pipeline_schedule, par.pp, stage, m, par.virtual_stages, _megatron(scenario))
 
 
 def _stage_totals(scenario: Scenario, workload: Workload, rule: ZeroRule, same: dict[tuple[object, ...], Any],
@@ -148,7 +149,8 @@ def _stage_totals(scenario: Scenario, workload: Workload, rule: ZeroRule, same: 
     summed once. One loop over the stages, each line's bytes by :func:`_line_bytes`, as the lines have them."""
     context, fraction = _overhead(scenario, same)
     par = scenario.parallelism
-    flights = in_flight_per_stage(par.pipeline_schedule, par.pp, scenario.num_micro_batches, par.virtual_stages)
+    flights = in_flight_per_stage(par.pipeline_schedule, par.pp, scenario.num_micro_batches, par.virtual_stages,
+                                  _megatron(scenario))
     # A transformer's twin stage has the fixed sums and activation lines of the first stage of its kind (as
     # many blocks, neither the first nor the last stage): found once per kind, not per stage. A parameter-list
     # model's lines stay per stage: twins compare kernels, not activation sizes (a layer's kernel bytes carry
@@ -345,9 +347,18 @@ def _line_bytes(per_mb: float, scale: int, in_flight: float, out_flight: float) 
 
 def _output_in_flight(scenario: Scenario, in_flight: float) -> float:
     """Micro-batches whose output-layer and loss activations the last stage holds: the loss sits in the last
-    virtual stage, whose micro-batches run forward then backward at once (1F1B, interleaved); only GPipe keeps
-    every micro-batch's (interleaving holds other chunks' layers)."""
-    return in_flight if scenario.parallelism.pipeline_schedule == "gpipe" else 1.0
+    virtual stage, whose micro-batches run forward then backward at once (1F1B, interleaved); a schedule that
+    runs every forward first keeps every micro-batch's (GPipe, and interleaving with as many micro-batches as
+    stages, :func:`simddp.memory.activations.all_warmup`: there ``in_flight`` is every micro-batch)."""
+    par = scenario.parallelism
+    return in_flight if all_warmup(par.pipeline_schedule, par.pp, scenario.num_micro_batches,
+                                   _megatron(scenario)) else 1.0
+
+
+def _megatron(scenario: Scenario) -> bool:
+    """Whether the pipeline runs Megatron's schedules (all forwards first at m == pp when interleaved), not
+    torch.distributed.pipelining's: as :func:`simddp.sim.plan.build_plan` orders the operations."""
+    return scenario.ddp.implementation == "megatron"
 
 
 def _activation_items(scenario: Scenario, workload: Workload, stage: int, in_flight: float,

@@ -60,7 +60,8 @@ class MemoryBreakdown(_Frozen):
     overhead_bytes: int = Field(description="CUDA context and allocator fragmentation.")
     total_bytes: int
     capacity_bytes: int = Field(description="Device memory (cluster.gpu.hbm_bytes).")
-    fits: bool
+    fits: bool = Field(description="total_bytes fits in capacity_bytes: the reported stage's (the layout fits when "
+                                   "every stage_total_bytes does; the CLI's top-level fits says that)")
     headroom_bytes: int = Field(description="capacity - total; negative when it does not fit.")
     stage_total_bytes: list[int] = Field(description="Total bytes of each pipeline stage.")
     items: list[MemoryItem]

@@ -103,9 +103,9 @@ def max_micro_batch_that_fits(scenario: Scenario | dict[str, Any] | str | Path, 
     def fits(b: int) -> bool:
         try:
             variant = _variant(scenario, training={"micro_batch_size": b})
-        except ScenarioError:  # e.g. an interleaved schedule needs the micro-batch count to divide by pp
-            return False
-        return memory_breakdown(variant).fits
+            return memory_breakdown(variant).fits
+        except ScenarioError:  # e.g. an interleaved schedule needs the micro-batch count to divide by pp, or the
+            return False  # micro-batch's memory is beyond the range answered for (simddp.sanity.check_memory)
 
     gbs = scenario.training.global_batch_size
     if gbs is not None:
@@ -189,10 +189,11 @@ def smallest_layout_that_fits(scenario: Scenario | dict[str, Any] | str | Path,
         return LayoutFit(zero_stage=zero, tp=tp, pp=pp, dp=variant.dp, sequence_parallel=sp, recompute=recompute,
                          total_bytes=m.total_bytes, capacity_bytes=m.capacity_bytes, fits=m.fits)
 
-    # ZeRO-2/3 with pipeline parallelism is not offered: DeepSpeed refuses it, and torch's FSDP keeps a
-    # pipeline stage's parameters and gradients unsharded across micro-batches.
+    # What the scenario rules refuse is skipped by evaluate (DeepSpeed's ZeRO-2/3 with pipelines, Megatron's
+    # ZeRO-2/3); torch's FSDP beside pipelining is tried, as simddp plan tries it (its parameters and gradients
+    # stay unsharded across a step's micro-batches: simddp.zero.zero_rule).
     layouts = [(z, tp, pp, sp, rc) for tp in _divisors(gpus_per_node) for pp in _divisors(n // tp) for z in range(4)
-               for sp in ((False, True) if tp > 1 else (False,)) for rc in recomputes if not (z >= 2 and pp > 1)]
+               for sp in ((False, True) if tp > 1 else (False,)) for rc in recomputes]
     results = [r for r in (evaluate(*lay) for lay in layouts) if r is not None]
 
     def preference(r: LayoutFit) -> tuple[int, ...]:

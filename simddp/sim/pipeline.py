@@ -48,8 +48,11 @@ def one_f_one_b(num_stages: int, num_micro: int, rank: int) -> list[PipeOp]:
     return ops
 
 
-def interleaved_1f1b(num_stages: int, num_micro: int, rank: int, num_chunks: int) -> list[PipeOp]:
-    """Megatron-LM's interleaved schedule (needs num_micro to be a multiple of num_stages)."""
+def interleaved_1f1b(num_stages: int, num_micro: int, rank: int, num_chunks: int,
+                     all_warmup: bool = True) -> list[PipeOp]:
+    """Megatron-LM's interleaved schedule (needs num_micro to be a multiple of num_stages); with ``all_warmup``
+    false, torch.distributed.pipelining's ``ScheduleInterleaved1F1B`` (the same order, except that it has no
+    all-forwards-first case where num_micro equals num_stages)."""
     p, v = num_stages, num_chunks
     if num_micro % p:
         raise ValueError(f"interleaved-1f1b needs micro-batches({num_micro}) to be a multiple of pp({p})")
@@ -65,7 +68,7 @@ def interleaved_1f1b(num_stages: int, num_micro: int, rank: int, num_chunks: int
     def op(kind: str, k: int) -> PipeOp:
         return PipeOp(kind, micro(k), chunk(k, kind == "F") * p + rank)
 
-    if num_micro == p:  # Megatron: all forwards then all backwards when m == p
+    if num_micro == p and all_warmup:  # Megatron: all forwards then all backwards when m == p
         warmup = total
     else:
         warmup = min((p - rank - 1) * 2 + (v - 1) * p, total)
@@ -86,7 +89,8 @@ class Schedule(Sequence[PipeOp]):
     backwards; forward and backward ``k`` are the schedule's k-th of each kind.
     """
 
-    def __init__(self, name: str, num_stages: int, num_micro: int, rank: int, num_chunks: int = 1) -> None:
+    def __init__(self, name: str, num_stages: int, num_micro: int, rank: int, num_chunks: int = 1,
+                 all_warmup: bool = True) -> None:
         p, m, v = num_stages, num_micro, num_chunks
         self.name, self.rank, self.p, self.v = name, rank, p, v
         if name == "gpipe":
@@ -97,7 +101,7 @@ class Schedule(Sequence[PipeOp]):
             if m % p:
                 raise ValueError(f"interleaved-1f1b needs micro-batches({m}) to be a multiple of pp({p})")
             total = m * v
-            warmup = total if m == p else min((p - rank - 1) * 2 + (v - 1) * p, total)
+            warmup = total if m == p and all_warmup else min((p - rank - 1) * 2 + (v - 1) * p, total)
             self.total, self.warmup, self.interleaved = total, warmup, True
         else:
             raise ValueError(f"unknown pipeline schedule {name!r}")
@@ -219,9 +223,10 @@ class Schedule(Sequence[PipeOp]):
         return self.op_at(i)
 
 
-def schedule(name: str, num_stages: int, num_micro: int, rank: int, num_chunks: int = 1) -> Schedule:
-    """The operation order of ``rank`` under schedule ``name``."""
-    return Schedule(name, num_stages, num_micro, rank, num_chunks)
+def schedule(name: str, num_stages: int, num_micro: int, rank: int, num_chunks: int = 1,
+             all_warmup: bool = True) -> Schedule:
+    """The operation order of ``rank`` under schedule ``name`` (``all_warmup``: see :func:`interleaved_1f1b`)."""
+    return Schedule(name, num_stages, num_micro, rank, num_chunks, all_warmup)
 
 
 def op_code(op: PipeOp, num_virtual_stages: int) -> int:

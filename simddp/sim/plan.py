@@ -562,7 +562,8 @@ def build_plan(scenario: Scenario, workload: Workload | None = None) -> StepPlan
         if mode == "fsdp":
             rank.fsdp_units, rank.fsdp_root = _fsdp_plans(workload, rank, dp, rule)
         ranks.append(rank)
-    ops: list[Sequence[PipeOp]] = [schedule(par.pipeline_schedule, par.pp, m, r, par.virtual_stages)
+    megatron = scenario.ddp.implementation == "megatron"  # its interleaving runs all forwards first where m == pp
+    ops: list[Sequence[PipeOp]] = [schedule(par.pipeline_schedule, par.pp, m, r, par.virtual_stages, megatron)
                                    for r in range(par.pp)] if mode == "pipeline" else [[] for _ in range(par.pp)]
     p2p: dict[int, CollectiveCost] = {}
     gather = None
