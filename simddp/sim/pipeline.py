@@ -9,7 +9,10 @@ Schedules give, for each pipeline rank, the order of its forward (F) and backwar
 * Interleaved 1F1B (Narayanan et al., SC'21 section 2.2.2), exactly as Megatron-LM's
   ``forward_backward_pipelining_with_interleaving`` orders it: each rank holds ``v`` model chunks
   (virtual stages ``rank + k p``); warm-up ``2 (p - rank - 1) + (v - 1) p`` forwards; micro-batches go in
-  groups of ``p``. Bubble fraction (p - 1) / (v m).
+  groups of ``p``. Bubble fraction (p - 1) / (v m). Where m = p, Megatron runs every forward first; torch's
+  ``ScheduleInterleaved1F1B`` (torch.distributed.pipelining, ``ddp.implementation`` other than megatron) keeps
+  the warm-up above: the one difference between the two orders. (torch's ``Schedule1F1B`` warms up p - rank
+  forwards and then alternates backward and forward: the same order as 1F1B above.)
 
 Execution (:mod:`simddp.sim.step`): each rank runs its operations in order; F of virtual stage ``vs`` waits
 for F of ``vs - 1`` (plus the activation send/recv), B of ``vs`` for B of ``vs + 1`` (plus the gradient
