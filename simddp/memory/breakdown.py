@@ -166,7 +166,7 @@ def _stage_totals(scenario: Scenario, workload: Workload, rule: ZeroRule, same: 
                                  _activation_parts(scenario, workload, stage, same))
         fixed, buffers_transient, parts = got
         in_flight = flights[stage]
-        out_flight = _output_in_flight(scenario, in_flight)
+        out_flight = _output_in_flight(scenario, in_flight, same)
         activations = 0
         for _, per_mb, scale, _ in parts:
             activations += _line_bytes(per_mb, scale, in_flight, out_flight)
@@ -335,7 +335,7 @@ def _blocks_per_rank(workload: Workload, pp: int) -> list[int]:
 def _activation_sizes(scenario: Scenario, workload: Workload, stage: int, in_flight: float,
                       same: dict[tuple[object, ...], Any]) -> list[tuple[int, tuple[str, float, int, str]]]:
     """Each activation line's bytes on ``stage`` with ``in_flight`` micro-batches, beside its part."""
-    out_flight = _output_in_flight(scenario, in_flight)
+    out_flight = _output_in_flight(scenario, in_flight, same)
     return [(_line_bytes(part[1], part[2], in_flight, out_flight), part)
             for part in _activation_parts(scenario, workload, stage, same)]
 
@@ -345,14 +345,17 @@ def _line_bytes(per_mb: float, scale: int, in_flight: float, out_flight: float) 
     return int(per_mb if scale == _ONCE else round(per_mb * (in_flight if scale == _IN_FLIGHT else out_flight)))
 
 
-def _output_in_flight(scenario: Scenario, in_flight: float) -> float:
+def _output_in_flight(scenario: Scenario, in_flight: float, same: dict[tuple[object, ...], Any]) -> float:
     """Micro-batches whose output-layer and loss activations the last stage holds: the loss sits in the last
     virtual stage, whose micro-batches run forward then backward at once (1F1B, interleaved); a schedule that
     runs every forward first keeps every micro-batch's (GPipe, and interleaving with as many micro-batches as
     stages, :func:`simddp.memory.activations.all_warmup`: there ``in_flight`` is every micro-batch)."""
-    par = scenario.parallelism
-    return in_flight if all_warmup(par.pipeline_schedule, par.pp, scenario.num_micro_batches,
-                                   _megatron(scenario)) else 1.0
+    first = same.get(("all warm-up",))
+    if first is None:  # once per breakdown (every stage asks)
+        par = scenario.parallelism
+        first = same[("all warm-up",)] = all_warmup(par.pipeline_schedule, par.pp, scenario.num_micro_batches,
+                                                    _megatron(scenario))
+    return in_flight if first else 1.0
 
 
 def _megatron(scenario: Scenario) -> bool:
@@ -363,7 +366,7 @@ def _megatron(scenario: Scenario) -> bool:
 
 def _activation_items(scenario: Scenario, workload: Workload, stage: int, in_flight: float,
                       same: dict[tuple[object, ...], Any]) -> list[Item]:
-    out_flight = _output_in_flight(scenario, in_flight)
+    out_flight = _output_in_flight(scenario, in_flight, same)
     k = f"x {in_flight:g} micro-batch{'es' if in_flight != 1 else ''}"
     out = f"{out_flight:g} micro-batch{'es' if out_flight != 1 else ''}"
     return [Item(category="activations", name=name, size_bytes=size, note=note.format(k=k, out=out))
