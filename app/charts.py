@@ -37,6 +37,7 @@ COLORS = {
     "interference": "#FF9DA6",
     "imbalance": "#D67195",
     "clip": "#D4A6C8",
+    "p2p": "#E7BA52",
 }
 _LAYOUT = {"margin": {"l": 10, "r": 10, "t": 40, "b": 10},
            "legend": {"orientation": "h", "yanchor": "top", "y": -0.25}}
@@ -65,7 +66,8 @@ def _ms(seconds: float | None) -> float | None:
 #: their colours; a part a step does not have is left out.
 _STEP_PARTS = [
     ("compute", "compute"), ("recompute", "recompute"), ("interference", "interference"), ("tp_comm", "gather"),
-    ("pipeline_bubble", "accumulation"), ("stage_imbalance", "imbalance"), ("dp_comm", "exposed"),
+    ("pipeline_bubble", "accumulation"), ("stage_imbalance", "imbalance"), ("pipeline_p2p", "p2p"),
+    ("dp_comm", "exposed"),
     ("ddp_host", "other"), ("grad_clip", "clip"), ("optimizer", "optimizer"), ("host", "host"),
 ]
 

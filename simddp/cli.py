@@ -237,6 +237,9 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         if result.stage_imbalance_time_s > 0:
             lines.append(f"  stage imbalance        {f(result.stage_imbalance_time_s):>12}   "
                          f"{BREAKDOWN_PARTS['stage_imbalance'][1]}")
+        if result.pipeline_p2p_time_s > 0:
+            lines.append(f"  pipeline send/recv     {f(result.pipeline_p2p_time_s):>12}   "
+                         f"{BREAKDOWN_PARTS['pipeline_p2p'][1]}")
     # The step's other parts, so that every line but data-parallel comm (mostly hidden) adds up to the step.
     for key, label, value in (("interference", "compute slowed by NCCL", result.interference_time_s),
                               ("host", "host overhead", result.host_overhead_s)):

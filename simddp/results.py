@@ -88,7 +88,7 @@ class StepPart(_Result):
     """One named part of the step on the reported GPU; the parts add up to the step time."""
 
     key: str = Field(description="compute, recompute, interference, tp_comm, dp_comm, pipeline_bubble, "
-                     "stage_imbalance, ddp_host, grad_clip, optimizer or host.")
+                     "stage_imbalance, pipeline_p2p, ddp_host, grad_clip, optimizer or host.")
     label: str = Field(description="Human name.")
     time_s: float = Field(ge=0, description="Seconds of the step.")
     description: str = Field(description="What the part counts.")
@@ -101,8 +101,12 @@ BREAKDOWN_PARTS: dict[str, tuple[str, str]] = {
     "tp_comm": ("tensor-parallel comm (blocking)", "compute waits for tensor-parallel collectives"),
     "dp_comm": ("data-parallel comm (exposed)", "compute or the optimizer waits for gradient reduction, "
                 "parameter gathers or the embedding sync"),
-    "pipeline_bubble": ("pipeline bubble", "waiting for other stages: (p-1)/v of a balanced stage's work"),
-    "stage_imbalance": ("stage imbalance", "waiting beyond the bubble because stages do unequal work"),
+    "pipeline_bubble": ("pipeline bubble", "waiting for other stages: (p-1)/v of a balanced stage's work and sends "
+                        "per micro-batch"),
+    "stage_imbalance": ("stage imbalance", "waiting beyond the bubble: stages do unequal work, or transfers "
+                        "between them hold up the steady state"),
+    "pipeline_p2p": ("pipeline send/recv (blocking)", "a stage waits for its own activation or gradient send to "
+                     "the next stage (a blocking p2p transfer; Megatron's default)"),
     "ddp_host": ("framework host time", "GPU idle while the host works: DDP's search for unused parameters "
                  "(find_unused_parameters), DataParallel's forward launches serialised by the GIL"),
     "grad_clip": ("gradient clipping", "the gradient norm's pass, its all-reduces and the scaling pass"),
@@ -156,8 +160,12 @@ class StepResult(_Result):
         default=0.0, description="Waiting for other pipeline stages, up to a balanced pipeline's bubble."
     )
     stage_imbalance_time_s: float = Field(
-        default=0.0, description="Waiting for other stages beyond the bubble (unequal stage work)."
+        default=0.0, description="Waiting for other stages beyond the bubble (unequal stage work, or transfers "
+        "between stages that hold up the steady state)."
     )
+    pipeline_p2p_time_s: float = Field(
+        default=0.0, description="Blocking pipeline sends: the reported stage waits for its own activation and "
+        "gradient sends (receives are in the waits above).")
     recompute_time_s: float = Field(default=0.0, description="Recomputed forward kernels (part of compute).")
     interference_time_s: float = Field(default=0.0, description="Kernel time lost to collectives sharing the SMs.")
     breakdown: list[StepPart] = Field(default_factory=list, description="Named parts that sum to the step.")

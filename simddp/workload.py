@@ -1098,7 +1098,9 @@ def _assign_stages(layers: list[Layer], pp: int) -> list[Layer]:
     out, acc, stage = [], 0.0, 0
     for i, la in enumerate(layers):
         remaining_layers = len(layers) - i
-        stage = min(pp - 1, int(acc / total * pp), stage + 1 if i else 0)  # never skip a stage
+        # acc / total * pp rounds 60/88 x 22 to 14.999999999999998: equal layers split unevenly; the product
+        # first, and a layer within 1e-9 of a stage's share starts it
+        stage = min(pp - 1, int(acc * pp / total + 1e-9), stage + 1 if i else 0)  # never skip a stage
         stage = max(stage, pp - remaining_layers)  # never leave a later stage empty
         out.append(copy_with(la, stage=stage))
         acc += la.model_flop
@@ -1404,9 +1406,11 @@ def _transformer_workload(scenario: Scenario, spec: TransformerSpec,
         model_flop_per_sample=flop_per_sample,
         num_stages=num_stages,
         # Megatron's scatter/gather optimisation (Narayanan et al. sec. 4.1): each tp rank sends 1/t of the
-        # activation and the receiving stage all-gathers the slices over NVLink.
+        # activation and the receiving stage all-gathers the slices over NVLink. With sequence parallelism each
+        # rank holds and sends its own 1/t of the sequence, which the next stage reads as it is: no gather
+        # (Megatron's p2p_communication scatters and gathers only without sequence_parallel).
         boundary_activation_bytes=t * h * a // tp,
-        boundary_gather_bytes=t * h * a if tp > 1 else 0,
+        boundary_gather_bytes=t * h * a if tp > 1 and not sp else 0,
         notes=notes,
         blocks=(1, len(first), spec.num_layers) if spec.num_layers else None,  # after the embedding
         memo={("rank twins", par.pp): twins} if (twins := _block_twins(spec.num_layers, par.pp,

@@ -302,3 +302,91 @@ def test_in_order_bound_waits_for_backward_without_overlap() -> None:
     on = simulate({**data, "ddp": {"overlap": True}}, trace=False)
     assert on.bounds.in_order_overlap_s == pytest.approx(on.step_time_s, rel=1e-12)
     assert on.step_time_s < r.step_time_s
+
+
+# ------------------------------------------------------- a probe of the pipeline model (2026-11-29, 33rd pass)
+def _tied_pipeline(gpus: int, **parallelism: object) -> dict:
+    """A tied-embedding transformer on one node of ``gpus`` GPUs (Megatron, which syncs the tied gradient)."""
+    return {
+        "cluster": {"preset": "dgx-h100-80gb", "num_nodes": 1, "gpus_per_node": gpus},
+        "model": {"transformer": {"num_layers": 8, "hidden_size": 2048, "num_heads": 16, "ffn_hidden_size": 8192,
+                                  "vocab_size": 50304, "tied_embeddings": True}},
+        "parallelism": {"pipeline_schedule": "1f1b", **parallelism},
+        "training": {"micro_batch_size": 1, "global_batch_size": 8 * int(str(parallelism.get("dp", 1))),
+                     "seq_len": 2048},
+        "ddp": {"implementation": "megatron"},
+    }
+
+
+@pytest.mark.parametrize(("gpus", "parallelism"), [
+    (4, {"pp": 4, "dp": 1}), (8, {"pp": 8, "dp": 1}), (8, {"pp": 4, "tp": 2, "dp": 1}), (8, {"pp": 4, "dp": 2})])
+def test_one_node_puts_nothing_on_the_network(gpus: int, parallelism: dict) -> None:
+    """The tied embedding's all-reduce pairs stage 0 with the last; on one node it runs over NVLink (it was timed
+    over the NIC whenever the pair's stride was over half a node: 4.4 ms of a 62.4 ms step on 4 GPUs)."""
+    r = simulate(_tied_pipeline(gpus, **parallelism), trace=False)
+    assert r.link_busy_s.get("inter", 0.0) == 0.0 and r.link_busy_s["intra"] > 0
+
+
+def test_tied_embedding_sync_crosses_nodes_only_where_its_ranks_do() -> None:
+    from simddp.scenario_io import as_scenario
+    from simddp.topology import stage_pair_group
+
+    two_nodes = as_scenario(deep_merge(_tied_pipeline(4, pp=4, dp=1), {"cluster": {"num_nodes": 2,
+                                                                                   "gpus_per_node": 2}}))
+    assert stage_pair_group(two_nodes, 0, 3).num_nodes == 2
+    assert stage_pair_group(two_nodes, 0, 1).num_nodes == 1  # ranks 0 and 1 share the first node
+    one_node = as_scenario(_tied_pipeline(4, pp=4, dp=1))
+    assert stage_pair_group(one_node, 0, 3).num_nodes == 1
+
+
+def test_sequence_parallel_stages_gather_nothing_they_receive() -> None:
+    """With sequence parallelism each tp rank sends its own 1/t of the sequence and the next stage reads it as it
+    is; Megatron gathers received slices only without it (the gather was charged either way)."""
+    from simddp.scenario_io import as_scenario
+    from simddp.sim.plan import build_plan
+
+    for sp, gathered in ((False, True), (True, False)):
+        plan = build_plan(as_scenario(_tied_pipeline(8, pp=4, tp=2, dp=1, sequence_parallel=sp)))
+        assert (plan.p2p_gather is not None) is gathered
+
+
+def test_equal_layers_split_evenly_over_many_virtual_stages() -> None:
+    """44 equal layers over pp 11 x 2 chunks: two a chunk (60/88 x 22 rounded to 14.999999999999998 put three
+    layers on one chunk and one on the next: +7.7% on the step)."""
+    from simddp.scenario_io import as_scenario
+    from simddp.workload import build_workload
+
+    data = base_scenario(
+        cluster={"preset": "dgx-a100-80gb", "num_nodes": 1, "gpus_per_node": 11},
+        model={**_params_model([1000] * 44),
+               "layers": [{"name": f"l{i}", "param_indices": [i], "activation_numel_per_sample": 10}
+                          for i in range(44)]},
+        parallelism={"pp": 11, "pipeline_schedule": "interleaved-1f1b", "virtual_stages": 2},
+        training={"micro_batch_size": 1, "global_batch_size": 22, "seq_len": 1})
+    stages = [la.stage for la in build_workload(as_scenario(data)).layers]
+    assert stages == [k // 2 for k in range(44)]
+
+
+def test_blocking_pipeline_sends_are_their_own_part() -> None:
+    """A stage's own blocking sends are `pipeline_p2p`, in both engines: they were booked as waits and then read
+    as stage imbalance (43.3 ms of a 74.4 ms step whose stages' work differs by 2.3%), and no field held them.
+    Each send is one activation (2,048 tokens x 2,048 x 2 B) at 4.5 GB/s, once per micro-batch each way."""
+    data = _tied_pipeline(4, pp=4, dp=1)
+    data["model"]["transformer"].update(tied_embeddings=False, vocab_size=8)
+    data["cluster"]["intra_node"] = {"bandwidth_bytes_per_s": 4.5e9}
+    fast, exact = simulate(data, trace=False), simulate(data, trace=False, exact=True)
+    assert fast.pipeline_p2p_time_s == pytest.approx(exact.pipeline_p2p_time_s, rel=1e-9)
+    from simddp.scenario_io import as_scenario
+    from simddp.sim.plan import build_plan
+
+    plan, stage = build_plan(as_scenario(data)), fast.reported_stage
+    assert plan.p2p[0].size_bytes == 2048 * 2048 * 2  # one activation
+    # The reported stage sends forward and backward for each of its 8 micro-batches, one direction only on the
+    # first and last stage; nothing else holds its p2p stream.
+    own = [plan.p2p[k].time_s for k in (stage, stage - 1) if k in plan.p2p]
+    assert fast.pipeline_p2p_time_s == pytest.approx(8 * sum(own), rel=1e-9)
+    assert fast.part("pipeline_p2p") == fast.pipeline_p2p_time_s
+    data["cluster"]["intra_node"] = {"bandwidth_bytes_per_s": 4.5e13}
+    quick = simulate(data, trace=False)
+    assert quick.pipeline_p2p_time_s < fast.pipeline_p2p_time_s / 100
+    assert quick.stage_imbalance_time_s < 0.02 * quick.step_time_s  # stages of equal work

@@ -210,6 +210,7 @@ def _result(scenario: Scenario, plan: DataParallelPlan, end_s: float, acct: dict
         "dp_comm": acct.get("dp_comm", 0.0),
         "pipeline_bubble": 0.0,
         "stage_imbalance": 0.0,
+        "pipeline_p2p": 0.0,
         "ddp_host": acct.get("ddp_host", 0.0),
         "grad_clip": 0.0,
         "optimizer": acct.get("optimizer", 0.0),

@@ -420,7 +420,7 @@ def _run_pipeline(plan: StepPlan, max_operations: int | None = None) -> list[Out
                 send = plan.p2p.get(vs if kind == "F" else vs - 1)
                 sent = send.time_s if send is not None and send.time_s > 0 else 0.0
                 if send is not None and sent:
-                    acct["pipeline_wait"] = get("pipeline_wait", 0.0) + n * sent
+                    acct["pipeline_p2p"] = get("pipeline_p2p", 0.0) + n * sent
                     busy_s[send.tier] += n * send.transfer_s
                     work_s[send.tier] += n * send.transfer_s
                 per[slot] = alone + sent

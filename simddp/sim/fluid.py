@@ -730,7 +730,7 @@ def pipeline_tail(plan: StepPlan, first: list[int], at: list[float],
                 if cost is not None:  # one p2p stream per rank: its sends go out one after another
                     t = e.comms.wait(e.comms.issue(cost, "p2p", t))
                 arrivals[(op.kind, op.micro_batch, vs)] = t
-                e.add("pipeline_wait", t - t0)
+                e.add("pipeline_p2p", t - t0)
                 i += 1
                 moved = True
             position[r], clock[r] = i, t
@@ -739,7 +739,7 @@ def pipeline_tail(plan: StepPlan, first: list[int], at: list[float],
             raise RuntimeError("the pipeline tail waits for an operation no rank runs")  # a schedule bug
     outs = []
     for r, (e, out, reductions, _, _) in enumerate(ranks):
-        e.add("pipeline_wait", 0.0)  # the schedule's wait for its sends: none are in flight (they block)
+        e.add("pipeline_p2p", 0.0)  # the schedule's wait for its sends: none are in flight (they block)
         comm_end = reductions.done(clock[r])
         _finish(e, out, clock[r], comm_end)
         outs.append(out)

@@ -29,7 +29,15 @@ from simddp.engine_caches import without_init
 from simddp.errors import ScenarioError
 from simddp.sim.layers import LayerPlan, layer_alone, layer_tp_s
 from simddp.sim.pipeline import PipeOp, last_backward, schedule
-from simddp.topology import CommGroup, dp_group, group, pp_boundaries_crossing_nodes, pp_boundary_group, tp_group
+from simddp.topology import (
+    CommGroup,
+    dp_group,
+    group,
+    pp_boundaries_crossing_nodes,
+    pp_boundary_group,
+    stage_pair_group,
+    tp_group,
+)
 from simddp.units import dtype_bytes
 from simddp.workload import (
     LAYER_KIND,
@@ -811,8 +819,7 @@ def _embedding_sync(scenario: Scenario, workload: Workload, rank: int, rule: Zer
         return None
     word = workload.parameters[0]
     spec = grad_reduce_spec(word, rule.reduce_in_fp32)
-    pair = group(scenario.cluster, 2, stride=scenario.parallelism.tp * scenario.dp * (pp - 1))
-    return collective_cost("all-reduce", spec.numel * dtype_bytes(spec.dtype), pair)
+    return collective_cost("all-reduce", spec.numel * dtype_bytes(spec.dtype), stage_pair_group(scenario, 0, pp - 1))
 
 
 def _fsdp_plans(workload: Workload, rank: RankPlan, dp: CommGroup,

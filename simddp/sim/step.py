@@ -574,12 +574,12 @@ def _run_pipeline(env: simpy.Environment, plan: StepPlan, states: list[_Rank]) -
             else:
                 t0 = env.now
                 yield from send(st, op)
-                st.add("pipeline_wait", env.now - t0)
+                st.add("pipeline_p2p", env.now - t0)
         # The schedule returns once its sends are done (Megatron waits on its p2p requests), and only then
         # does a rank without overlapped gradient reduction start it.
         t0 = env.now
         yield simpy.AllOf(env, sends)
-        st.add("pipeline_wait", env.now - t0)
+        st.add("pipeline_p2p", env.now - t0)
 
     for st, ops in zip(states, plan.ops, strict=True):
         proc = env.process(rank(st, ops))
@@ -667,8 +667,13 @@ def _pipeline_parts(plan: StepPlan, st: Any) -> tuple[float, float]:
     par = plan.scenario.parallelism
     if par.pp == 1:
         return 0.0, 0.0
-    per_micro = [sum(r.fwd_alone_s.values()) + sum(r.bwd_alone_s.values()) for r in plan.ranks]
-    balanced = (par.pp - 1) / par.virtual_stages * sum(per_micro) / len(per_micro)
+    # A stage's time per micro-batch: its kernels and TP collectives, and its blocking sends (a receiver waits
+    # for the sender's kernels and its send: a pipeline of equal stages whose sends take c fills in (p - 1) x
+    # (t_f + t_b + 2c) / v).
+    # Every boundary's send is made twice a micro-batch (an activation forward, a gradient back), by two ranks.
+    sends = 0.0 if par.pp_p2p_overlap else 2 * sum(max(c.time_s, 0.0) for c in plan.p2p.values())
+    work = sum(sum(r.fwd_alone_s.values()) + sum(r.bwd_alone_s.values()) for r in plan.ranks)
+    balanced = (par.pp - 1) / par.virtual_stages * (work + sends) / len(plan.ranks)
     bubble = min(waits, balanced)
     return bubble, waits - bubble
 
@@ -699,6 +704,7 @@ def _result(plan: StepPlan, states: list[Any], spans: list[Span] | None) -> Step
         "dp_comm": st.acct.get("dp_comm", 0.0),
         "pipeline_bubble": bubble,
         "stage_imbalance": imbalance,
+        "pipeline_p2p": st.acct.get("pipeline_p2p", 0.0),
         "ddp_host": st.acct.get("ddp_host", 0.0),
         "grad_clip": st.acct.get("grad_clip", 0.0),
         "optimizer": st.acct.get("optimizer", 0.0),
@@ -759,6 +765,7 @@ def _result(plan: StepPlan, states: list[Any], spans: list[Span] | None) -> Step
         tp_comm_total_s=m * rp.tp_comm_s,
         pipeline_bubble_time_s=bubble,
         stage_imbalance_time_s=imbalance,
+        pipeline_p2p_time_s=values["pipeline_p2p"],
         recompute_time_s=values["recompute"],
         interference_time_s=values["interference"],
         breakdown=breakdown,
