@@ -669,8 +669,7 @@ def _pipeline_parts(plan: StepPlan, st: Any) -> tuple[float, float]:
         return 0.0, 0.0
     # A stage's time per micro-batch: its kernels and TP collectives, and its blocking sends (a receiver waits
     # for the sender's kernels and its send: a pipeline of equal stages whose sends take c fills in (p - 1) x
-    # (t_f + t_b + 2c) / v).
-    # Every boundary's send is made twice a micro-batch (an activation forward, a gradient back), by two ranks.
+    # (t_f + t_b + 2c) / v). Each boundary carries two sends a micro-batch (an activation, a gradient).
     sends = 0.0 if par.pp_p2p_overlap else 2 * sum(max(c.time_s, 0.0) for c in plan.p2p.values())
     work = sum(sum(r.fwd_alone_s.values()) + sum(r.bwd_alone_s.values()) for r in plan.ranks)
     balanced = (par.pp - 1) / par.virtual_stages * (work + sends) / len(plan.ranks)
