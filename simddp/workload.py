@@ -1135,11 +1135,13 @@ def _names(spec: TransformerSpec) -> _Names:
 
 
 def _transformer_params(
-    spec: TransformerSpec, tp: int, dtype: str
+    spec: TransformerSpec, tp: int, dtype: str, output_copy: bool = False
 ) -> tuple[BlockParams, dict[str, list[int]]]:
     """Per-GPU parameters in Hugging Face definition order (blocks after the first made when read), and the
     indices each module (layer name) owns, for the modules outside the blocks and those of block 0 (block i's
-    are block 0's shifted by i blocks)."""
+    are block 0's shifted by i blocks). ``output_copy``: a tied output layer has a weight of its own, the copy
+    the last pipeline stage holds (Megatron's ``output_layer.weight``, kept equal to the embedding by the
+    embedding group's all-reduce): in that stage's gradients, buckets and optimizer step."""
     h, ffn, v = spec.hidden_size, spec.ffn_hidden_size, spec.vocab_size
     kv_shard = max(1, spec.kv_heads // tp) * (h // spec.num_heads)  # GQA with tp > kv_heads replicates
     q_shard = h // tp
@@ -1212,7 +1214,7 @@ def _transformer_params(
     later = max(spec.num_layers - 1, 0) * len(first)
     if spec.final_norm:
         norm(names.final_norm, names.final_norm)
-    if not spec.tied_embeddings:
+    if not spec.tied_embeddings or output_copy:
         add("lm_head", "lm_head.weight", v // tp * h)
     return BlockParams(params[:start], first, names.block, spec.num_layers, params[start:end], params[end:]), groups
 
@@ -1223,7 +1225,9 @@ def _transformer_workload(scenario: Scenario, spec: TransformerSpec,
     tp, sp = par.tp, par.sequence_parallel
     dtype = PRECISION_PARAM_DTYPE[tr.precision]
     a = PRECISION_ACT_BYTES[tr.precision]
-    params, groups = _transformer_params(spec, tp, dtype)
+    # With pp > 1 a tied output layer lives on the last stage, the embedding on the first: each its own weight.
+    output_copy = spec.tied_embeddings and par.pp > 1
+    params, groups = _transformer_params(spec, tp, dtype, output_copy)
     names = _names(spec)
     h, ffn, v, s, b = spec.hidden_size, spec.ffn_hidden_size, spec.vocab_size, tr.seq_len, tr.micro_batch_size
     t = b * s  # tokens of the micro-batch
@@ -1350,9 +1354,9 @@ def _transformer_workload(scenario: Scenario, spec: TransformerSpec,
     tail: list[Layer] = []
     if spec.final_norm:
         tail.append(elementwise(names.final_norm, names.final_norm, norm_fwd, norm_bwd, h, t_sp, None))
-    head_module = "lm_head" if not spec.tied_embeddings else names.embed
+    head_module = "lm_head" if not spec.tied_embeddings or output_copy else names.embed
     head = linear("lm_head", head_module, h, v // tp, None, "vocab", v)
-    if spec.tied_embeddings:
+    if spec.tied_embeddings and not output_copy:
         head = replace(head, param_indices=())  # the tied weight's gradient completes at the embedding
     tail.append(head)
     # Megatron's vocab-parallel cross-entropy on fp32 logits: convert (read 16-bit, write fp32), then max,

@@ -168,12 +168,13 @@ def test_an_overlapped_reduction_costs_the_no_overlap_bound_per_operation() -> N
     # each operation beside it can lose ((1 + i) times its kernels, twice its collectives: step.bound_steps),
     # not (1 + 2i) times its whole reduction up front: those charges added up along the drain, rank after rank.
     # The GPT-3 175B 3D example (dp 16, pp 8 v2, ZeRO-1): 26.21 s for a 19.27 s step until 2026-11-24, 20.65 s
-    # since; 20.58 s for a 19.20 s step since its stages (sequence parallel) no longer all-gather what they receive.
+    # since; 20.58 s for a 19.20 s step since its stages (sequence parallel) no longer all-gather what they receive,
+    # and 20.61 s for 19.23 s since the last stage reduces and steps its copy of the tied output layer (2026-11-29).
     # The property test above keeps the bound above the step (2,000 more pipelines with dp > 1, overlap and
     # interference up to 1 checked when it changed; either term alone fails it).
     r = simulate(str(ROOT / "examples/gpt3-175b-3d-1024xA100.yaml"), trace=False)
     assert r.step_time_s <= r.bounds.no_overlap_s <= 1.08 * r.step_time_s
-    assert r.bounds.no_overlap_s == pytest.approx(20.580, rel=1e-3)
+    assert r.bounds.no_overlap_s == pytest.approx(20.607, rel=1e-3)
 
 
 @pytest.mark.parametrize("tp", [1, 2])

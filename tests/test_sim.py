@@ -390,3 +390,23 @@ def test_blocking_pipeline_sends_are_their_own_part() -> None:
     quick = simulate(data, trace=False)
     assert quick.pipeline_p2p_time_s < fast.pipeline_p2p_time_s / 100
     assert quick.stage_imbalance_time_s < 0.02 * quick.step_time_s  # stages of equal work
+
+
+def test_a_tied_output_layer_is_its_own_weight_on_the_last_stage() -> None:
+    """With pp > 1 the last stage holds the output layer's copy of a tied embedding (Megatron's
+    output_layer.weight): in its gradients, buckets and optimizer step as in the memory model (a probe's plan had
+    100,673,536 parameters there, the memory model 203,696,128; its optimizer ran 0.93 ms for 1.89 ms)."""
+    from simddp.memory import memory_breakdown
+    from simddp.scenario_io import as_scenario
+    from simddp.sim.plan import build_plan
+
+    scenario = as_scenario(_tied_pipeline(4, pp=4, dp=1))
+    plan = build_plan(scenario)
+    first, last = plan.ranks[0], plan.ranks[-1]
+    assert last.grads.num_params == memory_breakdown(scenario, stage=3).num_params
+    vocab_x_hidden = 50304 * 2048
+    assert vocab_x_hidden in [p.numel for p in last.grads.params]  # the copy, beside two blocks and the norm
+    # The same weights but for the first stage's position table (4.2 M) and the last's final norm; it was half.
+    assert last.opt_s == pytest.approx(first.opt_s, rel=0.03)
+    one_stage = build_plan(as_scenario(_tied_pipeline(4, pp=1, dp=4)))  # one weight, shared in place
+    assert sum(r.grads.num_params for r in plan.ranks) == one_stage.ranks[0].grads.num_params + vocab_x_hidden

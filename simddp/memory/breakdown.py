@@ -7,7 +7,6 @@ tied output embedding keeps a copy of the word embedding on the last stage).
 
 from __future__ import annotations
 
-from bisect import insort
 from pathlib import Path
 from typing import Any
 
@@ -104,24 +103,9 @@ def _notes(scenario: Scenario) -> list[str]:
 
 
 def _stage_params(scenario: Scenario, workload: Workload, stage: int) -> list[int]:
-    """Global indices of the parameters a GPU of ``stage`` holds (a tied output layer keeps a copy)."""
-    key = ("stage params", stage, scenario.parallelism.pp)
-    if key not in workload.shared:
-        workload.shared[key] = _find_stage_params(scenario, workload, stage)
-    return list(workload.shared[key])
-
-
-def _find_stage_params(scenario: Scenario, workload: Workload, stage: int) -> list[int]:
-    ids = workload.rank_param_ids(stage, scenario.parallelism.pp)
-    tf = scenario.model.transformer
-    pp = scenario.parallelism.pp
-    if tf is not None and tf.tied_embeddings and pp > 1 and stage == pp - 1:
-        word = next((i for i, p in enumerate(workload.parameters)
-                     if p.name.endswith(("wte.weight", "embed_tokens.weight"))), None)  # the first
-        if word is not None and word not in ids:  # ids ascend (a rank's): put it in place, without a sort
-            ids = list(ids)
-            insort(ids, word)
-    return ids
+    """Global indices of the parameters a GPU of ``stage`` holds (a tied output layer's copy on the last stage
+    is a parameter of the workload's: ``lm_head.weight`` where pp > 1)."""
+    return list(workload.rank_param_ids(stage, scenario.parallelism.pp))
 
 
 def _stage_fixed(scenario: Scenario, workload: Workload, stage: int, rule: ZeroRule,
