@@ -105,8 +105,8 @@ BREAKDOWN_PARTS: dict[str, tuple[str, str]] = {
                         "per micro-batch"),
     "stage_imbalance": ("stage imbalance", "waiting beyond the bubble: stages do unequal work, or transfers "
                         "between them hold up the steady state"),
-    "pipeline_p2p": ("pipeline send/recv (blocking)", "a stage waits for its own activation or gradient send to "
-                     "the next stage (a blocking p2p transfer; Megatron's default)"),
+    "pipeline_p2p": ("pipeline send/recv (blocking)", "a stage waits for its own sends: activations to the next "
+                     "stage, gradients to the previous one (blocking p2p transfers; Megatron's default)"),
     "ddp_host": ("framework host time", "GPU idle while the host works: DDP's search for unused parameters "
                  "(find_unused_parameters), DataParallel's forward launches serialised by the GIL"),
     "grad_clip": ("gradient clipping", "the gradient norm's pass, its all-reduces and the scaling pass"),
