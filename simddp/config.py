@@ -685,6 +685,14 @@ def default_overlap(implementation: str, zero_stage: int) -> bool:
     return implementation == "deepspeed" and zero_stage == 3
 
 
+def interleaved_all_warmup(implementation: str) -> bool:
+    """Whether ``implementation``'s interleaved 1F1B runs every forward first where the micro-batches equal the
+    stages: Megatron-LM's does (``all_warmup_microbatches`` in megatron/core/pipeline_parallel/schedules.py);
+    torch.distributed.pipelining's ``ScheduleInterleaved1F1B`` does not. The simulated schedule
+    (:func:`simddp.sim.plan.build_plan`) and the memory model's micro-batches in flight read it alike."""
+    return implementation == "megatron"
+
+
 def default_reduce_in_fp32(implementation: str, precision: str) -> bool:
     """Megatron-LM accumulates and reduces bf16 gradients in fp32 (``--bf16`` turns on
     ``accumulate_allreduce_grads_in_fp32``, megatron/training/arguments.py); torch and DeepSpeed reduce in

@@ -236,8 +236,9 @@ def plan_start(data: dict[str, Any], num_gpus: int | None = None) -> PlanStart:
     from simddp.config import format_validation_error, set_path, set_value
     from simddp.scenario_io import apply_calibration, scenario_from_dict
 
-    try:  # the cluster as validation sees it: a calibration profile fills it in first
-        cluster = Cluster.model_validate(apply_calibration(data).get("cluster") or {})
+    calibrated = apply_calibration(data)  # the sections as validation sees them: a profile fills them in first
+    try:
+        cluster = Cluster.model_validate(calibrated.get("cluster") or {})
     except ValidationError as err:  # the cluster itself is wrong: the scenario's own one-line error
         scenario_from_dict(data)
         raise ScenarioError("cluster." + format_validation_error(err)) from None
@@ -271,7 +272,7 @@ def plan_start(data: dict[str, Any], num_gpus: int | None = None) -> PlanStart:
     batch = training.get("global_batch_size") if isinstance(training, dict) else None
     if batch is not None and starts:
         try:  # the batch's own value first (a negative or fractional one is not a batch no layout splits)
-            Training.model_validate(apply_calibration(data).get("training") or {})
+            Training.model_validate(calibrated.get("training") or {})
         except ValidationError as err:
             raise ScenarioError("training." + format_validation_error(err)) from None
         try:  # valid with the batch derived: then the batch is what no layout can split

@@ -103,18 +103,24 @@ def pp_boundary_crosses_nodes(scenario: Scenario, stage: int) -> bool:
     pp = scenario.parallelism.pp
     if not 0 <= stage < pp - 1:
         raise ValueError(f"stage({stage}) must be in 0..{pp - 2}: pp({pp}) has {pp - 1} stage boundaries")
-    return _span_crosses(stage, scenario.parallelism.tp * scenario.dp, scenario.cluster.gpus_per_node)
+    return _span_crosses(stage, stage + 1, scenario.parallelism.tp * scenario.dp, scenario.cluster.gpus_per_node)
 
 
 def pp_boundaries_crossing_nodes(scenario: Scenario) -> list[bool]:
     """:func:`pp_boundary_crosses_nodes` of every stage boundary, ``0 .. pp - 2``."""
     span, gpus = scenario.parallelism.tp * scenario.dp, scenario.cluster.gpus_per_node
-    return [_span_crosses(stage, span, gpus) for stage in range(scenario.parallelism.pp - 1)]
+    return [_span_crosses(stage, stage + 1, span, gpus) for stage in range(scenario.parallelism.pp - 1)]
 
 
-def _span_crosses(stage: int, span: int, gpus: int) -> bool:
-    """Whether global ranks [stage x span, (stage + 2) x span) lie on more than one node of ``gpus`` GPUs."""
-    return stage * span // gpus != ((stage + 2) * span - 1) // gpus
+def _span_crosses(first: int, last: int, span: int, gpus: int) -> bool:
+    """Whether global ranks [first x span, (last + 1) x span), pipeline stages ``first`` to ``last``, lie on more
+    than one node of ``gpus`` GPUs."""
+    return first * span // gpus != ((last + 1) * span - 1) // gpus
+
+
+def _pair(cluster: Cluster, crosses: bool) -> CommGroup:
+    """Two ranks: on two nodes where ``crosses``, else on one."""
+    return _make(cluster, 2, 2, 1) if crosses else _make(cluster, 2, 1, 2)
 
 
 def pp_boundary_group(scenario: Scenario, stage: int) -> CommGroup:
@@ -125,8 +131,7 @@ def pp_boundary_group(scenario: Scenario, stage: int) -> CommGroup:
     time. :func:`group` with a stride decides by the stride alone (intra-node whenever stride < GPUs per
     node), which misses boundaries that straddle a node.
     """
-    pp_boundary_crosses_nodes(scenario, stage)  # checks the stage
-    return stage_pair_group(scenario, stage, stage + 1)
+    return _pair(scenario.cluster, pp_boundary_crosses_nodes(scenario, stage))
 
 
 def stage_pair_group(scenario: Scenario, first: int, last: int) -> CommGroup:
@@ -136,10 +141,8 @@ def stage_pair_group(scenario: Scenario, first: int, last: int) -> CommGroup:
     (last + 1) x S), so some pair crosses a node boundary exactly when that span does (:func:`_span_crosses`'s
     argument). :func:`group` with the pair's stride would call any stride over half a node inter-node (the
     first and last of 4 stages on one 4-GPU node: 3.9x the NVLink time)."""
-    span, gpus = scenario.parallelism.tp * scenario.dp, scenario.cluster.gpus_per_node
-    if first * span // gpus != ((last + 1) * span - 1) // gpus:
-        return _make(scenario.cluster, 2, 2, 1)
-    return _make(scenario.cluster, 2, 1, 2)
+    return _pair(scenario.cluster, _span_crosses(first, last, scenario.parallelism.tp * scenario.dp,
+                                                 scenario.cluster.gpus_per_node))
 
 
 def world_group(cluster: Cluster, num_nodes: int | None = None) -> CommGroup:

@@ -12,7 +12,7 @@ from typing import Any
 
 from pydantic import TypeAdapter
 
-from simddp.config import Scenario
+from simddp.config import Scenario, interleaved_all_warmup
 from simddp.errors import pipeline_stage
 from simddp.memory.activations import (
     all_warmup,
@@ -343,9 +343,8 @@ def _output_in_flight(scenario: Scenario, in_flight: float, same: dict[tuple[obj
 
 
 def _megatron(scenario: Scenario) -> bool:
-    """Whether the pipeline runs Megatron's schedules (all forwards first at m == pp when interleaved), not
-    torch.distributed.pipelining's: as :func:`simddp.sim.plan.build_plan` orders the operations."""
-    return scenario.ddp.implementation == "megatron"
+    """Whether the pipeline's interleaving runs every forward first at m == pp, as the simulator orders it."""
+    return interleaved_all_warmup(scenario.ddp.implementation)
 
 
 def _activation_items(scenario: Scenario, workload: Workload, stage: int, in_flight: float,

@@ -24,7 +24,7 @@ from simddp.compute import (
     optimizer_impl,
     optimizer_step_s,
 )
-from simddp.config import Scenario
+from simddp.config import Scenario, interleaved_all_warmup
 from simddp.engine_caches import without_init
 from simddp.errors import ScenarioError
 from simddp.sim.layers import LayerPlan, layer_alone, layer_tp_s
@@ -570,8 +570,8 @@ def build_plan(scenario: Scenario, workload: Workload | None = None) -> StepPlan
         if mode == "fsdp":
             rank.fsdp_units, rank.fsdp_root = _fsdp_plans(workload, rank, dp, rule)
         ranks.append(rank)
-    megatron = scenario.ddp.implementation == "megatron"  # its interleaving runs all forwards first where m == pp
-    ops: list[Sequence[PipeOp]] = [schedule(par.pipeline_schedule, par.pp, m, r, par.virtual_stages, megatron)
+    all_warmup = interleaved_all_warmup(scenario.ddp.implementation)
+    ops: list[Sequence[PipeOp]] = [schedule(par.pipeline_schedule, par.pp, m, r, par.virtual_stages, all_warmup)
                                    for r in range(par.pp)] if mode == "pipeline" else [[] for _ in range(par.pp)]
     p2p: dict[int, CollectiveCost] = {}
     gather = None
