@@ -21,6 +21,7 @@ from typing import Any
 from simddp import __version__, safeio, units
 from simddp.config import Cluster, Scenario, ScenarioError, format_validation_error
 from simddp.errors import INTERNAL_ERROR_EXIT, InternalError
+from simddp.limits import SimulationTooLarge
 from simddp.presets import CLUSTER_PRESETS, MODEL_PRESETS
 from simddp.scenario_io import load_scenario, mark_modified, scenario_data
 from simddp.zero import zero_rule
@@ -197,7 +198,20 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     if args.csv is not None:
         outputs += [("--csv", path) for path in safeio.check_output_dir(args.csv, STEP_CSV_NAMES, inputs, "--csv")]
     safeio.check_distinct(outputs)
-    result = simulate_step(scenario, trace=bool(outputs), exact=args.exact)
+    # The trace is the simpy simulation's; layers.csv reads its per-layer spans only at pp 1 (a pipeline's layer
+    # rows have no times), so a pipeline's --csv alone runs the fast engine. Until 2026-11-29 any output ran simpy:
+    # a probe's pipeline answered without --csv was refused with it, blamed on its micro-batches.
+    traced = "--trace" if args.trace is not None else (
+        "--csv" if args.csv is not None and scenario.parallelism.pp == 1 else None)
+    try:
+        result = simulate_step(scenario, trace=traced is not None, exact=args.exact)
+    except SimulationTooLarge as e:
+        if traced is None or args.exact:
+            raise
+        simulate_step(scenario, trace=False)  # answered without the output? Else the scenario's own error stands
+        what = "a trace comes" if traced == "--trace" else "layers.csv's per-layer times come"
+        raise ScenarioError(f"{traced}: {what} from the event-by-event simulation, and {e}; without {traced} the "
+                            "fast engine answers this step") from None
     check_step_result(result)
     with safeio.writes_together():  # every output, or none where one fails
         if args.trace is not None:
@@ -602,7 +616,7 @@ def cmd_collective(args: argparse.Namespace) -> int:
                          "(Simple protocol); leave them out")
     if group.num_ranks < 2:
         raise UsageError(f"a collective needs at least 2 ranks (got {group.num_ranks} GPU)")
-    sizes = [parse_size(args.bytes)] if args.bytes else [8 * 4**k for k in range(16)]
+    sizes = [parse_size(args.bytes)] if args.bytes is not None else [8 * 4**k for k in range(16)]  # '' is an error
     rows = []
     for size in sizes:
         try:

@@ -190,15 +190,18 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     sweep = vary_sweep(data, varies, batch=args.batch, jobs=args.jobs,
                        progress=None if args.json else terminal_progress("sweep"))
     rows = sweep.rows()
+    # Every text is made before any file is written: one that fails (an internal error) leaves no output behind.
+    texts = [(flag, target, make()) for flag, target, make in (
+        ("--csv", args.csv, lambda: _csv_text(rows)), ("--html", args.html, lambda: sweep_html(sweep)))
+        if target is not None]
+    shown = safeio.json_text({"scenario": sweep.scenario, "paths": sweep.paths,
+                              "points": [_typed_json(row) for row in rows]}, indent=2) if args.json else None
     written = []
     with safeio.writes_together():  # both outputs, or neither where one fails
-        if args.csv is not None:
-            written.append(safeio.write_text(args.csv, _csv_text(rows), inputs, "--csv"))
-        if args.html is not None:
-            written.append(safeio.write_text(args.html, sweep_html(sweep), inputs, "--html"))
-    if args.json:
-        print(safeio.json_text({"scenario": sweep.scenario, "paths": sweep.paths,
-                                "points": [_typed_json(row, sweep.paths) for row in rows]}, indent=2))
+        for flag, target, text in texts:
+            written.append(safeio.write_text(target, text, inputs, flag))
+    if shown is not None:
+        print(shown)
     else:
         print("\n".join(sweep_lines(sweep)))
         for path in written:
@@ -211,12 +214,18 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     return 0
 
 
-def _typed_json(row: dict[str, Any], paths: list[str]) -> dict[str, Any]:
-    """A sweep row for JSON: a varied value that is not a finite number (``--vary ddp.bucket_cap_mb=1e400``, an
-    invalid point that keeps what was typed) as its text, ``"inf"``, since strict JSON has no infinity; a probe
-    found that row ending the command with an internal error."""
-    bad = [p for p in paths if isinstance(row.get(p), float) and not math.isfinite(row[p])]
-    return {**row, **{p: str(row[p]) for p in bad}} if bad else row
+def _typed_json(value: Any) -> Any:
+    """A sweep row for JSON: a varied value that is not a finite number, at any depth (``--vary
+    ddp.bucket_cap_mb=1e400``, ``--vary 'training={seq_len: 1e400}'``: invalid points that keep what was typed), as
+    its text, ``"inf"``, since strict JSON has no infinity. Probes found such rows ending the command with an
+    internal error, at the top level of a row and then (2026-11-29) inside a varied mapping or list."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)
+    if isinstance(value, dict):
+        return {k: _typed_json(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_typed_json(v) for v in value]
+    return value
 
 
 #: Most combinations one ``simddp sweep`` evaluates (each is a full simulation).

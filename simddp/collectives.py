@@ -524,6 +524,12 @@ def _candidate_terms(op: Op, group: CommGroup, algorithm: AlgorithmName, protoco
     protocol) in the tuner's order, with its latency and the terms of its transfer (``data * size / bandwidth``,
     or ``size / bandwidth`` where ``data`` is None). A collective costs a step one call per distinct size."""
     protos: tuple[Protocol, ...] = PROTOCOLS if protocol == "auto" else (protocol,)
+    if protocol == "auto" and group.ranks_per_node > 1 and group.intra.kind == "pcie":
+        # NCCL enables LL128 by default only where the GPUs of a node talk over NVLink (tuning.cc: pEnable &=
+        # typeIntra <= PATH_NVB; "other cases are not tested and may cause silent data corruption"); NCCL_PROTO
+        # can still ask for it (protocol="LL128"). Until 2026-11-29 the tuner here picked it on PCIe nodes (512 KiB
+        # on 8 PCIe A100: 98.5 us with ring/LL128 for 133.7 us).
+        protos = tuple(p for p in protos if p != "LL128")
     out: list[tuple[str, str, float, float | None, float]] = []
     for proto in protos:
         if algorithm in ("auto", "ring"):

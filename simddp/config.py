@@ -759,6 +759,14 @@ class DDPConfig(_Frozen):
         description="DeepSpeed ZeRO-3 stage3_param_persistence_threshold: parameters with fewer elements are "
         "never partitioned; null = 1e5.",
     )
+    separate_reduce_scatter_group: bool = Field(
+        default=False,
+        description="ZeRO-3 / FSDP (and torch's ZeRO-2, FSDP SHARD_GRAD_OP) at pp 1: gradient reduce-scatters on a "
+        "process group of their own (FSDP2's set_separate_reduce_scatter_group, Megatron-FSDP's "
+        "--create-all-gather-group), so they run beside the parameter all-gathers, sharing the link, for one more "
+        "NCCL communicator's buffers; false (every implementation's default): one process group, whose one NCCL "
+        "stream runs its all-gathers and reduce-scatters one at a time, in issue order (pytorch/pytorch#65299).",
+    )
     find_unused_parameters: bool = Field(
         default=False,
         description="torch DDP find_unused_parameters: after every forward that syncs, DDP walks the autograd graph "
@@ -1031,6 +1039,12 @@ class Scenario(_Frozen):
                     f"'megatron', zero_stage 1 and overlap true (got implementation {impl!r}, zero_stage({zero}), "
                     f"overlap({overlap}))"
                 )
+        if ddp.separate_reduce_scatter_group and not (par.pp == 1 and (zero == 3 or (zero == 2 and impl == "torch"))):
+            raise ValueError(
+                f"ddp.separate_reduce_scatter_group(true) gives the reduce-scatters of units gathered around their "
+                f"compute a process group of their own: it needs zero_stage 3, or 2 with implementation 'torch', and "
+                f"pp 1 (got implementation {impl!r}, zero_stage({zero}), pp({par.pp}))"
+            )
         return self
 
     @model_validator(mode="after")

@@ -221,9 +221,12 @@ def layer_rows(scenario: Scenario, result: StepResult) -> list[LayerRow]:
 
 
 def summary_rows(result: StepResult, extra: dict[str, Any]) -> list[dict[str, Any]]:
-    """``metric,value`` rows: the verdict first, then every scalar of the step result."""
+    """``metric,value`` rows: the verdict first, then every scalar of the step result, then each part of the step
+    (``breakdown.<key>``, seconds, adding up to ``step_time_s`` as the JSON's breakdown does; until 2026-11-29 the
+    parts without a scalar field of their own, gradient clipping and DDP's host time, were missing)."""
     scalars = {k: v for k, v in {**extra, **result.to_json_dict()}.items() if not isinstance(v, list | dict)}
-    return [{"metric": k, "value": v} for k, v in scalars.items()]
+    parts = {f"breakdown.{p.key}": p.time_s for p in result.breakdown}
+    return [{"metric": k, "value": v} for k, v in {**scalars, **parts}.items()]
 
 
 #: The files ``simddp simulate --csv DIR`` writes into DIR.

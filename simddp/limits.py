@@ -136,6 +136,11 @@ def check_scenario_size(scenario: Scenario) -> None:
                             "(simddp.limits.MAX_PARAMETERS)")
 
 
+class SimulationTooLarge(ScenarioError):
+    """A step whose event-by-event simulation (simpy: ``--exact``, a trace) would run more passes than the limit;
+    the fast engine may still answer it."""
+
+
 def check_simulation_size(scenario: Scenario) -> None:
     """Refuse a step whose pipeline, ZeRO-3 or every-micro-batch reduction would simulate too many passes."""
     from simddp.zero import zero_rule
@@ -147,7 +152,7 @@ def check_simulation_size(scenario: Scenario) -> None:
     if par.pp > 1:
         passes = micro * par.pp * par.virtual_stages
         if passes > MAX_LAYER_PASSES:
-            raise ScenarioError(
+            raise SimulationTooLarge(
                 f"the pipeline would simulate {passes:,} passes ({how}, x pp({par.pp}) x "
                 f"virtual_stages({par.virtual_stages})), over the limit of {MAX_LAYER_PASSES:,} "
                 "(simddp.limits.MAX_LAYER_PASSES); use fewer micro-batches per step"
@@ -157,7 +162,7 @@ def check_simulation_size(scenario: Scenario) -> None:
         layers = num_model_layers(scenario)
         passes = micro * layers
         if passes > MAX_LAYER_PASSES:
-            raise ScenarioError(
+            raise SimulationTooLarge(
                 f"{zero_rule(scenario).name} would simulate {passes:,} layer passes ({how}, x {layers:,} layers), "
                 f"over the limit of {MAX_LAYER_PASSES:,} (simddp.limits.MAX_LAYER_PASSES); use fewer micro-batches "
                 "per step"
@@ -226,6 +231,7 @@ __all__ = [
     "MAX_TAIL_STEPS",
     "MAX_TIMING_S",
     "MIN_TIMING_S",
+    "SimulationTooLarge",
     "check_scenario_size",
     "check_simulation_size",
     "check_tails_size",

@@ -465,6 +465,10 @@ def check_output(path: str | Path, inputs: Iterable[str | Path] = (), flag: str 
                 if _same_file(target, os.stat(source)):
                     raise ScenarioError(f"{p}: is also an input of this command ({source}); write the {flag} "
                                         "to another file")
+    for d in (p.parent, *p.parent.parents):
+        if os.path.islink(d) and not d.exists():  # mkdir would say "File exists" (a probe's dangling --csv link)
+            raise ScenarioError(f"{d}: is a symbolic link to {os.readlink(d)}, which does not exist; make that "
+                                f"directory or give the {flag} another place")
     try:
         missing = [d for d in (p.parent, *p.parent.parents) if not d.exists()]
         p.parent.mkdir(parents=True, exist_ok=True)

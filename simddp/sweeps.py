@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import copy
 import itertools
+import json
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal
@@ -64,6 +65,19 @@ class PointMetrics(_Sweep):
     comm_time_s: float | None = Field(default=None, description="All gradient communication, s.")
     exposed_comm_time_s: float | None = Field(default=None, description="Communication not hidden, s.")
     exposed_comm_fraction: float | None = Field(default=None, description="Exposed communication / step.")
+    # The rest of the step's parts (simulate's breakdown): compute_time_s (recompute included) + these +
+    # exposed_comm_time_s = step_time_s. Until 2026-11-29 a sweep carried none of them (a probe's GPT-3 pipeline
+    # point left 3.0 s of its 19.2 s step unaccounted).
+    recompute_time_s: float | None = Field(default=None, description="Activation recompute (in compute_time_s), s.")
+    interference_time_s: float | None = Field(default=None, description="Compute slowed by NCCL kernels, s.")
+    tp_comm_time_s: float | None = Field(default=None, description="Tensor-parallel communication waited for, s.")
+    pipeline_bubble_time_s: float | None = Field(default=None, description="Pipeline fill and drain, s.")
+    stage_imbalance_time_s: float | None = Field(default=None, description="Waits for slower pipeline stages, s.")
+    pipeline_p2p_time_s: float | None = Field(default=None, description="Blocking pipeline send/recv, s.")
+    ddp_host_time_s: float | None = Field(default=None, description="DDP's unused-parameter search (host), s.")
+    grad_clip_time_s: float | None = Field(default=None, description="Gradient clipping, s.")
+    optimizer_time_s: float | None = Field(default=None, description="Optimizer step, s.")
+    host_overhead_s: float | None = Field(default=None, description="Per-step host overhead, s.")
     tokens_per_s: float | None = Field(default=None, description="Tokens per second, whole job.")
     samples_per_s: float | None = Field(default=None, description="Samples per second, whole job.")
     mfu: float | None = Field(default=None, description="Model FLOP utilisation.")
@@ -403,6 +417,7 @@ def evaluate(data: dict[str, Any], scenario: Scenario | None = None) -> tuple[Po
     except ValueError as err:  # ScenarioError, or a choice the cost model rejects (e.g. NVLS without NVSwitch)
         return PointMetrics(error=str(err)), None
     memory = getattr(result, "memory", None)
+    part = {p.key: p.time_s for p in result.breakdown}
     return (
         PointMetrics(
             num_gpus=result.num_gpus,
@@ -414,6 +429,16 @@ def evaluate(data: dict[str, Any], scenario: Scenario | None = None) -> tuple[Po
             comm_time_s=result.comm_time_s,
             exposed_comm_time_s=result.exposed_comm_time_s,
             exposed_comm_fraction=result.exposed_comm_fraction,
+            recompute_time_s=part["recompute"],
+            interference_time_s=part["interference"],
+            tp_comm_time_s=part["tp_comm"],
+            pipeline_bubble_time_s=part["pipeline_bubble"],
+            stage_imbalance_time_s=part["stage_imbalance"],
+            pipeline_p2p_time_s=part["pipeline_p2p"],
+            ddp_host_time_s=part["ddp_host"],
+            grad_clip_time_s=part["grad_clip"],
+            optimizer_time_s=part["optimizer"],
+            host_overhead_s=part["host"],
             tokens_per_s=result.tokens_per_s,
             samples_per_s=result.samples_per_s,
             mfu=result.mfu,
@@ -706,6 +731,11 @@ def vary_sweep(
     return VarySweep(scenario=ref.name, paths=paths, values=[list(v) for v in varies.values()], points=points)
 
 
+def _value_label(value: Any) -> str:
+    """A varied value as the report shows it (a YAML-ish text for mappings and lists)."""
+    return json.dumps(value, sort_keys=True, default=str) if isinstance(value, dict | list) else str(value)
+
+
 def sweep_html(sweep: VarySweep) -> str:
     """A self-contained plotly page: step time against the first key (a line per value of the second), and
     every point in a table."""
@@ -717,12 +747,14 @@ def sweep_html(sweep: VarySweep) -> str:
     fig = make_subplots(rows=2, cols=1, row_heights=[0.55, 0.45], vertical_spacing=0.08,
                         specs=[[{"type": "xy"}], [{"type": "table"}]],
                         subplot_titles=[f"step time against {first}", "every point (invalid ones with their reason)"])
-    groups: dict[Any, list[VaryPoint]] = {}
+    # Lines by the second key's value as text: a varied value may be a list or a mapping (unhashable; a probe's
+    # --vary 'parallelism.pp={}' ended --html with an internal error), and the x axis reads values as text too.
+    groups: dict[str | None, list[VaryPoint]] = {}
     for p in sweep.points:
-        groups.setdefault(p.values.get(second) if second else None, []).append(p)
+        groups.setdefault(_value_label(p.values.get(second)) if second else None, []).append(p)
     for key, pts in groups.items():
         ok = [p for p in pts if p.ok]
-        fig.add_trace(go.Scatter(x=[str(p.values[first]) for p in ok], y=[p.step_time_s for p in ok],
+        fig.add_trace(go.Scatter(x=[_value_label(p.values[first]) for p in ok], y=[p.step_time_s for p in ok],
                                  mode="lines+markers", name=f"{second}={key}" if second else "step time (s)"),
                       row=1, col=1)
     fig.update_yaxes(title_text="step time (s)", row=1, col=1)

@@ -10,7 +10,7 @@ for ``--set``, ``--bytes`` and scenario fields in bytes or bytes/s. This module 
 from __future__ import annotations
 
 import re
-from decimal import Decimal
+from decimal import Decimal, InvalidOperation
 from typing import Literal
 
 KiB = 1024
@@ -113,7 +113,10 @@ SIZE_UNITS_HELP = (
     "a bare number is bytes (bytes/s); units: B kB MB GB TB (decimal, x1000), KiB MiB GiB TiB (binary, x1024), "
     "bit kbit Mbit Gbit Tbit (or Gb: bits, /8); rates end in /s or bps: 25GB/s, 400Gbit/s, 400Gbps"
 )
-_QUANTITY = re.compile(r"\s*(?P<num>[+-]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][+-]?\d+)?)\s*(?P<unit>[A-Za-z/]*)\s*")
+# ASCII digits only (re.ASCII: \d would take the Arabic-Indic and fullwidth ones, as the other flags refuse).
+_QUANTITY = re.compile(r"\s*(?P<num>[+-]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][+-]?\d+)?)\s*(?P<unit>[A-Za-z/]*)\s*", re.ASCII)
+#: The largest power of ten a size or rate may be written with (10^30 bytes: far past any memory or link).
+_MAX_EXPONENT = 30
 
 
 def parse_quantity(text: str, rate_hint: bool = False) -> tuple[Decimal, Literal["number", "size", "rate"]]:
@@ -128,7 +131,15 @@ def parse_quantity(text: str, rate_hint: bool = False) -> tuple[Decimal, Literal
     m = _QUANTITY.fullmatch(text)
     if not m:
         raise ValueError(f"expected a number with an optional unit ({SIZE_UNITS_HELP})")
-    value, unit = Decimal(m.group("num")), m.group("unit")
+    try:
+        value, unit = Decimal(m.group("num")), m.group("unit")
+    except InvalidOperation:  # an exponent past Decimal's own range (1e999999999999999999999, 1e-99...)
+        raise ValueError(f"{text.strip()!r}: its exponent is out of range (sizes and rates go up to "
+                         f"10^{_MAX_EXPONENT}, bytes or bytes/s)") from None
+    if value and value.adjusted() > _MAX_EXPONENT:
+        # Refused before any arithmetic: int() of 1e2000000 takes minutes, and Decimal's own range ends at 1e999999
+        # (a probe's --bytes 1e2000000 ran on for minutes; 1e1000000B ended in an internal error, Overflow).
+        raise ValueError(f"{text.strip()!r} is too large: sizes and rates go up to 10^{_MAX_EXPONENT} (bytes, bytes/s)")
     if not unit:
         return value, "number"
     rate = unit.endswith(("/s", "bps"))

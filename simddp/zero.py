@@ -138,6 +138,8 @@ class ZeroRule:
     prefetch_numel: int
     reuse_distance_numel: int
     persistence_threshold_numel: int
+    #: Reduce-scatters of sharded units on a process group of their own (``ddp.separate_reduce_scatter_group``).
+    separate_reduce_scatter: bool
     #: FSDP with pipeline parallelism: parameters and gradients stay unsharded across micro-batches.
     unsharded_across_micro_batches: bool
     #: Gradient accumulation across micro-batches: autograd's in-place add (torch, DeepSpeed ZeRO-0/1),
@@ -184,6 +186,7 @@ def _zero_rule(scenario: Scenario) -> ZeroRule:
         reuse_distance_numel=_or(ddp.stage3_max_reuse_distance_numel, DEEPSPEED_MAX_REUSE_DISTANCE_NUMEL),
         persistence_threshold_numel=_or(ddp.stage3_persistence_threshold_numel, DEEPSPEED_PERSISTENCE_THRESHOLD_NUMEL),
         unsharded_across_micro_batches=False, grad_accumulation="autograd",
+        separate_reduce_scatter=ddp.separate_reduce_scatter_group,
     )
     if impl == "torch":
         if stage <= 1:  # DDP, with ZeroRedundancyOptimizer's broadcasts after the step for stage 1

@@ -497,3 +497,49 @@ def test_plan_and_sweep_probe_of_the_thirty_third_pass(tmp_path: Path, capsys: p
                        ("true", "not a boolean"), ("9007199254740993", "over the limit of 2^53")):
         rc, _, err = run(capsys, "plan", str(small), "--gpus", "8", "--set", f"training.global_batch_size={batch}")
         assert rc == 2 and err.startswith("simddp: error: training.global_batch_size: ") and why in err, batch
+
+
+def test_sweep_and_simulate_outputs_of_the_thirty_fourth_pass(tmp_path: Path,
+                                                              capsys: pytest.CaptureFixture[str]) -> None:
+    """A hostile-input probe of the outputs: two internal errors of sweep, a pipeline that --csv refused, exports
+    whose parts did not add up, and a dangling link blamed as "File exists"."""
+    small = tmp_path / "s.yaml"
+    small.write_text(SMALL_YAML)
+    # A list or mapping as the second key's value: the report grouped its lines by the raw value (unhashable).
+    rc, out, _ = run(capsys, "sweep", str(small), "--vary", "ddp.bucket_cap_mb=25,50", "--vary",
+                     "cluster.collective_fits=[]", "--html", str(tmp_path / "h.html"))
+    assert rc == 0 and (tmp_path / "h.html").read_text().count("cluster.collective_fits=[]") >= 1
+    # A non-finite number inside a varied mapping or list: --json ended with an internal error, after --csv was
+    # written; now it is text, and a failing JSON would leave no file behind.
+    rc, out, _ = run(capsys, "sweep", str(small), "--vary", "ddp.bucket_cap_mb=25", "--vary",
+                     "cluster.collective_fits=[.inf]", "--json", "--csv", str(tmp_path / "both.csv"))
+    assert rc == 2 and _strict(out)["points"][0]["cluster.collective_fits"] == ["inf"]
+    assert (tmp_path / "both.csv").exists()
+    # A pipeline the fast engine answers: --csv ran the event simulation (layers.csv reads no times from it at
+    # pp > 1) and was refused for its micro-batches; --trace needs that simulation and now says so.
+    big = ["--set", "parallelism.pp=4", "--set", "training.global_batch_size=80000"]
+    rc, out, err = run(capsys, "simulate", str(small), *big, "--csv", str(tmp_path / "c"))
+    assert rc == 0 and (tmp_path / "c" / "layers.csv").exists(), err
+    rc, _, err = run(capsys, "simulate", str(small), *big, "--trace", str(tmp_path / "t.json"))
+    assert rc == 2 and err.startswith("simddp: error: --trace: a trace comes from the event-by-event simulation")
+    assert "without --trace the fast engine answers" in err and not (tmp_path / "t.json").exists()
+    # summary.csv has every part of the step (gradient clipping and DDP's host time had no row), adding up.
+    rc, _, _ = run(capsys, "simulate", str(small), "--set", "training.grad_clip_norm=1", "--csv", str(tmp_path / "s"))
+    rows = dict(line.split(",", 1) for line in (tmp_path / "s" / "summary.csv").read_text().splitlines()[1:])
+    parts = [float(v) for k, v in rows.items() if k.startswith("breakdown.")]
+    assert rc == 0 and float(rows["breakdown.grad_clip"]) > 0 and len(parts) == 12
+    assert sum(parts) == pytest.approx(float(rows["step_time_s"]), rel=1e-9)
+    # A sweep's points carry every part too (a pipeline point left its bubble, sends and TP waits out).
+    rc, out, _ = run(capsys, "sweep", str(small), "--vary", "parallelism.pp=2,4", "--json")
+    for p in _strict(out)["points"]:
+        total = sum(p[k] for k in ("compute_time_s", "interference_time_s", "tp_comm_time_s", "exposed_comm_time_s",
+                                   "pipeline_bubble_time_s", "stage_imbalance_time_s", "pipeline_p2p_time_s",
+                                   "ddp_host_time_s", "grad_clip_time_s", "optimizer_time_s", "host_overhead_s"))
+        assert p["pipeline_bubble_time_s"] > 0 and total == pytest.approx(p["step_time_s"], rel=1e-9)
+    # An output directory that is a dangling symbolic link: "cannot write here (File exists)".
+    (tmp_path / "gone").symlink_to(tmp_path / "missing" / "dir")
+    rc, _, err = run(capsys, "simulate", str(small), "--csv", str(tmp_path / "gone"))
+    assert rc == 2 and "gone: is a symbolic link to" in err and "which does not exist" in err
+    # An empty --bytes ran the whole size sweep (exit 0); it is a size like any other now.
+    rc, out, err = run(capsys, "collective", "all-reduce", "--bytes", "")
+    assert rc == 2 and out == "" and "--bytes '': expected a number" in err

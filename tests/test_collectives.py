@@ -369,9 +369,11 @@ def test_the_tuner_picks_the_fastest_of_the_algorithms_own_times(where: tuple[st
     preset, ranks, stride = where
     cluster = Cluster.model_validate({"preset": preset, "num_nodes": 16})
     g = group(cluster, ranks, stride=stride)
-    direct = {("ring", p): _ring(op, size, g, p) for p in PROTOCOLS}  # type: ignore[arg-type]
+    # LL128 only where a node's GPUs talk over NVLink (NCCL's default; see the test below)
+    protos = [p for p in PROTOCOLS if p != "LL128" or g.ranks_per_node == 1 or g.intra.kind != "pcie"]
+    direct = {("ring", p): _ring(op, size, g, p) for p in protos}  # type: ignore[arg-type]
     if op == "all-reduce":
-        direct.update({("tree", p): _tree(size, g, p) for p in PROTOCOLS})  # type: ignore[arg-type]
+        direct.update({("tree", p): _tree(size, g, p) for p in protos})  # type: ignore[arg-type]
     nvls = _nvls(op, size, g)
     if math.isfinite(nvls[0]):
         direct[("nvls" if g.num_nodes == 1 else "nvls-tree", "Simple")] = nvls
@@ -395,3 +397,49 @@ def test_a_collective_beyond_the_longest_step_is_the_users_error() -> None:
         with pytest.raises(ScenarioError, match=r"would take (inf|nan|[0-9.e+]+) s, beyond the 1e\+09 s .* link "
                                                 r"latency or bandwidth"):
             simddp.simulate(data, trace=False)
+
+
+def test_the_tuner_leaves_ll128_out_on_pcie_nodes_unless_asked_for() -> None:
+    """NCCL enables LL128 by default only where a node's GPUs talk over NVLink (tuning.cc: ``pEnable &= typeIntra
+    <= PATH_NVB``). Until 2026-11-29 the tuner picked it on PCIe nodes: 512 KiB on 8 PCIe A100 read 98.5 us
+    (ring/LL128) for ring/Simple's 133.7 us."""
+    pcie = _group()
+    pcie = CommGroup(pcie.num_ranks, pcie.num_nodes, pcie.ranks_per_node, pcie.gpus_per_node,
+                     pcie.intra.model_copy(update={"kind": "pcie"}), pcie.inter)
+    nvlink = _group()
+    sizes = [2**k for k in range(3, 31, 2)]
+    assert any(collective_cost("all-reduce", s, nvlink).protocol == "LL128" for s in sizes)
+    for s in sizes:
+        auto = collective_cost("all-reduce", s, pcie)
+        assert auto.protocol != "LL128"
+        assert auto.time_s == min(collective_cost("all-reduce", s, pcie, protocol=p).time_s for p in ("LL", "Simple"))
+    assert collective_cost("all-reduce", 2**19, pcie, protocol="LL128").protocol == "LL128"  # NCCL_PROTO=LL128
+    one_per_node = CommGroup(2, 2, 1, 1, pcie.intra, pcie.inter)  # no intra-node hop: LL128 stays a choice
+    assert any(collective_cost("all-reduce", s, one_per_node).protocol == "LL128" for s in sizes)
+
+
+def test_the_data_parallel_group_is_the_most_spread_stage_s() -> None:
+    """Stage s's data-parallel ranks are s S + d tp (S = tp dp): with tp 2, dp 3, pp 4 on 8-GPU nodes stage 0's
+    {0, 2, 4} fit one node, but stage 1's {6, 8, 10} and stage 2's {12, 14, 16} span two. Every stage reduces at once
+    and the step waits for the slowest: the group is the most spread one. Until 2026-11-29 it was stage 0's (a
+    25 MiB all-reduce 4.6x faster than across nodes)."""
+    from simddp.topology import dp_group
+
+    data = base_scenario()
+    data["cluster"]["num_nodes"] = 3
+    data["parallelism"] = {"tp": 2, "pp": 4}
+    data["training"] = {**data["training"], "global_batch_size": 48, "micro_batch_size": 1}
+    scenario = Scenario.model_validate(data)
+    assert scenario.dp == 3 and scenario.cluster.gpus_per_node == 8
+    g = dp_group(scenario)
+    assert (g.num_ranks, g.num_nodes, g.ranks_per_node) == (3, 2, 2)
+    one_node = group(scenario.cluster, 3, stride=2)
+    assert (one_node.num_nodes, one_node.ranks_per_node) == (1, 3)
+    assert collective_cost("all-reduce", 25 * MiB, g).time_s > 3 * collective_cost("all-reduce", 25 * MiB,
+                                                                                     one_node).time_s
+    # Where every stage starts on a node boundary (S a multiple of G), or with one stage, it is stage 0's.
+    for tp, pp, nodes in ((2, 4, 4), (1, 1, 3)):
+        data["cluster"]["num_nodes"], data["parallelism"] = nodes, {"tp": tp, "pp": pp}
+        data["training"]["global_batch_size"] = 8 * nodes // (tp * pp) * 4
+        s = Scenario.model_validate(data)
+        assert dp_group(s) == group(s.cluster, s.dp, stride=tp)

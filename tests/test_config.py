@@ -234,7 +234,8 @@ def test_bad_units_name_the_field(override: str, message: str) -> None:
         ("ddp.bucket_cap_mbs=3", "ddp.bucket_cap_mbs: unknown key; did you mean 'bucket_cap_mb'? (valid here: "
          "implementation, bucket_cap_mb, gradient_as_bucket_view, overlap, algorithm, overlap_param_gather, "
          "reduce_in_fp32, gradient_accumulation_fusion, stage3_prefetch_numel, stage3_max_reuse_distance_numel, "
-         "stage3_persistence_threshold_numel, find_unused_parameters, static_graph, wrapper, backend)"),
+         "stage3_persistence_threshold_numel, separate_reduce_scatter_group, find_unused_parameters, static_graph, "
+         "wrapper, backend)"),
         ("cluster.inter_node.bandwidth=3", "did you mean 'nic_bandwidth_bytes_per_s'?"),
         ("parallelsm.tp=2", "parallelsm: unknown key; did you mean 'parallelism'? (valid here: name, cluster, model"),
         ("cluster.gpu.hbm=3", "cluster.gpu.hbm: unknown key; did you mean 'hbm_bytes'?"),

@@ -91,6 +91,9 @@ def data_parallel(draw: st.DrawFn) -> dict:
                 "overlap_param_gather": (implementation == "megatron" and zero == 1 and overlap is True
                                          and draw(st.booleans())),
                 "stage3_prefetch_numel": draw(st.sampled_from([None, 0, 10**6])),
+                # FSDP2's set_separate_reduce_scatter_group: the reduce-scatters beside the gathers
+                "separate_reduce_scatter_group": ((zero == 3 and implementation != "megatron")
+                                                  or (zero == 2 and implementation == "torch")) and draw(st.booleans()),
                 "find_unused_parameters": draw(st.booleans()), "static_graph": draw(st.booleans())},
         "memory": {"fsdp_prefetch_layers": draw(st.sampled_from([0, 1, 2]))},
     }

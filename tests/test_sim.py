@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -410,3 +412,99 @@ def test_a_tied_output_layer_is_its_own_weight_on_the_last_stage() -> None:
     assert last.opt_s == pytest.approx(first.opt_s, rel=0.03)
     one_stage = build_plan(as_scenario(_tied_pipeline(4, pp=1, dp=4)))  # one weight, shared in place
     assert sum(r.grads.num_params for r in plan.ranks) == one_stage.ranks[0].grads.num_params + vocab_x_hidden
+
+
+def _fsdp_spans(r) -> list:  # type: ignore[no-untyped-def]
+    return sorted((s for s in (r.trace.spans if r.trace else [])
+                   if s.name.startswith(("all-gather", "reduce-scatter"))), key=lambda s: s.start_s)
+
+
+def test_fsdp_gathers_and_reduce_scatters_take_turns_on_the_groups_one_stream() -> None:
+    """ProcessGroupNCCL runs one process group's collectives on one NCCL stream, in issue order
+    (pytorch/pytorch#65299, #95705): FSDP's all-gathers and reduce-scatters never overlap, so each takes the time
+    it takes alone (tp 1: nothing else on the NIC), and the communication total is their sum. Until 2026-11-29
+    they ran on two streams, sharing the link: 555 ms for 588 ms on a probe's Llama-2-7B at sequence 1,024, and
+    a communication total 1.5x the sum of the collectives alone."""
+    from simddp.scenario_io import scenario_from_dict
+    from simddp.sim import build_plan
+
+    data = deep_merge(base_scenario(), {"parallelism": {"zero_stage": 3}, "training": {"global_batch_size": 128}})
+    r = simulate(data)
+    spans = _fsdp_spans(r)
+    assert len(spans) == 2 * (2 * 12 + 1) + 2 * 13
+    for a, b in itertools.pairwise(spans):
+        assert b.start_s >= a.end_s - 1e-15, (a.name, b.name)
+    plan = build_plan(scenario_from_dict(data))
+    units = [*plan.ranks[0].fsdp_units, plan.ranks[0].fsdp_root]
+    alone = {f"all-gather {u.name}": u.gather.time_s for u in units} | {
+        f"reduce-scatter {u.name}": u.reduce.time_s for u in units if u.reduce is not None}
+    for s in spans:
+        assert s.end_s - s.start_s == pytest.approx(alone[s.name.removesuffix(" (fwd)").removesuffix(" (bwd)")],
+                                                     rel=1e-9), s.name
+    assert r.comm_time_s == pytest.approx(sum(alone[s.name.removesuffix(" (fwd)").removesuffix(" (bwd)")]
+                                              for s in spans), rel=1e-9)
+
+    # FSDP2's set_separate_reduce_scatter_group: a communicator of their own, so they overlap the gathers (and share
+    # the link), for one more communicator's NCCL buffers.
+    apart = simulate(deep_merge(data, {"ddp": {"separate_reduce_scatter_group": True}}))
+    spans = _fsdp_spans(apart)
+    assert any(b.start_s < a.end_s - 1e-9 for a, b in itertools.pairwise(spans))
+    assert apart.step_time_s < r.step_time_s
+    nccl = {i.name: i.size_bytes for i in r.memory.items}["NCCL"]
+    nccl_apart = {i.name: i.size_bytes for i in apart.memory.items}["NCCL"]
+    assert nccl_apart - nccl == scenario_from_dict(data).memory.nccl_bytes_per_communicator
+
+
+def test_a_separate_reduce_scatter_group_is_refused_where_nothing_is_gathered_unit_by_unit() -> None:
+    from simddp.scenario_io import scenario_from_dict
+
+    with pytest.raises(ValueError, match=r"ddp.separate_reduce_scatter_group\(true\).*zero_stage\(0\)"):
+        scenario_from_dict(deep_merge(base_scenario(), {"ddp": {"separate_reduce_scatter_group": True}}))
+
+
+def test_fsdp_backward_waits_for_its_reduce_scatters_before_the_next_micro_batch() -> None:
+    """FSDP's _post_backward_final_callback makes the compute stream wait for the post-backward stream, DeepSpeed
+    ZeRO-3's epilogue synchronizes its reduce stream: the next micro-batch starts once the reduce-scatters of this
+    one have ended. Seen with the reduce-scatters on a group of their own (on the shared stream the next
+    micro-batch's first gather queues behind them anyway)."""
+    data = deep_merge(base_scenario(), {"parallelism": {"zero_stage": 3}, "training": {"global_batch_size": 128},
+                                        "ddp": {"separate_reduce_scatter_group": True}})
+    spans = (simulate(data).trace or pytest.fail("no trace")).spans
+    first_reduces = sorted((s for s in spans if s.name.startswith("reduce-scatter")), key=lambda s: s.start_s)[:13]
+    second_forward = sorted((s for s in spans if s.name.startswith("fwd ")), key=lambda s: s.start_s)
+    per_micro_batch = len(second_forward) // 2
+    assert second_forward[per_micro_batch].start_s >= max(s.end_s for s in first_reduces) - 1e-15
+
+
+def test_fsdp_root_prefetches_the_last_block_when_backward_starts() -> None:
+    """The root is an FSDP unit too: its pre-backward hook prefetches the next handle in backward order, the last
+    block (FSDP1's handles_post_forward_order puts the root last), before the root's output layer and loss run
+    backward. Until 2026-11-29 the last block was gathered after them."""
+    data = deep_merge(base_scenario(), {"parallelism": {"zero_stage": 3}})
+    spans = (simulate(data).trace or pytest.fail("no trace")).spans
+    gather = next(s for s in spans if s.name == "all-gather block 11 (bwd)")
+    loss_bwd = next(s for s in spans if s.name == "bwd loss")
+    assert gather.start_s <= loss_bwd.start_s + 1e-15
+    none = deep_merge(data, {"memory": {"fsdp_prefetch_layers": 0}})  # no prefetch: gathered when its turn comes
+    spans = (simulate(none).trace or pytest.fail("no trace")).spans
+    gather = next(s for s in spans if s.name == "all-gather block 11 (bwd)")
+    assert gather.start_s >= next(s for s in spans if s.name == "bwd loss").end_s - 1e-15
+
+
+@pytest.mark.parametrize("m", [2, 4])
+def test_deepspeed_zero2_with_overlap_waits_for_each_micro_batch_s_reductions(m: int) -> None:
+    """DeepSpeed ZeRO-2 reduces every micro-batch, and with overlap_comm its epilogue
+    (independent_gradient_partition_epilogue) synchronizes the device at the end of each backward: every micro-batch
+    then repeats the one-micro-batch step up to its tail (optimizer and parameter all-gather), so
+    step(m) = m step(1) - (m - 1) tail, by hand. Until 2026-11-29 the reductions ran on into the next micro-batch
+    (a probe's 8 micro-batches: 934 ms for 1,108 ms)."""
+    one = deep_merge(base_scenario(), {"parallelism": {"zero_stage": 2}, "training": {"global_batch_size": 64},
+                                       "ddp": {"implementation": "deepspeed", "overlap": True}})
+    r1 = simulate(one)
+    assert r1.num_micro_batches == 1
+    gather = sum(s.end_s - s.start_s for s in (r1.trace.spans if r1.trace else []) if s.name == "all-gather params")
+    tail = r1.optimizer_time_s + gather
+    assert gather > 0
+    rm = simulate(deep_merge(one, {"training": {"global_batch_size": 64 * m}}), trace=False)
+    assert rm.num_micro_batches == m
+    assert rm.step_time_s == pytest.approx(m * r1.step_time_s - (m - 1) * tail, rel=1e-9)

@@ -57,6 +57,14 @@ def test_rates(text: str, expected: float) -> None:
         (parse_size, "1.5B", "'1.5B' is not a whole number of bytes"),
         (parse_rate, "25GB", "'25GB' is a size; expected a rate"),
         (parse_rate, "1Kibit/s", "unknown unit 'Kibit/s'"),
+        # Refused before any arithmetic (a probe's 1e2000000 ran for minutes in int(); 1e1000000B overflowed Decimal,
+        # 1e999999999999999999999 was past its range: internal errors), and ASCII digits only.
+        (parse_size, "1e2000000", "'1e2000000' is too large: sizes and rates go up to 10^30"),
+        (parse_size, "1e1000000B", "'1e1000000B' is too large"),
+        (parse_rate, "1e31GB/s", "'1e31GB/s' is too large"),
+        (parse_size, "1e999999999999999999999", "its exponent is out of range"),
+        (parse_size, "\u0663", "expected a number with an optional unit"),
+        (parse_size, "\uff11\uff12", "expected a number with an optional unit"),
     ],
 )
 def test_errors_name_the_problem(parse, text: str, message: str) -> None:

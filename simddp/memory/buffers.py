@@ -46,6 +46,8 @@ def buffer_items(scenario: Scenario, workload: Workload, stage: int, ids: list[i
         items.append(Item(category="buffers", name="pipeline send/recv", size_bytes=p2p,
                                 note="one activation sent, one gradient received"))
     comms = [name for name, size in (("dp", scenario.dp), ("tp", par.tp), ("pp", par.pp)) if size > 1]
+    if scenario.dp > 1 and scenario.ddp.separate_reduce_scatter_group:  # FSDP2's second data-parallel group
+        comms.append("dp reduce-scatter")
     if comms:
         nccl = len(comms) * mem.nccl_bytes_per_communicator
         items.append(Item(category="buffers", name="NCCL", size_bytes=nccl,

@@ -234,6 +234,9 @@ def _run_dp(plan: StepPlan) -> list[Outcome]:
                     start_ready()
         if backward:
             acct["compute"], acct["recompute"], acct["interference"] = compute, recompute, interference
+        if overlap and rnd < rounds - 1 and busy_until > t:  # the round's reductions end first (step._run_dp)
+            out.add("dp_comm", busy_until - t)
+            t = busy_until
     out.compute_end_s = t
     if not overlap:
         busy_until = max(busy_until, t)

@@ -33,7 +33,15 @@ from typing import NamedTuple
 from simddp.collectives import CollectiveCost
 from simddp.sim.layers import TP_STREAM, LayerPlan, layer_alone_parts
 from simddp.sim.pipeline import PipeOp, dependency
-from simddp.sim.plan import FsdpUnitPlan, RankPlan, StepPlan, last_backwards
+from simddp.sim.plan import (
+    FSDP_STREAM,
+    FsdpUnitPlan,
+    RankPlan,
+    StepPlan,
+    fsdp_reduce_scatter_stream,
+    last_backwards,
+    root_prefetch,
+)
 
 #: Work below this many seconds counts as done, or below this fraction of the time (simddp.sim.resources).
 _EPS_S = 1e-15
@@ -679,6 +687,8 @@ def run_dp(plan: StepPlan) -> list[Outcome]:
             t += p.traversal_s
             e.add("ddp_host", p.traversal_s)
         t = backward(t, k - silent)
+        if k >= silent and k < m - 1 and p.overlap:  # the round's reductions end before the next (step._run_dp)
+            t = e.waited(reductions.jobs + reductions.maps, t)
     out.dp_comm_s = _dp_total(list(gathers.values()))
     comm_end = reductions.done(t)
     _finish(e, out, t, comm_end)
@@ -756,8 +766,11 @@ def run_fsdp(plan: StepPlan) -> list[Outcome]:
     gathers: list[_Coll] = []
     reduces: list[tuple[FsdpUnitPlan, _Coll, bool]] = []
 
+    rs_stream = fsdp_reduce_scatter_stream(plan.rule)
+    prefetch_at_root = root_prefetch(plan.rule, units)
+
     def gather(unit: FsdpUnitPlan, t: float) -> _Coll:
-        job = e.comms.issue(unit.gather, "fsdp all-gather", t)
+        job = e.comms.issue(unit.gather, FSDP_STREAM, t)
         gathers.append(job)
         return job
 
@@ -779,7 +792,7 @@ def run_fsdp(plan: StepPlan) -> list[Outcome]:
 
     def reduce(unit: FsdpUnitPlan, last: bool, t: float) -> float:
         assert unit.reduce is not None
-        job = e.comms.issue(unit.reduce, "fsdp reduce-scatter", t)
+        job = e.comms.issue(unit.reduce, rs_stream, t)
         reduces.append((unit, job, last))
         return e.waited([job], t) if unit.reduce_blocks else t
 
@@ -787,6 +800,7 @@ def run_fsdp(plan: StepPlan) -> list[Outcome]:
     head = [i for i in root_pos if units and i < units[0].layers[0]] if units else root_pos
     tail = [i for i in root_pos if i not in head]
     t = 0.0
+    reduced = 0  # reduce-scatters of the micro-batches before this one (waited for)
     for j in range(m):
         last = j == m - 1
         root_ready = gather(root, t) if root else None
@@ -812,6 +826,8 @@ def run_fsdp(plan: StepPlan) -> list[Outcome]:
                 issue_fwd(ahead, t)
             t = forward(unit.layers, t)
         t = forward(tail, t)
+        for ahead in range(len(units) - 1, len(units) - 1 - prefetch_at_root, -1):
+            issue_bwd(ahead, t)
         t = backward(tail, t)
         issue_bwd(len(units) - 1, t)
         for k in range(len(units) - 1, -1, -1):
@@ -826,6 +842,9 @@ def run_fsdp(plan: StepPlan) -> list[Outcome]:
         t = backward(head, t)
         if root is not None and root.reduce is not None:
             t = reduce(root, last, t)
+        if not last:  # the end of backward waits for its reduce-scatters (step._run_fsdp)
+            t = e.waited([job for _, job, _ in reduces[reduced:]], t)
+            reduced = len(reduces)
     compute_end = t
     comm_end = max((e.comms.wait(job) for _, job, _ in reduces), default=0.0)
     out.dp_comm_s = _dp_total(gathers) + _dp_total([job for _, job, _ in reduces])
