@@ -143,7 +143,9 @@ class CollectiveCost:
 
     @property
     def busbw_bytes_per_s(self) -> float:
-        return self.algbw_bytes_per_s * BUSBW_FACTOR[self.op](self.num_ranks)
+        factor = BUSBW_FACTOR[self.op](self.num_ranks)
+        # nccl-tests' factor is 0 for one rank (nothing crosses a link), and so is the bus bandwidth (inf x 0 was NaN)
+        return self.algbw_bytes_per_s * factor if factor else 0.0
 
 
 def _hop_latency_s(group: CommGroup, tier: str, algo: str, proto: Protocol) -> float:
@@ -364,7 +366,7 @@ def send_recv_s(size_bytes: int, group: CommGroup) -> float:
 
 
 def _send_recv(size_bytes: int, group: CommGroup) -> tuple[float, float]:
-    if size_bytes == 0:
+    if size_bytes == 0 or group.num_ranks == 1:  # a rank sends to itself: nothing moves (it cost a hop, 14.6 us)
         return 0.0, 0.0
     if group.num_nodes == 1:
         bw, lat = group.intra_bus_bandwidth_bytes_per_s, _hop_latency_s(group, "intra", "ring", "Simple")

@@ -110,7 +110,7 @@ SIZE_PREFIXES: dict[str, int] = {
     "Ki": KiB, "Mi": MiB, "Gi": GiB, "Ti": 1024**4, "Pi": 1024**5,
 }
 SIZE_UNITS_HELP = (
-    "a bare number is bytes (bytes/s); units: B kB MB GB TB (decimal, x1000), KiB MiB GiB TiB (binary, x1024), "
+    "a bare number is bytes (bytes/s); units: B kB MB GB TB PB (decimal, x1000), KiB MiB GiB TiB PiB (binary, x1024), "
     "bit kbit Mbit Gbit Tbit (or Gb: bits, /8); rates end in /s or bps: 25GB/s, 400Gbit/s, 400Gbps"
 )
 # ASCII digits only (re.ASCII: \d would take the Arabic-Indic and fullwidth ones, as the other flags refuse).

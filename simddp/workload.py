@@ -690,6 +690,15 @@ class Workload:
                 params.sizes() if isinstance(params, BlockParams) else [ParamSize(p.numel, p.dtype) for p in params])
         return sizes  # type: ignore[no-any-return]
 
+    def stage_size_counts(self, rank: int, pp: int) -> tuple[int, tuple[tuple[ParamSize, int], ...]]:
+        """:meth:`size_counts` of pipeline rank ``rank``'s parameters (:meth:`rank_param_ids`), once per workload
+        structure: the memory model's model states and the plan's ZeRO-1 partition read it. Shared."""
+        key = ("stage sizes", rank, pp)
+        got = self.shared.get(key)
+        if got is None:
+            got = self.shared[key] = self.size_counts(self.rank_param_ids(rank, pp))
+        return got  # type: ignore[no-any-return]
+
     def size_counts(self, ids: Sequence[int]) -> tuple[int, tuple[tuple[ParamSize, int], ...]]:
         """The elements of parameters ``ids`` and how many of them have each size (:class:`ParamSize`, the
         ``(numel, dtype)`` pair), in order of first appearance: what the memory model's model states read of a

@@ -443,3 +443,14 @@ def test_the_data_parallel_group_is_the_most_spread_stage_s() -> None:
         data["training"]["global_batch_size"] = 8 * nodes // (tp * pp) * 4
         s = Scenario.model_validate(data)
         assert dp_group(s) == group(s.cluster, s.dp, stride=tp)
+
+
+def test_a_group_of_one_moves_nothing() -> None:
+    """One rank: every collective takes no time, its bus bandwidth is 0 where nccl-tests' factor is (it was inf x 0,
+    NaN), and a send to itself costs nothing (it cost a hop, 14.6 us)."""
+    g = _group(1, 1)
+    for op in OPS:
+        cost = collective_cost(op, 2**20, g)
+        assert cost.time_s == 0.0 and not math.isnan(cost.busbw_bytes_per_s), op
+        if BUSBW_FACTOR[op](1) == 0:
+            assert cost.busbw_bytes_per_s == 0.0, op

@@ -259,3 +259,46 @@ def test_a_group_hashes_its_shape_and_keys_costs_by_its_links_too() -> None:
     fast, slow = collective_cost("all-reduce", 10**9, group), collective_cost("all-reduce", 10**9, slower)
     assert slow.time_s > fast.time_s and collective_cost("all-reduce", 10**9, same) is fast
     assert pickle.loads(pickle.dumps(group)) == group
+
+
+def test_zero_redundancy_optimizer_partitions_whole_tensors_largest_first() -> None:
+    """torch's ZeroRedundancyOptimizer._partition_parameters, by hand: tensors of 10, 7, 5, 4, 3 elements on 2 ranks
+    go 10 -> r0, 7 -> r1, 5 -> r1 (7 < 10), 4 -> r0 (12 > 10), 3 -> r1 (12 < 14): the busiest holds 7 + 5 + 3 = 15."""
+    from simddp.zero import zero_redundancy_share
+
+    counts = tuple(((n, "float32"), 1) for n in (5, 10, 3, 7, 4))
+    assert dict(zero_redundancy_share(counts, 2)) == {(7, "float32"): 1, (5, "float32"): 1, (3, "float32"): 1}
+    assert dict(zero_redundancy_share(counts, 8)) == {(10, "float32"): 1}  # more ranks than tensors
+
+
+@settings(max_examples=300, deadline=None)
+@given(sizes=st.dictionaries(st.integers(0, 200), st.integers(1, 40), min_size=1, max_size=8),
+       dp=st.integers(1, 64))
+def test_zero_redundancy_loads_by_classes_equal_tensor_by_tensor(sizes: dict[int, int], dp: int) -> None:
+    """zero_redundancy_busiest hands equal tensors to a whole class of least-loaded ranks at once: the busiest load
+    equals the tensor-by-tensor partition's."""
+    from simddp.zero import zero_redundancy_busiest, zero_redundancy_share
+
+    counts = tuple(((n, "bfloat16"), c) for n, c in sizes.items())
+    assert zero_redundancy_busiest(counts, dp) == sum(n * c for (n, _), c in zero_redundancy_share(counts, dp))
+
+
+def test_torch_zero1_steps_and_holds_the_busiest_rank_s_partition() -> None:
+    """Llama-2-7B at dp 128 under torch ZeRO-1: the busiest rank holds the 131,072,000-element embedding (the output
+    layer another), 2.5x the even 52.6 M share; the optimizer step waits for it and its master weights and AdamW
+    states are its own. Until 2026-11-29 both were an even 1/dp (1.47 ms, 200.8 MiB of master weights)."""
+    import simddp
+    from simddp.cli import default_scenario_path
+    from simddp.compute import optimizer_step_s
+
+    scenario = simddp.load_scenario(default_scenario_path())
+    assert (scenario.dp, scenario.parallelism.zero_stage, scenario.ddp.implementation) == (128, 1, "torch")
+    result = simddp.simulate(scenario, trace=False)
+    embedding = 32000 * 4096
+    assert result.optimizer_time_s == pytest.approx(
+        optimizer_step_s(embedding, scenario.cluster.gpu, scenario.training, impl="foreach"), rel=1e-12)
+    items = {i.name: i.size_bytes for i in result.memory.items}
+    assert items["fp32 master weights"] == 4 * embedding and items["adamw states"] == 8 * embedding
+    deepspeed = simddp.simulate(simddp.load_scenario(default_scenario_path(), ["ddp.implementation=deepspeed"]),
+                                trace=False)  # DeepSpeed flattens and splits evenly
+    assert {i.name: i.size_bytes for i in deepspeed.memory.items}["adamw states"] == -(-8 * 6_738_415_616 // 128)

@@ -113,7 +113,7 @@ def workload_timings(workload: Workload, gpu: GPU, training: Training, stage: in
     return [layer_timing(layer, gpu, training) for layer in workload.stage_layers(stage)]
 
 
-def optimizer_step_s(workload: Workload | int, gpu: GPU, training: Training, shard: int = 1,
+def optimizer_step_s(workload: Workload | int, gpu: GPU, training: Training, shard: float = 1,
                      impl: str = "fused") -> float:
     """Optimizer step over this GPU's parameters (a workload's, or this many), divided by ``shard`` under
     ZeRO; memory-bound: the bytes the ``impl`` path (``fused`` or torch's ``foreach``, :func:`optimizer_impl`)

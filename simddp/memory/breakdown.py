@@ -30,7 +30,7 @@ from simddp.sanity import check_memory
 from simddp.scenario_io import as_scenario
 from simddp.units import fmt_bytes
 from simddp.workload import PRECISION_ACT_BYTES, BlockLayers, Workload, build_workload, uses_dropout
-from simddp.zero import ZeroRule, describe, zero_rule
+from simddp.zero import ZeroRule, describe, zero_redundancy_busiest, zero_redundancy_share, zero_rule
 
 _ITEM_LIST = TypeAdapter(list[MemoryItem])
 
@@ -209,18 +209,21 @@ def _fixed_items(scenario: Scenario, workload: Workload, stage: int,
     fp32_grads = rule.reduce_in_fp32 and not (rule.implementation == "torch" and zero >= 2)
     ids = _stage_params(scenario, workload, stage)
     # A stage's parameter count and how many parameters have each size (a few distinct sizes: a short key),
-    # once per workload.
-    sizes_key = ("stage sizes", stage, par.pp)
-    if sizes_key not in workload.shared:
-        # param_size_counts of the stage's parameters (a ParamSize is the (numel, dtype) pair it counts by),
-        # a transformer's blocks counted from block 0.
-        workload.shared[sizes_key] = workload.size_counts(ids)
-    num_params, counts = workload.shared[sizes_key]
-    key = ("states", counts, tr.precision, tr.optimizer, zero, dp, fp32_grads)
+    # once per workload; a transformer's blocks counted from block 0.
+    num_params, counts = workload.stage_size_counts(stage, par.pp)
+    # torch's ZeroRedundancyOptimizer partitions whole tensors: the most loaded rank's own (simddp.zero).
+    uneven = zero == 1 and dp > 1 and rule.implementation == "torch"
+    key = ("states", counts, tr.precision, tr.optimizer, zero, dp, fp32_grads, uneven)
     states = workload.shared.get(key)
     if states is None:
+        share = None
+        if uneven:  # the busiest rank's tensors; with one dtype and states linear in them, only their elements
+            dtypes = {dtype for (_, dtype), _ in counts}
+            linear = len(dtypes) == 1 and OPTIMIZER_STATE_BYTES_PER_PARAM[tr.optimizer] is not None
+            share = (((zero_redundancy_busiest(counts, dp), dtypes.pop()), 1),) if linear else \
+                zero_redundancy_share(counts, dp)
         states = workload.shared[key] = model_states_of_sizes(counts, tr.precision, tr.optimizer, zero, dp,
-                                                              fp32_grads)
+                                                              fp32_grads, share)
     shard = f" / {dp} dp ranks" if dp > 1 else ""
     items = [
         Item(category="params", name="parameters", size_bytes=states.params_bytes,
@@ -228,13 +231,14 @@ def _fixed_items(scenario: Scenario, workload: Workload, stage: int,
         Item(category="grads", name="gradients", size_bytes=states.grads_bytes,
                    note=("fp32 main grads" if fp32_grads else "param dtype") + (shard if zero >= 2 else "")),
     ]
+    owned = " of the rank owning the most (ZeroRedundancyOptimizer's partition by whole tensors)" if uneven else shard
     if states.master_bytes:
         items.append(Item(category="optimizer", name="fp32 master weights", size_bytes=states.master_bytes,
-                                note="4 B/param" + (shard if zero >= 1 else "")))
+                                note="4 B/param" + (owned if zero >= 1 else "")))
     if states.optimizer_state_bytes or not states.master_bytes:
         items.append(Item(category="optimizer", name=f"{tr.optimizer} states",
                                 size_bytes=states.optimizer_state_bytes,
-                                note=_state_note(tr.optimizer) + (shard if zero >= 1 else "")))
+                                note=_state_note(tr.optimizer) + (owned if zero >= 1 else "")))
     return items, num_params, buffer_items(scenario, workload, stage, ids, rule)
 
 

@@ -96,8 +96,11 @@ def model_states_of_sizes(
     zero_stage: int = 0,
     dp: int = 1,
     reduce_in_fp32: bool = False,
+    optimizer_counts: Iterable[tuple[tuple[int, str], int]] | None = None,
 ) -> ModelStatesBytes:
-    """:func:`model_states_bytes` of parameters given as :func:`param_size_counts`."""
+    """:func:`model_states_bytes` of parameters given as :func:`param_size_counts`; with ``optimizer_counts``
+    (ZeRO-1's partition of whole tensors, :func:`simddp.zero.zero_redundancy_share`), the master weights and
+    optimizer states are those parameters' own, not an even 1/dp share."""
     if precision not in PRECISION_ACT_BYTES:
         raise ValueError(f"unknown precision {precision!r}; expected one of {sorted(PRECISION_ACT_BYTES)}")
     if optimizer not in OPTIMIZER_STATE_BYTES_PER_PARAM:
@@ -118,6 +121,12 @@ def model_states_of_sizes(
 
     def shard(num_bytes: int, sharded: bool) -> int:
         return -(-num_bytes // dp) if sharded else num_bytes
+
+    if optimizer_counts is not None:
+        own = model_states_of_sizes(optimizer_counts, precision, optimizer, 0, 1, reduce_in_fp32)
+        return ModelStatesBytes(params_bytes=shard(p_bytes, zero_stage >= 3),
+                                grads_bytes=shard(g_bytes, zero_stage >= 2), master_bytes=own.master_bytes,
+                                optimizer_state_bytes=own.optimizer_state_bytes)
 
     return ModelStatesBytes(
         params_bytes=shard(p_bytes, zero_stage >= 3),

@@ -50,12 +50,15 @@ def scenario(data: dict[str, Any]) -> Scenario:
 
 # ------------------------------------------------------------------------------------------ ZeRO
 def psi_scenario(num_params: int, dp: int, zero_stage: int) -> Scenario:
-    """Ψ parameters as one 16-bit tensor, trained with mixed-precision Adam on dp GPUs (no activations)."""
+    """Ψ parameters as one 16-bit tensor, trained with mixed-precision Adam on dp GPUs (no activations), by DeepSpeed,
+    the paper's implementation: it flattens the parameters and splits them evenly (torch's ZeroRedundancyOptimizer
+    hands each whole tensor to one rank, so one tensor would not be sharded at all)."""
     nodes, per_node = (dp // 8, 8) if dp >= 8 else (1, dp)
     return scenario({
         "cluster": {"num_nodes": nodes, "gpus_per_node": per_node},
         "model": {"preset": None, "parameters": [{"name": "psi", "numel": num_params, "dtype": "bfloat16"}]},
         "parallelism": {"zero_stage": zero_stage},
+        "ddp": {"implementation": "deepspeed"},
         "training": {"precision": "bf16-mixed", "optimizer": "adam", "seq_len": 1},
     })
 
@@ -198,7 +201,8 @@ def test_megatron_report_on_gpt3_first_stage():
 
 def test_megatron_distributed_optimizer_is_zero1_with_fp32_grads():
     s = gpt3_megatron_scenario()
-    z1 = s.model_copy(update={"parallelism": s.parallelism.model_copy(update={"zero_stage": 1})})
+    z1 = s.model_copy(update={"parallelism": s.parallelism.model_copy(update={"zero_stage": 1}),
+                              "ddp": s.ddp.model_copy(update={"implementation": "megatron"})})
     m = memory_breakdown(z1, stage=0)
     assert m.model_states_bytes == pytest.approx((6 + 12 / s.dp) * m.num_params, abs=2)
     megatron = megatron_weight_and_optimizer_bytes(s.model.transformer, 51200, 8, 8, s.dp, True)  # type: ignore[arg-type]
