@@ -1066,8 +1066,8 @@ class Scenario(_Frozen):
             raise ValueError(f"ddp.backend gloo is modelled for DDP's all-reduce only: it needs tp(1), pp(1) and "
                              f"zero_stage(0) (got tp({par.tp}), pp({par.pp}), zero_stage({par.zero_stage}))")
         unused = self.model.unused_parameters
-        if unused and not (ddp.find_unused_parameters or ddp.static_graph) and par.zero_stage == 0 \
-                and ddp.wrapper == "ddp" and ddp.implementation == "torch":
+        if unused and not (ddp.find_unused_parameters or ddp.static_graph) and par.zero_stage <= 1 \
+                and ddp.wrapper == "ddp" and ddp.implementation == "torch":  # ZeRO-1: ZeroRedundancyOptimizer on DDP
             raise ValueError(f"model.unused_parameters lists {len(set(unused))} parameter(s) that get no gradient: "
                              "torch DDP stops with 'Expected to have finished reduction in the prior iteration' "
                              "unless ddp.find_unused_parameters or ddp.static_graph is true")

@@ -117,6 +117,8 @@ def ddp_knobs(draw: st.DrawFn) -> dict:
                      "grad_clip_norm": draw(st.sampled_from([None, 1.0]))},
         "ddp": {"find_unused_parameters": find, "static_graph": static,
                 "bucket_cap_mb": draw(st.sampled_from([1, 4, 25])), "overlap": draw(st.sampled_from([True, None]))},
+        # ZeRO-1 under torch is ZeroRedundancyOptimizer stepping a DDP model: the same knobs
+        "parallelism": {"zero_stage": draw(st.sampled_from([0, 1]))},
     }
 
 

@@ -147,13 +147,18 @@ def test_gradient_clipping_passes_and_no_reduction_for_replicated_gradients() ->
     assert r.step_time_s == pytest.approx(plain.step_time_s + r.part("grad_clip"))
 
 
-def test_gradient_clipping_reduces_over_every_sharding_group() -> None:
+@pytest.mark.parametrize("implementation", ["megatron", "torch"])
+def test_gradient_clipping_reduces_over_every_sharding_group(implementation: str) -> None:
+    """Megatron's distributed optimizer norms its gradient shard: the partial sums go over tp, pp and dp. torch's
+    ZeroRedundancyOptimizer runs on DDP, which leaves every gradient on every rank: no data-parallel sum."""
     data = base_scenario(parallelism={"tp": 2, "pp": 2, "zero_stage": 1}, training={
-        "micro_batch_size": 1, "seq_len": 1024, "global_batch_size": 32, "grad_clip_norm": 1.0})
+        "micro_batch_size": 1, "seq_len": 1024, "global_batch_size": 32, "grad_clip_norm": 1.0},
+        ddp={"implementation": implementation})
     scenario = scenario_from_dict(data)
     ranks = build_plan(scenario).ranks
     for rank in ranks:
-        assert [c.num_ranks for c in rank.clip_reduces] == [2, 2, scenario.dp]
+        dp = [scenario.dp] if implementation == "megatron" else []
+        assert [c.num_ranks for c in rank.clip_reduces] == [2, 2, *dp]
         assert all(c.size_bytes == 4 for c in rank.clip_reduces)
     check_step_result(simulate(data))
 
@@ -341,3 +346,33 @@ def test_knobs_beyond_the_longest_step(capsys: pytest.CaptureFixture[str]) -> No
     assert main(["knobs", *slow_gloo]) == 0
     rows = {r["knob"]: r for r in json.loads(capsys.readouterr().out)["rows"]}
     assert rows["ddp.backend"]["step_time_s"] is None and "not timed" in rows["ddp.backend"]["note"]
+
+
+def test_torch_zero1_is_ddp_for_its_knobs() -> None:
+    """torch's ZeRO-1 is ZeroRedundancyOptimizer stepping a DDP model: DDP's find_unused_parameters (the graph
+    search, the used-parameter map's all-reduce, buckets never rebuilt), its refusal of parameters without a gradient
+    and a whole-gradient clip all apply. Until 2026-11-29 they were timed at stage 0 only: stage 1 accepted a model
+    torch stops on ('Expected to have finished reduction in the prior iteration'), timed no search, and clipped a
+    1/dp shard with a data-parallel all-reduce its gradients do not need."""
+    from simddp import simulate
+    from simddp.config import ScenarioError
+
+    base = {"cluster": {"preset": "dgx-a100-80gb", "num_nodes": 2},
+            "model": {"parameters": [{"name": f"w{i}", "numel": 2**21, "dtype": "float32"} for i in range(6)],
+                      "unused_parameters": [0]},
+            "training": {"micro_batch_size": 8, "seq_len": 1, "precision": "fp32", "global_batch_size": 128},
+            "parallelism": {"zero_stage": 1}}
+    with pytest.raises(ScenarioError, match="Expected to have finished reduction"):
+        simulate(base)
+    found = simulate({**base, "ddp": {"find_unused_parameters": True}})
+    static = simulate({**base, "ddp": {"static_graph": True}})
+    assert found.step_time_s > static.step_time_s
+    assert any(s.name == "all-reduce used-parameter map" for s in (found.trace.spans if found.trace else []))
+    assert not any("not timed here" in n for n in found.not_modelled)
+    # A clip of every gradient, as at stage 0, with no data-parallel all-reduce of the norm.
+    clipped = {**base, "model": {"parameters": base["model"]["parameters"]}, "training": {**base["training"],
+                                                                                           "grad_clip_norm": 1.0}}
+    part = {p.key: p.time_s for p in simulate(clipped, trace=False).breakdown}["grad_clip"]
+    zero0 = {p.key: p.time_s for p in simulate({**clipped, "parallelism": {"zero_stage": 0}},
+                                               trace=False).breakdown}["grad_clip"]
+    assert part == pytest.approx(zero0, rel=1e-12) and part > 0

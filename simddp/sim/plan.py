@@ -119,10 +119,12 @@ def _rank_gradients(workload: Workload, index: int, pp: int, rule: ZeroRule, unu
 
 def searches_unused(scenario: Scenario) -> bool:
     """torch DDP searches the graph for unused parameters every step: find_unused_parameters without
-    static_graph (DDP proper: ZeRO stage 0, no pipeline)."""
+    static_graph (DDP proper: ZeRO stage 0, or 1, ZeroRedundancyOptimizer stepping a DDP model; no pipeline).
+    Until 2026-11-29 stage 1 was left out: its DDP's search, used-map all-reduce and unrebuilt buckets went
+    untimed, and a model with unused parameters that torch stops on was accepted."""
     ddp, par = scenario.ddp, scenario.parallelism
     return (ddp.find_unused_parameters and not ddp.static_graph and ddp.wrapper == "ddp"
-            and ddp.implementation == "torch" and par.zero_stage == 0 and par.pp == 1)
+            and ddp.implementation == "torch" and par.zero_stage <= 1 and par.pp == 1)
 
 
 @dataclass(slots=True)
@@ -818,7 +820,11 @@ def _ddp_options(scenario: Scenario, rank: RankPlan, unused: set[int], dp: CommG
         return
     par, gpu = scenario.parallelism, scenario.cluster.gpu
     grad_bytes = sum(p.numel * dtype_bytes(p.dtype) for p in rank.grads.params)
-    if par.zero_stage >= 1:  # each rank holds (and norms) its shard of the reduced gradients
+    # Each rank holds (and norms) its shard of the reduced gradients, and their norms are summed over the
+    # data-parallel group; not under torch's ZeroRedundancyOptimizer, whose DDP leaves every rank every gradient
+    # (clip_grad_norm_ of the model's parameters: the whole norm, no all-reduce).
+    sharded = par.zero_stage >= 1 and not (scenario.ddp.implementation == "torch" and par.zero_stage == 1)
+    if sharded:
         grad_bytes = -(-grad_bytes // scenario.dp)
     rank.clip_norm_s = memory_s(grad_bytes, gpu)  # torch._foreach_norm reads every gradient
     rank.clip_scale_s = memory_s(2 * grad_bytes, gpu)  # torch._foreach_mul_ reads and writes them
@@ -829,7 +835,7 @@ def _ddp_options(scenario: Scenario, rank: RankPlan, unused: set[int], dp: CommG
     if par.pp > 1:
         reduces.append(collective_cost("all-reduce", norm_bytes,
                                        group(scenario.cluster, par.pp, stride=par.tp * scenario.dp)))
-    if par.zero_stage >= 1 and scenario.dp > 1:
+    if sharded and scenario.dp > 1:
         reduces.append(dp_collective(scenario, "all-reduce", norm_bytes, dp))
     rank.clip_reduces = tuple(reduces)
 

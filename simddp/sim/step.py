@@ -163,10 +163,10 @@ def not_modelled(scenario: Scenario) -> list[str]:
     if par.pp > 1 and scenario.model.transformer is None:
         notes.append(f"pp={par.pp}: activation send/recv between stages is not timed for parameter-list models")
     ddp = scenario.ddp
-    if (ddp.find_unused_parameters or ddp.static_graph) and (par.zero_stage or par.pp > 1
+    if (ddp.find_unused_parameters or ddp.static_graph) and (par.zero_stage > 1 or par.pp > 1
                                                               or ddp.implementation != "torch"):
-        notes.append("ddp.find_unused_parameters and ddp.static_graph are torch DDP options: they are timed with "
-                     "implementation torch, zero_stage 0 and pp 1 only")
+        notes.append("ddp.find_unused_parameters and ddp.static_graph are not timed here: they are timed for torch "
+                     "DDP (implementation torch, zero_stage 0, or 1: ZeroRedundancyOptimizer on DDP) at pp 1")
     if ddp.static_graph:
         notes.append("ddp.static_graph: the first iteration (graph recording, one delayed all-reduce) is not in "
                      "this steady-state step")
