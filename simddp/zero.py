@@ -45,6 +45,7 @@ Defaults are what a user of the named framework gets; every one is a ``ddp`` key
 
 from __future__ import annotations
 
+import heapq
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -167,8 +168,6 @@ def zero_redundancy_busiest(counts: Sequence[tuple[tuple[int, str], int]], dp: i
     the next min(k, left) tensors of n elements each go to k of them (each then holds L + n > L), which is what
     giving them one by one does; so the loads (not which rank holds what) come out of a few steps per size, where
     one heap operation per tensor cost the default 0.22 ms an evaluation."""
-    import heapq
-
     ranks_at = {0: dp}  # load -> how many ranks hold it
     loads = [0]  # the distinct loads, a heap
     for (numel, _), left in sorted(counts, key=lambda c: -c[0][0]):
@@ -197,8 +196,6 @@ def zero_redundancy_share(counts: Sequence[tuple[tuple[int, str], int]],
     (``_get_min_index``); of equally loaded busiest ranks, the first. Where the parameters share one dtype the
     memory model needs only the busiest's elements (:func:`simddp.memory.states.model_states_of_sizes` is linear in
     them but for a factored optimizer's states), and reads this only otherwise."""
-    import heapq
-
     loads = [(0, r) for r in range(dp)]  # (elements held, rank): heap order is _get_min_index's
     held: dict[int, dict[tuple[int, str], int]] = {}
     for size, count in sorted(counts, key=lambda c: -c[0][0]):
