@@ -247,12 +247,15 @@ def nvls_wire_bytes_per_s(group: CommGroup) -> float | None:
     """Per-GPU NVLink bandwidth, each direction, that NVLS multimem traffic reaches (None: no NVLS).
 
     A full-node NVLS all-reduce over G GPUs moves S(G+1)/G each way at algbw ``nvls_algbw_bytes_per_s``
-    (NVIDIA/nccl-tests#239: algbw = wire x G/(G+1)).
+    (NVIDIA/nccl-tests#239: algbw = wire x G/(G+1)), G the GPUs it was measured over (``nvls_measured_gpus``, else
+    the node's). Until 2026-11-29 G was always the node's: the H100 preset cut to 2 GPUs a node read a wire of
+    412 GB/s, over its links' 369, and a 2-rank NVLS all-reduce slowed as idle GPUs were added to the node.
     """
-    algbw = group.intra.nvls_algbw_bytes_per_s
+    link = group.intra
+    algbw = link.nvls_algbw_bytes_per_s
     if algbw is None:
         return None
-    g = group.gpus_per_node
+    g = link.nvls_measured_gpus or group.gpus_per_node
     return algbw * (g + 1) / g
 
 

@@ -247,6 +247,12 @@ class Link(_Frozen):
         description="NVLink SHARP (NVLS) all-reduce algorithm bandwidth over all GPUs of a node, bytes/s; "
         "null = no NVLS.",
     )
+    nvls_measured_gpus: int | None = Field(
+        default=None, ge=1, le=MAX_GPUS,
+        description="GPUs of the node nvls_algbw_bytes_per_s was measured over; null = every GPU of this node "
+        "(cluster.gpus_per_node). The NVLink wire rate NVLS reaches is that algbw x (G+1)/G for these G GPUs, "
+        "whatever the node's size here: the presets say 8, so a node cut to 4 GPUs keeps the same wire.",
+    )
     nvls_latency_s: float = Field(
         default=23e-6, ge=0, description="NVLS latency at NCCL's default hop latency (NCCL hwLat NVLink/NVLS: "
         "23 us); scales with latency_s like every other algorithm, seconds."

@@ -454,3 +454,22 @@ def test_a_group_of_one_moves_nothing() -> None:
         assert cost.time_s == 0.0 and not math.isnan(cost.busbw_bytes_per_s), op
         if BUSBW_FACTOR[op](1) == 0:
             assert cost.busbw_bytes_per_s == 0.0, op
+
+
+def test_the_nvls_wire_rate_is_the_measured_node_s_whatever_this_node_s_size() -> None:
+    """The H100 preset's NVLS algbw (275 GB/s) was measured over 8 GPUs: its wire rate is 275 x 9/8 = 309.4 GB/s on a
+    node of any size. Until 2026-11-29 it was scaled by this node's GPU count: cut to 2 GPUs a node, 412 GB/s, over
+    the links' 369 GB/s, and a 2-rank NVLS all-reduce slowed as idle GPUs were added (270.8 -> 203.9 GB/s algbw)."""
+    from simddp.collectives import nvls_wire_bytes_per_s
+
+    times = []
+    for gpus in (2, 4, 8):
+        cluster = Cluster.model_validate({"preset": "dgx-h100-80gb", "num_nodes": 1, "gpus_per_node": gpus})
+        pair = group(cluster, 2)
+        assert nvls_wire_bytes_per_s(pair) == pytest.approx(275 * GB * 9 / 8, rel=1e-12)
+        assert nvls_wire_bytes_per_s(pair) < cluster.intra_node.bandwidth_bytes_per_s * cluster.intra_node.efficiency
+        times.append(collective_cost("all-reduce", GiB, pair, "nvls").time_s)
+    assert times == pytest.approx([times[0]] * 3, rel=1e-12)
+    # A link without the field: measured over every GPU of its own node, as before.
+    custom = _group(8, nvls=240 * GB)
+    assert nvls_wire_bytes_per_s(custom) == pytest.approx(240 * GB * 9 / 8, rel=1e-12)

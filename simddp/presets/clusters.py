@@ -136,7 +136,8 @@ def dgx_h100_80gb() -> dict[str, Any]:
     # maintainer's rule of thumb, not a measured all-reduce; every multi-node H100 row is held out.
     return _node(
         h100_gpu(),
-        _link("nvlink", NCCL_HWLAT_NVLINK_S, 450, 0.82, nvls_algbw_bytes_per_s=275 * GB, nvls_latency_s=60 * US),
+        _link("nvlink", NCCL_HWLAT_NVLINK_S, 450, 0.82, nvls_algbw_bytes_per_s=275 * GB, nvls_latency_s=60 * US,
+              nvls_measured_gpus=8),
         _network("infiniband", 8, 400, 0.94),
     )
 
@@ -146,7 +147,8 @@ def dgx_h200_141gb() -> dict[str, Any]:
     # (Azure ND H200 v5, NCCL 2.20.5; 480 GB/s busbw at 8 GiB) is the fit data of the H100 preset's NVLS constants.
     return _node(
         h200_gpu(),
-        _link("nvlink", NCCL_HWLAT_NVLINK_S, 450, 0.82, nvls_algbw_bytes_per_s=275 * GB, nvls_latency_s=60 * US),
+        _link("nvlink", NCCL_HWLAT_NVLINK_S, 450, 0.82, nvls_algbw_bytes_per_s=275 * GB, nvls_latency_s=60 * US,
+              nvls_measured_gpus=8),
         _network("infiniband", 8, 400, 0.94),
     )
 
