@@ -42,6 +42,7 @@ all-gather (n-1)/n, all-to-all (n-1)/n, broadcast, reduce and send/recv 1.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal, get_args
 
@@ -429,18 +430,21 @@ _ALGORITHMS: tuple[str, ...] = get_args(AlgorithmName)
 _PROTOCOLS: tuple[str, ...] = (*get_args(Protocol), "auto")
 
 
-def chunked_cost(op: Op, size_bytes: int, chunk_bytes: int, group: CommGroup) -> CollectiveCost:
+def chunked_cost(op: Op, size_bytes: int, chunk_bytes: int, group: CommGroup,
+                 cost: Callable[[Op, int, CommGroup], CollectiveCost] | None = None) -> CollectiveCost:
     """``op`` on ``size_bytes`` sent as ``chunk_bytes`` chunks and a remainder, one after another (DataParallel's
     coalesced broadcasts, DDP's start-up parameter broadcast): their times and latencies add. The full chunks are
-    counted, not listed (a 10^15-element model has 10^8 of them)."""
+    counted, not listed (a 10^15-element model has 10^8 of them). ``cost`` times one chunk: NCCL's
+    :func:`collective_cost`, or the group's backend's (gloo's)."""
+    one = cost or collective_cost
     full, rest = divmod(size_bytes, chunk_bytes)
-    parts = ([(collective_cost(op, chunk_bytes, group), full)] if full else []) + (
-        [(collective_cost(op, rest, group), 1)] if rest else [])
+    parts = ([(one(op, chunk_bytes, group), full)] if full else []) + ([(one(op, rest, group), 1)] if rest else [])
     if not parts:
-        return collective_cost(op, 0, group)
+        return one(op, 0, group)
     first = parts[0][0]
     return CollectiveCost(op, size_bytes, group.num_ranks, first.algorithm, first.protocol,
-                          sum(c.time_s * k for c, k in parts), sum(c.latency_s * k for c, k in parts), first.tier)
+                          sum(c.time_s * k for c, k in parts), sum(c.latency_s * k for c, k in parts), first.tier,
+                          first.sm_interference)
 
 
 class UnsupportedAlgorithm(ScenarioError):

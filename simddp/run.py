@@ -36,12 +36,12 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from simddp.collectives import chunked_cost, collective_cost
+from simddp.collectives import CollectiveCost, Op, chunked_cost, collective_cost
 from simddp.config import RunConfig, Scenario
 from simddp.errors import ScenarioError
 from simddp.memory import model_states_bytes, zero_model_states_bytes
 from simddp.sanity import check_range
-from simddp.topology import dp_group, group
+from simddp.topology import CommGroup, dp_group, group
 from simddp.units import DAY, HOUR, MiB, dtype_bytes
 
 #: DDP's start-up broadcast of parameters and buffers from rank 0 (``_sync_module_states``), per chunk.
@@ -176,14 +176,13 @@ def startup_time(scenario: Scenario) -> float:
     size = sum(workload.parameters[i].numel * dtype_bytes(workload.parameters[i].dtype) for i in stage0)
     if not size:
         return 0.0
+    cost = None
     if scenario.ddp.backend == "gloo":  # gloo's own broadcast (until 2026-11-29 timed as NCCL's: 5.2 ms for 106 ms)
         from simddp.gloo import gloo_cost
 
-        chunks, rest = divmod(size, PARAM_SYNC_CHUNK_BYTES)
-        group, transport = dp_group(scenario), scenario.cluster.gloo
-        return (chunks * gloo_cost("broadcast", PARAM_SYNC_CHUNK_BYTES, group, transport).time_s
-                + (gloo_cost("broadcast", rest, group, transport).time_s if rest else 0.0))
-    return chunked_cost("broadcast", size, PARAM_SYNC_CHUNK_BYTES, dp_group(scenario)).time_s
+        def cost(op: Op, size_bytes: int, dp: CommGroup) -> CollectiveCost:
+            return gloo_cost(op, size_bytes, dp, scenario.cluster.gloo)
+    return chunked_cost("broadcast", size, PARAM_SYNC_CHUNK_BYTES, dp_group(scenario), cost).time_s
 
 
 def daly_interval(delta_s: float, mtbf_s: float) -> float:

@@ -732,7 +732,7 @@ def vary_sweep(
 
 
 def _value_label(value: Any) -> str:
-    """A varied value as the report shows it (a YAML-ish text for mappings and lists)."""
+    """A varied value as the report shows it (mappings and lists as JSON text)."""
     return json.dumps(value, sort_keys=True, default=str) if isinstance(value, dict | list) else str(value)
 
 

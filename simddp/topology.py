@@ -85,12 +85,13 @@ def _make(cluster: Cluster, num_ranks: int, num_nodes: int, ranks_per_node: int)
 
 def dp_group(scenario: Scenario) -> CommGroup:
     """The data-parallel group of one (tp, pp) coordinate: of the pipeline stages' groups, the one spread over the
-    most nodes (then with the fewest ranks on a node). Stage s's group of tp coordinate t holds the global ranks
-    s S + t + d tp, d < dp, S = tp dp (Megatron's order: tp fastest, then dp, then pp); where S is not a multiple of
-    the GPUs per node G, a stage after the first can start inside a node and straddle it, though stage 0's group
-    fits in one. Every stage reduces at once and the step waits for the slowest, so every rank is timed over the
-    slowest stage's group. Until 2026-11-29 it was stage 0's (tp 2, dp 3, pp 4 on 8-GPU nodes: stages 1 and 2
-    span two nodes; a 25 MiB all-reduce read 173 us for 789 us)."""
+    most nodes (then with the fewest ranks on its fullest node, as :func:`group` counts a node's ranks). Stage s's
+    group of tp coordinate t holds the global ranks s S + t + d tp, d < dp, S = tp dp (Megatron's order: tp
+    fastest, then dp, then pp); where S is not a multiple of the GPUs per node G, a stage after the first can start
+    inside a node and straddle it, though stage 0's group fits in one. Every stage reduces at once and the step
+    waits for the slowest, so every rank is timed over the slowest stage's group. Until 2026-11-29 it was stage
+    0's (tp 2, dp 3, pp 4 on 8-GPU nodes: stages 1 and 2 span two nodes; a 25 MiB all-reduce read 173 us for
+    789 us)."""
     par, cluster = scenario.parallelism, scenario.cluster
     tp, dp, gpus = par.tp, scenario.dp, cluster.gpus_per_node
     first = group(cluster, dp, stride=tp)

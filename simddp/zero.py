@@ -152,6 +152,12 @@ class ZeroRule:
     def gradient_dtype_bytes(self) -> int:
         return 4 if self.reduce_in_fp32 else 2
 
+    @property
+    def partitions_whole_tensors(self) -> bool:
+        """torch's ZeRO-1: ZeroRedundancyOptimizer stepping a DDP model. Its partition is of whole tensors
+        (:func:`zero_redundancy_busiest`), and DDP leaves every gradient whole on every rank."""
+        return self.implementation == "torch" and self.stage == 1
+
     __hash__ = kept_fields_hash  # a rule keys the memos of every rank's gradients
     __getstate__ = state_without_hash
 
@@ -187,6 +193,16 @@ def zero_redundancy_busiest(counts: Sequence[tuple[tuple[int, str], int]], dp: i
                 heapq.heappush(loads, least + numel)
             left -= take
     return max(ranks_at)
+
+
+def busiest_partition(workload: Workload, rank: int, pp: int, dp: int) -> int:
+    """:func:`zero_redundancy_busiest` of pipeline rank ``rank``'s parameters (:meth:`Workload.stage_size_counts`),
+    once per workload structure: the plan's optimizer step and the memory model's states read the same."""
+    key = ("zero-1 busiest", rank, pp, dp)
+    got = workload.shared.get(key)
+    if got is None:
+        got = workload.shared[key] = zero_redundancy_busiest(workload.stage_size_counts(rank, pp)[1], dp)
+    return got  # type: ignore[no-any-return]
 
 
 def zero_redundancy_share(counts: Sequence[tuple[tuple[int, str], int]],
@@ -551,6 +567,7 @@ __all__ = [
     "ParamUnit",
     "ParamUnits",
     "ZeroRule",
+    "busiest_partition",
     "deepspeed_buckets",
     "default_overlap",
     "default_reduce_in_fp32",

@@ -30,7 +30,7 @@ from simddp.sanity import check_memory
 from simddp.scenario_io import as_scenario
 from simddp.units import fmt_bytes
 from simddp.workload import PRECISION_ACT_BYTES, BlockLayers, Workload, build_workload, uses_dropout
-from simddp.zero import ZeroRule, describe, zero_redundancy_busiest, zero_redundancy_share, zero_rule
+from simddp.zero import ZeroRule, busiest_partition, describe, zero_redundancy_share, zero_rule
 
 _ITEM_LIST = TypeAdapter(list[MemoryItem])
 
@@ -212,7 +212,7 @@ def _fixed_items(scenario: Scenario, workload: Workload, stage: int,
     # once per workload; a transformer's blocks counted from block 0.
     num_params, counts = workload.stage_size_counts(stage, par.pp)
     # torch's ZeroRedundancyOptimizer partitions whole tensors: the most loaded rank's own (simddp.zero).
-    uneven = zero == 1 and dp > 1 and rule.implementation == "torch"
+    uneven = dp > 1 and rule.partitions_whole_tensors
     key = ("states", counts, tr.precision, tr.optimizer, zero, dp, fp32_grads, uneven)
     states = workload.shared.get(key)
     if states is None:
@@ -220,7 +220,7 @@ def _fixed_items(scenario: Scenario, workload: Workload, stage: int,
         if uneven:  # the busiest rank's tensors; with one dtype and states linear in them, only their elements
             dtypes = {dtype for (_, dtype), _ in counts}
             linear = len(dtypes) == 1 and OPTIMIZER_STATE_BYTES_PER_PARAM[tr.optimizer] is not None
-            share = (((zero_redundancy_busiest(counts, dp), dtypes.pop()), 1),) if linear else \
+            share = (((busiest_partition(workload, stage, par.pp, dp), dtypes.pop()), 1),) if linear else \
                 zero_redundancy_share(counts, dp)
         states = workload.shared[key] = model_states_of_sizes(counts, tr.precision, tr.optimizer, zero, dp,
                                                               fp32_grads, share)

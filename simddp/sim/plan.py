@@ -55,11 +55,11 @@ from simddp.workload import (
 from simddp.zero import (
     ParamUnit,
     ZeroRule,
+    busiest_partition,
     gradient_buckets,
     param_bytes,
     param_units,
     stage_gradient_buckets,
-    zero_redundancy_busiest,
     zero_rule,
 )
 
@@ -586,7 +586,7 @@ def build_plan(scenario: Scenario, workload: Workload | None = None) -> StepPlan
                 plans.has_tp_collectives = False
         rank = RankPlan(r, layers, plans, grads, bucket_of_layer, buckets, rounds, opt_s, gather_after,
                         _embedding_sync(scenario, workload, r, rule), overlap=rule.overlap)
-        _ddp_options(scenario, rank, unused, dp)
+        _ddp_options(scenario, rank, unused, dp, rule)
         # Each virtual stage's passes, once per layer plans and the two inputs they add.
         stage_values = rank_passes.get(r)
         if stage_values is None:
@@ -622,16 +622,11 @@ def build_plan(scenario: Scenario, workload: Workload | None = None) -> StepPlan
 
 def _optimizer_shard(workload: Workload, rank: int, pp: int, grads: RankGradients, rule: ZeroRule, dp: int) -> float:
     """What the optimizer step divides the rank's parameters by: ``dp`` under ZeRO, or for torch's
-    ZeroRedundancyOptimizer the share its busiest rank steps (:func:`simddp.zero.zero_redundancy_share`; until
+    ZeroRedundancyOptimizer the share its busiest rank steps (:func:`simddp.zero.busiest_partition`; until
     2026-11-29 an even 1/dp: Llama-2-7B at dp 128 stepped 52.6 M elements for the busiest rank's 131.1 M)."""
-    if dp == 1 or not (rule.implementation == "torch" and rule.stage == 1):
+    if dp == 1 or not rule.partitions_whole_tensors:
         return dp
-    got = grads.memo.get(("zero-1 share", dp))
-    if got is None:
-        # the rank's parameters by size, as the memory model counts them (a transformer's blocks from block 0)
-        got = grads.memo[("zero-1 share", dp)] = grads.num_params / zero_redundancy_busiest(
-            workload.stage_size_counts(rank, pp)[1], dp)
-    return got  # type: ignore[no-any-return]
+    return grads.num_params / busiest_partition(workload, rank, pp, dp)
 
 
 def _bucket_of_layer(grads: RankGradients, owned: list[tuple[int, ...]], unused: set[int],
@@ -805,7 +800,8 @@ def autograd_nodes(scenario: Scenario, rank: RankPlan) -> int:
     return sum(len(la.fwd) for la in rank.layers) + len(rank.grads.global_ids)
 
 
-def _ddp_options(scenario: Scenario, rank: RankPlan, unused: set[int], dp: CommGroup) -> None:
+def _ddp_options(scenario: Scenario, rank: RankPlan, unused: set[int], dp: CommGroup,
+                 rule: ZeroRule) -> None:
     """Fill the plan data of find_unused_parameters / static_graph, unused parameters and gradient clipping."""
     for b in rank.grads.buckets if unused else ():
         count = sum(1 for i in b.param_indices if rank.grads.global_ids[i] in unused)
@@ -823,7 +819,7 @@ def _ddp_options(scenario: Scenario, rank: RankPlan, unused: set[int], dp: CommG
     # Each rank holds (and norms) its shard of the reduced gradients, and their norms are summed over the
     # data-parallel group; not under torch's ZeroRedundancyOptimizer, whose DDP leaves every rank every gradient
     # (clip_grad_norm_ of the model's parameters: the whole norm, no all-reduce).
-    sharded = par.zero_stage >= 1 and not (scenario.ddp.implementation == "torch" and par.zero_stage == 1)
+    sharded = par.zero_stage >= 1 and not rule.partitions_whole_tensors
     if sharded:
         grad_bytes = -(-grad_bytes // scenario.dp)
     rank.clip_norm_s = memory_s(grad_bytes, gpu)  # torch._foreach_norm reads every gradient

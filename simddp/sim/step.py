@@ -278,9 +278,7 @@ def _layer_forward(st: _Rank, positions: list[int], gate: Callable[[int], simpy.
     for i in positions:
         wait = gate(i)
         if wait is not None:
-            t0 = st.gpu.env.now
-            yield wait
-            st.add("dp_comm", st.gpu.env.now - t0)
+            yield from _waited(st, wait)
         name = st.names[i]
         yield from _booked_layer(st, forward(st.gpu, p.plans[i], st.overlap, st.rec, name=name), p.plans[i], "F", name)
 
@@ -494,9 +492,6 @@ def _run_fsdp(env: simpy.Environment, plan: StepPlan, st: _Rank) -> None:
                        size_bytes=unit.reduce.size_bytes)
         return env.process(run())
 
-    def waited(ev: simpy.Event) -> ProcessGen:
-        return _waited(st, ev)
-
     root_pos = list(root.layers) if root else []
     head = [i for i in root_pos if units and i < units[0].layers[0]] if units else root_pos
     tail = [i for i in root_pos if i not in head]
@@ -519,11 +514,11 @@ def _run_fsdp(env: simpy.Environment, plan: StepPlan, st: _Rank) -> None:
 
             issue_fwd(0)
             if root_ready is not None:
-                yield from waited(root_ready)
+                yield from _waited(st, root_ready)
             yield from _layer_forward(st, head, lambda i: None)
             for k, unit in enumerate(units):
                 issue_fwd(k)
-                yield from waited(fwd[k])
+                yield from _waited(st, fwd[k])
                 for ahead in range(k + 1, k + 1 + unit.prefetch_fwd):  # prefetch: the next units' gathers
                     issue_fwd(ahead)
                 yield from _layer_forward(st, list(unit.layers), lambda i: None)
@@ -535,24 +530,24 @@ def _run_fsdp(env: simpy.Environment, plan: StepPlan, st: _Rank) -> None:
             for k in range(len(units) - 1, -1, -1):
                 issue_bwd(k)
                 if k in bwd:
-                    yield from waited(bwd[k])
+                    yield from _waited(st, bwd[k])
                 for ahead in range(k - 1, k - 1 - units[k].prefetch_bwd, -1):
                     issue_bwd(ahead)
                 yield from _layer_backward(st, list(units[k].layers), None)
                 if units[k].reduce is not None:
                     reduces.append(reduce(units[k], last))
                     if units[k].reduce_blocks:  # reduction not overlapped: compute waits for it
-                        yield from waited(reduces[-1])
+                        yield from _waited(st, reduces[-1])
             yield from _layer_backward(st, head, None)
             if root is not None and root.reduce is not None:
                 reduces.append(reduce(root, last))
                 if root.reduce_blocks:
-                    yield from waited(reduces[-1])
+                    yield from _waited(st, reduces[-1])
             if not last and len(reduces) > reduced:
                 # The end of backward waits for its reduce-scatters before the next micro-batch: FSDP's
                 # _post_backward_final_callback (the compute stream waits for the post-backward stream), DeepSpeed
                 # ZeRO-3's epilogue (reduce_and_partition_stream.synchronize()).
-                yield from waited(simpy.AllOf(env, reduces[reduced:]))
+                yield from _waited(st, simpy.AllOf(env, reduces[reduced:]))
             reduced = len(reduces)
 
     proc = env.process(compute())
